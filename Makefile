@@ -1,0 +1,37 @@
+# Two entry points: `make demo` and `make test`. Both create .venv first.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+# The exact torch wheel: a range would let pip fetch a multi-GB CUDA build.
+TORCH := torch==2.13.0
+STAMP := $(VENV)/.installed
+
+.PHONY: venv demo test lint typecheck pytest bench clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --disable-pip-version-check "$(TORCH)" -e ".[dev,server,burst,harness]"
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/yieldgate demo
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check src tests bench
+	$(VENV)/bin/ruff format --check src tests bench
+
+typecheck: $(STAMP)
+	$(VENV)/bin/mypy
+
+pytest: $(STAMP)
+	$(PY) -m pytest
+
+test: lint typecheck pytest
+
+bench: $(STAMP)
+	$(PY) bench/governor.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -1,0 +1,157 @@
+"""``yieldgate demo``: the seed scenario, replayed against a real server process.
+
+``max_inflight 1``, 20 clients submit at the same instant, execution takes 10 s:
+exactly one executes, nineteen are yielded at once, ``inflight`` never passes 1.
+Counters are sampled with ``stats`` and printed as they change.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+import anyio.abc
+from anyio.streams.buffered import BufferedByteReceiveStream
+
+from yieldgate.cli._common import CliError, run_async
+from yieldgate.protocol import encode_frame, stats_frame, submit_frame
+
+
+def add_parser(sub: Any) -> None:
+    p: argparse.ArgumentParser = sub.add_parser(
+        "demo",
+        help="replay the seed scenario against a fresh server process",
+        description=(
+            "Start 'yieldgate serve' with --max-inflight 1, fire N concurrent submits at once and "
+            "print the server's counters as they change."
+        ),
+    )
+    p.add_argument("--clients", type=int, default=20, help="concurrent clients (default 20)")
+    p.add_argument(
+        "--exec-ms", type=float, default=10_000.0, help="backend execution time (default 10 s)"
+    )
+    p.set_defaults(run=run)
+
+
+@dataclass
+class _Run:
+    t0: float = 0.0
+    replies: list[tuple[float, dict[str, Any]]] = field(default_factory=list)
+    peak_inflight: int = 0
+    last: dict[str, Any] = field(default_factory=dict)
+
+
+class _Line:
+    """One NDJSON connection: write a frame, read one reply."""
+
+    def __init__(self, stream: anyio.abc.SocketStream) -> None:
+        self.stream = stream
+        self.reader = BufferedByteReceiveStream(stream)
+
+    async def ask(self, frame: dict[str, Any]) -> dict[str, Any]:
+        await self.stream.send(encode_frame(frame))
+        line = await self.reader.receive_until(b"\n", 1 << 20)
+        reply: dict[str, Any] = json.loads(line)
+        return reply
+
+
+def _start_server(exec_ms: float) -> tuple[subprocess.Popen[str], str, int]:
+    cmd = [sys.executable, "-m", "yieldgate", "serve", "--port", "0", "--max-inflight", "1"]
+    cmd += ["--exec-ms", str(exec_ms), "--grace-s", "1"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)  # noqa: S603
+    assert proc.stdout is not None
+    line = proc.stdout.readline().strip()
+    if not line.startswith("listening tcp://"):
+        proc.kill()
+        raise CliError(f"server did not start (said {line!r})")
+    host, _, port = line.removeprefix("listening tcp://").rpartition(":")
+    return proc, host, int(port)
+
+
+async def _scenario(host: str, port: int, clients: int, run: _Run) -> None:
+    conns = [_Line(await anyio.connect_tcp(host, port)) for _ in range(clients)]
+    monitor = _Line(await anyio.connect_tcp(host, port))
+    go = anyio.Event()
+
+    async def client(i: int, line: _Line) -> None:
+        await go.wait()
+        reply = await line.ask(submit_frame(f"req-{i}", f"prompt {i}"))
+        run.replies.append((time.monotonic() - run.t0, reply))
+
+    def show(stats: dict[str, Any]) -> None:
+        keys = ("inflight", "executed_total", "yielded_total")
+        print(f"t={time.monotonic() - run.t0:6.2f}s  " + "  ".join(f"{k}={stats[k]}" for k in keys))
+
+    async def sample(stop: anyio.Event) -> None:
+        n = 0
+        while not stop.is_set():
+            stats = await monitor.ask(stats_frame(f"stats-{n}"))
+            n += 1
+            run.peak_inflight = max(run.peak_inflight, stats["inflight"])
+            view = {k: stats[k] for k in ("inflight", "executed_total", "yielded_total")}
+            if view != run.last:
+                show(stats)
+                run.last = view
+            with anyio.move_on_after(0.05):
+                await stop.wait()
+
+    stop = anyio.Event()
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(sample, stop)
+        async with anyio.create_task_group() as fire:
+            for i, line in enumerate(conns):
+                fire.start_soon(client, i, line)
+            run.t0 = time.monotonic()
+            go.set()
+        stop.set()
+    final = await monitor.ask(stats_frame("final"))
+    run.peak_inflight = max(run.peak_inflight, final["inflight"])
+    show(final)
+    run.last = final
+    for line in [*conns, monitor]:
+        await line.stream.aclose()
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.clients < 2:
+        raise CliError("--clients must be at least 2")
+    print(
+        f"seed scenario: max_inflight=1, {args.clients} concurrent clients, "
+        f"execution {args.exec_ms / 1000:.1f} s"
+    )
+    proc, host, port = _start_server(args.exec_ms)
+    run = _Run()
+    try:
+        run_async(_scenario, host, port, args.clients, run)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+    yields = [t for t, r in run.replies if r["status"] == "yield"]
+    oks = [t for t, r in run.replies if r["status"] == "ok"]
+    final = run.last
+    print()
+    print(
+        f"executed: {len(oks)}   yielded: {len(yields)}   peak inflight seen: {run.peak_inflight}"
+    )
+    if yields:
+        print(f"every yield arrived within {max(yields) * 1000:.1f} ms of the burst")
+    print(
+        f"final counters: executed_total={final['executed_total']} "
+        f"yielded_total={final['yielded_total']} inflight={final['inflight']}"
+    )
+    expected = (
+        len(oks) == 1
+        and len(yields) == args.clients - 1
+        and final["executed_total"] == 1
+        and final["yielded_total"] == args.clients - 1
+        and final["inflight"] == 0
+        and run.peak_inflight <= 1
+    )
+    print("seed scenario reproduced" if expected else "seed scenario NOT reproduced")
+    return 0 if expected else 1

@@ -1,0 +1,201 @@
+"""``yieldgate serve``: the reference governed server."""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import logging
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+from yieldgate.cli._common import CliError, run_async
+from yieldgate.protocol import DEFAULT_MAX_FRAME_BYTES
+
+
+def add_parser(sub: Any) -> None:
+    p: argparse.ArgumentParser = sub.add_parser(
+        "serve",
+        help="run the reference governed server",
+        description=(
+            "Serve the governed protocol (NDJSON over TCP). At --max-inflight executing submits, "
+            "further submits are answered 'yield' with a retry hint at once; nothing is queued. "
+            "Prints 'listening tcp://HOST:PORT' when ready."
+        ),
+    )
+    net = p.add_argument_group("network")
+    net.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback)")
+    net.add_argument("--port", type=int, default=7070, help="TCP port; 0 picks a free one")
+    net.add_argument(
+        "--max-frame-bytes",
+        type=int,
+        default=DEFAULT_MAX_FRAME_BYTES,
+        help="longest accepted frame; longer ones get frame_too_large and the connection closes",
+    )
+    net.add_argument(
+        "--secret-file",
+        type=Path,
+        help="file holding a shared secret; every request must then carry it as 'auth'",
+    )
+    net.add_argument(
+        "--grace-s",
+        type=float,
+        default=10.0,
+        help="on SIGINT/SIGTERM, how long admitted work may run before it is cancelled",
+    )
+
+    gov = p.add_argument_group("governor")
+    gov.add_argument("--max-inflight", type=int, default=4, help="hard cap on executing submits")
+    gov.add_argument(
+        "--reserve-high",
+        type=int,
+        default=0,
+        help="slots only high-priority submits may use",
+    )
+    gov.add_argument(
+        "--reserve-normal",
+        type=int,
+        default=0,
+        help="further slots that low-priority submits may not use",
+    )
+    gov.add_argument(
+        "--initial-exec-ms",
+        type=float,
+        help="execution-time estimate for hints until one is measured (default: the backend's)",
+    )
+
+    sim = p.add_argument_group("simulated backend (--backend sleep)")
+    sim.add_argument("--backend", choices=["sleep"], default="sleep", help="what executes work")
+    sim.add_argument("--exec-ms", type=float, default=500.0, help="execution time of each submit")
+    sim.add_argument(
+        "--exec-mix",
+        metavar="MS:WEIGHT,...",
+        help="draw execution times from a weighted mix, e.g. 300:0.8,3000:0.2",
+    )
+    sim.add_argument("--fail-rate", type=float, default=0.0, help="share of executions that fail")
+    sim.add_argument(
+        "--cold-start-s", type=float, default=0.0, help="yield cold_start for this long at start"
+    )
+    sim.add_argument(
+        "--ramp-s",
+        type=float,
+        default=0.0,
+        help="after the cold start, ramp capacity from 1 to --max-inflight over this long",
+    )
+    sim.add_argument("--seed", type=int, default=0, help="seed for every random draw")
+
+    p.add_argument("--log-level", default="warning", help="logging level (default: warning)")
+    p.set_defaults(run=run)
+
+
+def _read_secret(path: Path | None) -> str | None:
+    if path is None:
+        return None
+    try:
+        secret = path.read_text(encoding="utf-8").strip()
+    except OSError as exc:
+        raise CliError(f"cannot read --secret-file {path}: {exc.strerror}") from None
+    if not secret:
+        raise CliError(f"--secret-file {path} is empty")
+    return secret
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def build_server(args: argparse.Namespace) -> Any:
+    """Turn parsed flags into a ``Server``; bad values raise ``CliError``."""
+    from yieldgate.server import (
+        GovernorConfig,
+        PriorityPolicy,
+        Server,
+        SimulatedBackend,
+        SimulatedConfig,
+        TcpConfig,
+    )
+    from yieldgate.server.backends import parse_mix
+    from yieldgate.server.governor import Governor
+
+    try:
+        mix = parse_mix(args.exec_mix) if args.exec_mix else ()
+        sim = SimulatedConfig(
+            exec_ms=args.exec_ms,
+            mix=mix,
+            fail_rate=args.fail_rate,
+            cold_start_s=args.cold_start_s,
+            ramp_s=args.ramp_s,
+            seed=args.seed,
+        )
+        if args.initial_exec_ms is not None:
+            initial = args.initial_exec_ms
+        elif mix:
+            initial = sum(ms * w for ms, w in mix) / sum(w for _, w in mix)
+        else:
+            initial = args.exec_ms
+        governor = Governor(
+            GovernorConfig(
+                max_inflight=args.max_inflight,
+                priority=PriorityPolicy(
+                    reserved_for_high=args.reserve_high, reserved_for_normal=args.reserve_normal
+                ),
+                initial_exec_ms=max(initial, 1.0),
+            )
+        )
+        tcp = TcpConfig(
+            host=args.host,
+            port=args.port,
+            max_frame_bytes=args.max_frame_bytes,
+            secret=_read_secret(args.secret_file),
+        )
+        return Server(governor, SimulatedBackend(sim), tcp=tcp, grace_s=args.grace_s)
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+
+
+async def _serve(server: Any) -> None:
+    async with anyio.create_task_group() as tg:
+
+        async def watch_signals() -> None:
+            with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+                stopping = False
+                async for signum in signals:
+                    name = signal.Signals(signum).name
+                    if stopping:
+                        print(f"{name} again: stopping now", file=sys.stderr, flush=True)
+                        server.request_stop(hard=True)
+                        return
+                    print(f"{name}: shutting down gracefully", file=sys.stderr, flush=True)
+                    stopping = True
+                    server.request_stop()
+
+        tg.start_soon(watch_signals)
+        await server.run(on_ready=lambda url: print(f"listening {url}", flush=True))
+        tg.cancel_scope.cancel()
+
+
+def run(args: argparse.Namespace) -> int:
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    server = build_server(args)
+    if not _is_loopback(args.host) and server.tcp.config.secret is None:
+        print(
+            f"warning: binding {args.host} without --secret-file: anyone who can reach this port "
+            "can submit work",
+            file=sys.stderr,
+            flush=True,
+        )
+    try:
+        run_async(_serve, server)
+    except OSError as exc:
+        raise CliError(f"cannot listen on {args.host}:{args.port}: {exc.strerror or exc}") from None
+    return 0

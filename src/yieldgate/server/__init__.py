@@ -1,0 +1,44 @@
+"""The reference governed server (extra ``server`` for the HTTP fronts).
+
+A ``Governor`` caps work in execution and yields past the cap; fronts speak
+wire protocols over it; backends execute what it admits.
+"""
+
+from yieldgate.server.app import Server
+from yieldgate.server.backends import (
+    Backend,
+    BackendError,
+    SimulatedBackend,
+    SimulatedConfig,
+    Work,
+)
+from yieldgate.server.governor import (
+    AdmissionRequest,
+    Governor,
+    GovernorConfig,
+    GovernorStats,
+    PriorityPolicy,
+    Rejection,
+    Slot,
+    Yield,
+)
+from yieldgate.server.tcp import TcpConfig, TcpFront
+
+__all__ = [
+    "AdmissionRequest",
+    "Backend",
+    "BackendError",
+    "Governor",
+    "GovernorConfig",
+    "GovernorStats",
+    "PriorityPolicy",
+    "Rejection",
+    "Server",
+    "SimulatedBackend",
+    "SimulatedConfig",
+    "Slot",
+    "TcpConfig",
+    "TcpFront",
+    "Work",
+    "Yield",
+]

@@ -1,0 +1,225 @@
+"""Backends: what executes admitted work, behind the Governor.
+
+A backend implements ``Backend``: ``start`` (warm up; may hold the Governor
+cold and ramp its capacity), ``execute`` (run one admitted submit, optionally
+streaming pieces through ``emit``) and ``aclose``. The fronts own admission,
+deadlines and cancellation; a backend only has to be cancellable.
+
+``SimulatedBackend`` (``--backend sleep``) stands in for a model: execution
+times fixed or drawn from a weighted mix, a failure rate, a cold-start period
+and a capacity ramp, all drawn from one seeded generator so runs repeat.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import anyio
+
+from yieldgate.protocol import Priority
+from yieldgate.server.governor import Governor
+
+__all__ = [
+    "Backend",
+    "BackendError",
+    "Emit",
+    "SimulatedBackend",
+    "SimulatedConfig",
+    "Work",
+    "parse_mix",
+]
+
+Emit = Callable[[Any], Awaitable[None]]
+
+
+class BackendError(Exception):
+    """Raised by a backend for a failure it wants reported as ``backend_error``.
+
+    ``retryable`` is sent to the client as is. Any other exception a backend
+    raises is also reported as ``backend_error``, with ``retryable`` false.
+    """
+
+    def __init__(self, message: str, *, retryable: bool = True) -> None:
+        super().__init__(message)
+        self.message = message
+        self.retryable = retryable
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Work:
+    """One admitted submit, as a backend sees it."""
+
+    id: str
+    body: str
+    params: Mapping[str, Any] = field(default_factory=dict)
+    priority: Priority = Priority.NORMAL
+    stream: bool = False
+
+
+class Backend(Protocol):
+    """What the server needs from a backend."""
+
+    name: str
+
+    async def start(self, governor: Governor) -> None:
+        """Warm up. Runs beside the fronts, which already answer (``cold_start``)."""
+        ...
+
+    def expected_ms(self, work: Work) -> float | None:
+        """This work's expected duration in ms for hints; ``None`` means the measured average."""
+        ...
+
+    async def execute(self, work: Work, emit: Emit | None) -> Any:
+        """Run ``work`` and return a JSON-serialisable result.
+
+        When the client asked for a stream, ``emit`` is given: each call sends
+        one ``chunk`` (JSON-serialisable data) before the terminal reply.
+        """
+        ...
+
+    async def aclose(self) -> None: ...
+
+
+def parse_mix(spec: str) -> tuple[tuple[float, float], ...]:
+    """Parse an execution-time mix such as ``"300:0.8,3000:0.2"`` (ms:weight, ...)."""
+    mix: list[tuple[float, float]] = []
+    for part in spec.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        ms_text, sep, weight_text = part.partition(":")
+        try:
+            ms = float(ms_text)
+            weight = float(weight_text) if sep else 1.0
+        except ValueError:
+            raise ValueError(f"bad mix entry {part!r}: expected MS:WEIGHT") from None
+        mix.append((ms, weight))
+    if not mix:
+        raise ValueError(f"empty execution-time mix {spec!r}")
+    return tuple(mix)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SimulatedConfig:
+    """A simulated model.
+
+    ``mix`` (``(ms, weight)`` pairs) overrides ``exec_ms`` when given. During
+    ``cold_start_s`` after start every submit is yielded ``cold_start``; then
+    capacity ramps linearly from 1 to ``max_inflight`` over ``ramp_s``.
+    ``fail_rate`` of executions raise a retryable ``BackendError`` at their end.
+    """
+
+    exec_ms: float = 500.0
+    mix: Sequence[tuple[float, float]] = ()
+    fail_rate: float = 0.0
+    cold_start_s: float = 0.0
+    ramp_s: float = 0.0
+    stream_chunks: int = 4
+    seed: int = 0
+    max_param_exec_ms: float = 600_000.0
+
+    def __post_init__(self) -> None:
+        if not (self.exec_ms >= 0 and math.isfinite(self.exec_ms)):
+            raise ValueError("exec_ms must be a finite number >= 0")
+        for ms, weight in self.mix:
+            if not (ms >= 0 and math.isfinite(ms)) or not (weight > 0 and math.isfinite(weight)):
+                raise ValueError(f"bad mix entry ({ms}, {weight}): need ms >= 0 and weight > 0")
+        if not 0.0 <= self.fail_rate <= 1.0:
+            raise ValueError("fail_rate must be in [0, 1]")
+        if not (self.cold_start_s >= 0 and math.isfinite(self.cold_start_s)):
+            raise ValueError("cold_start_s must be a finite number >= 0")
+        if not (self.ramp_s >= 0 and math.isfinite(self.ramp_s)):
+            raise ValueError("ramp_s must be a finite number >= 0")
+        if self.stream_chunks < 1:
+            raise ValueError("stream_chunks must be >= 1")
+
+
+class SimulatedBackend:
+    """Sleeps instead of computing; answers ``{"text": body}``.
+
+    Per-request ``params`` steer it in tests and demos: ``exec_ms`` (a number)
+    replaces the drawn duration, ``fail`` (true) forces a failure and
+    ``chunks`` (an integer) sets how many pieces a stream is cut into.
+    """
+
+    name = "sleep"
+
+    def __init__(self, config: SimulatedConfig | None = None) -> None:
+        self.config = config or SimulatedConfig()
+        # One seeded generator for every draw, so a run with the same arrivals repeats.
+        self._rng = random.Random(self.config.seed)  # noqa: S311 - simulation, not security
+        self._durations = [ms for ms, _ in self.config.mix]
+        self._weights = [w for _, w in self.config.mix]
+
+    async def start(self, governor: Governor) -> None:
+        cfg = self.config
+        if cfg.cold_start_s > 0:
+            governor.begin_cold_start(cfg.cold_start_s)
+            await anyio.sleep(cfg.cold_start_s)
+        if cfg.ramp_s > 0 and governor.config.max_inflight > 1:
+            top = governor.config.max_inflight
+            governor.set_capacity(1)
+            governor.mark_warm()
+            step = cfg.ramp_s / (top - 1)
+            for capacity in range(2, top + 1):
+                await anyio.sleep(step)
+                governor.set_capacity(capacity)
+        governor.mark_warm()
+
+    def _duration_ms(self, work: Work) -> float:
+        override = work.params.get("exec_ms")
+        if isinstance(override, int | float) and not isinstance(override, bool):
+            if not (0 <= override <= self.config.max_param_exec_ms):
+                raise BackendError(
+                    f"params.exec_ms must be in [0, {self.config.max_param_exec_ms}]",
+                    retryable=False,
+                )
+            return float(override)
+        if self.config.mix:
+            return self._rng.choices(self._durations, self._weights)[0]
+        return self.config.exec_ms
+
+    def expected_ms(self, work: Work) -> float | None:
+        override = work.params.get("exec_ms")
+        if isinstance(override, int | float) and not isinstance(override, bool):
+            return float(override)
+        return None
+
+    async def execute(self, work: Work, emit: Emit | None) -> Any:
+        duration_s = self._duration_ms(work) / 1000.0
+        fails = work.params.get("fail") is True or (
+            self.config.fail_rate > 0 and self._rng.random() < self.config.fail_rate
+        )
+        if emit is None:
+            await anyio.sleep(duration_s)
+        else:
+            chunks = work.params.get("chunks", self.config.stream_chunks)
+            if type(chunks) is not int or not 1 <= chunks <= 10_000:
+                raise BackendError(
+                    "params.chunks must be an integer in [1, 10000]", retryable=False
+                )
+            for piece in _split(work.body, chunks):
+                await anyio.sleep(duration_s / chunks)
+                await emit({"text": piece})
+        if fails:
+            raise BackendError("simulated backend failure", retryable=True)
+        return {"text": work.body}
+
+    async def aclose(self) -> None:
+        return None
+
+
+def _split(text: str, parts: int) -> list[str]:
+    """Cut ``text`` into ``parts`` consecutive pieces (some empty if it is short)."""
+    size, extra = divmod(len(text), parts)
+    pieces = []
+    start = 0
+    for i in range(parts):
+        end = start + size + (1 if i < extra else 0)
+        pieces.append(text[start:end])
+        start = end
+    return pieces

@@ -1,0 +1,418 @@
+"""The Governor: a hard cap on work in execution, and an honest ``yield`` past it.
+
+Transport-agnostic and synchronous: a front (TCP, HTTP) asks ``try_acquire``
+and gets either a ``Slot`` to execute under or a ``Yield`` to send back at
+once. There is no queue anywhere: nobody ever waits for a slot here.
+
+Hints. A ``Yield`` carries ``retry_hint_ms``: when a slot this submit may use is
+expected to free. Each slot in flight has an expected duration (the backend's
+own estimate when it gives one, else an exponential moving average of measured
+execution times); its expected remaining time is that minus its elapsed time.
+A submit that needs *k* slots to free (more than one when its priority may not
+use reserved slots) gets the *k*-th smallest remaining time. Work already past
+its expected end is given a residual of the average absolute deviation of
+execution times (at least a tenth of the mean): it is late, so it is likely to
+end soon, but not instantly. Before any execution was measured, the configured
+``initial_exec_ms`` is the estimate.
+
+Priorities. ``PriorityPolicy`` keeps slots back from lower priorities:
+``high`` may use every slot, ``normal`` all but ``reserved_for_high``, ``low``
+all but ``reserved_for_high + reserved_for_normal``; every priority may always
+use at least one slot, so a small capacity (during a ramp) never starves it.
+
+Counters only grow, and at every instant
+``admitted_total == executed_total + failed_total + cancelled_total + inflight``.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import time
+from collections import Counter
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final, Literal
+
+from yieldgate.protocol import Priority, YieldReason
+
+__all__ = [
+    "AdmissionHook",
+    "AdmissionRequest",
+    "Governor",
+    "GovernorConfig",
+    "GovernorStats",
+    "PriorityPolicy",
+    "Rejection",
+    "Slot",
+    "Yield",
+]
+
+Clock = Callable[[], float]
+SlotOutcome = Literal["executed", "failed", "cancelled"]
+
+_MIN_RESIDUAL_SHARE: Final = 0.1
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PriorityPolicy:
+    """How many slots are kept back from lower priorities.
+
+    With ``max_inflight=8, reserved_for_high=2, reserved_for_normal=2``: high
+    may hold 8 slots, normal 6 and low 4 (counting all work in flight).
+    """
+
+    reserved_for_high: int = 0
+    reserved_for_normal: int = 0
+
+    def __post_init__(self) -> None:
+        if self.reserved_for_high < 0 or self.reserved_for_normal < 0:
+            raise ValueError("reserved slot counts must be >= 0")
+
+    def limit(self, priority: Priority, capacity: int) -> int:
+        """The number of in-flight slots below which ``priority`` is admitted."""
+        if priority is Priority.HIGH:
+            return capacity
+        reserved = self.reserved_for_high
+        if priority is Priority.LOW:
+            reserved += self.reserved_for_normal
+        return max(1, capacity - reserved)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GovernorConfig:
+    """The Governor's policy. All times are in milliseconds."""
+
+    max_inflight: int = 4
+    priority: PriorityPolicy = field(default_factory=PriorityPolicy)
+    initial_exec_ms: float = 100.0
+    ewma_alpha: float = 0.2
+    min_hint_ms: int = 1
+    max_hint_ms: int = 300_000
+
+    def __post_init__(self) -> None:
+        if self.max_inflight < 1:
+            raise ValueError(f"max_inflight must be >= 1, got {self.max_inflight}")
+        reserved = self.priority.reserved_for_high + self.priority.reserved_for_normal
+        if reserved >= self.max_inflight:
+            raise ValueError(
+                f"reserved slots ({reserved}) must leave low priority at least one of "
+                f"max_inflight={self.max_inflight}"
+            )
+        if not (self.initial_exec_ms > 0 and math.isfinite(self.initial_exec_ms)):
+            raise ValueError("initial_exec_ms must be a positive number")
+        if not 0.0 < self.ewma_alpha <= 1.0:
+            raise ValueError("ewma_alpha must be in (0, 1]")
+        if not 0 <= self.min_hint_ms <= self.max_hint_ms:
+            raise ValueError("need 0 <= min_hint_ms <= max_hint_ms")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AdmissionRequest:
+    """What an admission hook sees of a submit that a free slot could take."""
+
+    priority: Priority
+    body: str
+    params: Mapping[str, Any]
+    inflight: int
+    capacity: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Rejection:
+    """An admission hook's refusal: the submit is yielded with this reason and hint."""
+
+    retry_hint_ms: int
+    reason: YieldReason = YieldReason.SLO
+
+
+AdmissionHook = Callable[[AdmissionRequest], Rejection | None]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Yield:
+    """A submit that was not admitted; send it back at once."""
+
+    retry_hint_ms: int
+    reason: YieldReason
+    inflight: int
+    max_inflight: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GovernorStats:
+    """A snapshot of the Governor's counters."""
+
+    inflight: int
+    max_inflight: int
+    capacity: int
+    inflight_peak: int
+    admitted_total: int
+    executed_total: int
+    failed_total: int
+    cancelled_total: int
+    yielded_total: int
+    errors_total: int
+    yielded_by_reason: Mapping[str, int]
+    errors_by_code: Mapping[str, int]
+    exec_ms_ewma: float | None
+    cold: bool
+    shutting_down: bool
+
+    def as_dict(self) -> dict[str, Any]:
+        """The counters as the ``stats`` op and ``/stats`` report them."""
+        return {
+            "inflight": self.inflight,
+            "max_inflight": self.max_inflight,
+            "capacity": self.capacity,
+            "inflight_peak": self.inflight_peak,
+            "admitted_total": self.admitted_total,
+            "executed_total": self.executed_total,
+            "failed_total": self.failed_total,
+            "cancelled_total": self.cancelled_total,
+            "yielded_total": self.yielded_total,
+            "errors_total": self.errors_total,
+            "yielded_by_reason": dict(self.yielded_by_reason),
+            "errors_by_code": dict(self.errors_by_code),
+            "exec_ms_ewma": None if self.exec_ms_ewma is None else round(self.exec_ms_ewma, 3),
+            "cold": self.cold,
+            "shutting_down": self.shutting_down,
+        }
+
+
+class Slot:
+    """One admitted unit of work. Release it exactly once, however the work ends."""
+
+    __slots__ = ("_governor", "_released", "expected_ms", "priority", "started_at")
+
+    def __init__(
+        self, governor: Governor, priority: Priority, started_at: float, expected_ms: float | None
+    ) -> None:
+        self._governor = governor
+        self._released = False
+        self.priority = priority
+        self.started_at = started_at
+        self.expected_ms = expected_ms
+
+    @property
+    def released(self) -> bool:
+        return self._released
+
+    def release(self, outcome: SlotOutcome) -> float:
+        """Free the slot and return the elapsed time in ms.
+
+        ``executed`` and ``failed`` executions are measured into the moving
+        average; ``cancelled`` ones are not (they say nothing about how long
+        the work takes). A second release is a no-op that returns 0.
+        """
+        if self._released:
+            return 0.0
+        self._released = True
+        return self._governor._release(self, outcome)
+
+
+class Governor:
+    """Admits work into at most ``max_inflight`` slots, or yields at once."""
+
+    def __init__(
+        self,
+        config: GovernorConfig | None = None,
+        *,
+        admission_hook: AdmissionHook | None = None,
+        clock: Clock = time.monotonic,
+    ) -> None:
+        self.config = config or GovernorConfig()
+        self.admission_hook = admission_hook
+        self._clock = clock
+        self._capacity = self.config.max_inflight
+        self._slots: set[Slot] = set()
+        self._peak = 0
+        self._admitted = 0
+        self._executed = 0
+        self._failed = 0
+        self._cancelled = 0
+        self._yields: Counter[str] = Counter()
+        self._errors: Counter[str] = Counter()
+        self._ewma: float | None = None
+        self._ewma_dev = 0.0
+        self._cold_until: float | None = None
+        self._cold_expected_s = 0.0
+        self._shutting_down = False
+        self._idle_waiters: list[Callable[[], None]] = []
+
+    # -- state --------------------------------------------------------------
+
+    @property
+    def inflight(self) -> int:
+        return len(self._slots)
+
+    @property
+    def capacity(self) -> int:
+        """Slots usable now: ``max_inflight`` unless a ramp lowered it."""
+        return self._capacity
+
+    @property
+    def is_cold(self) -> bool:
+        return self._cold_until is not None
+
+    @property
+    def shutting_down(self) -> bool:
+        return self._shutting_down
+
+    def set_capacity(self, capacity: int) -> None:
+        """Use only ``capacity`` of the ``max_inflight`` slots (a capacity ramp).
+
+        Work already admitted keeps its slots; new work sees the new limit.
+        """
+        if not 1 <= capacity <= self.config.max_inflight:
+            raise ValueError(f"capacity must be in [1, {self.config.max_inflight}], got {capacity}")
+        self._capacity = capacity
+
+    def begin_cold_start(self, expected_s: float) -> None:
+        """Yield every submit with ``cold_start`` until ``mark_warm``.
+
+        ``expected_s`` is the honest estimate of how long warming takes; hints
+        count down from it.
+        """
+        if not (expected_s >= 0 and math.isfinite(expected_s)):
+            raise ValueError("expected_s must be a finite number >= 0")
+        self._cold_expected_s = expected_s
+        self._cold_until = self._clock() + expected_s
+
+    def mark_warm(self) -> None:
+        self._cold_until = None
+
+    def begin_shutdown(self) -> None:
+        """Refuse new work from now on (fronts answer ``shutting_down``)."""
+        self._shutting_down = True
+
+    def record_error(self, code: str) -> None:
+        """Count an ``error`` reply sent by any front."""
+        self._errors[code] += 1
+
+    # -- admission ----------------------------------------------------------
+
+    def try_acquire(
+        self,
+        priority: Priority = Priority.NORMAL,
+        *,
+        body: str = "",
+        params: Mapping[str, Any] | None = None,
+        expected_ms: float | None = None,
+    ) -> Slot | Yield:
+        """Admit into a slot now, or say when to come back. Never waits.
+
+        ``expected_ms`` is the backend's estimate of this work's duration, used
+        for hints while it runs; without it the measured average is used.
+        """
+        now = self._clock()
+        inflight = len(self._slots)
+        if self._cold_until is not None:
+            return self._yield(YieldReason.COLD_START, self._cold_hint(now), inflight)
+        limit = self.config.priority.limit(priority, self._capacity)
+        if inflight >= limit:
+            need = inflight - limit + 1
+            return self._yield(YieldReason.SATURATED, self._saturated_hint(now, need), inflight)
+        if self.admission_hook is not None:
+            rejection = self.admission_hook(
+                AdmissionRequest(
+                    priority=priority,
+                    body=body,
+                    params=params or {},
+                    inflight=inflight,
+                    capacity=self._capacity,
+                )
+            )
+            if rejection is not None:
+                return self._yield(rejection.reason, rejection.retry_hint_ms, inflight)
+        slot = Slot(self, priority, now, expected_ms)
+        self._slots.add(slot)
+        self._admitted += 1
+        if len(self._slots) > self._peak:
+            self._peak = len(self._slots)
+        return slot
+
+    def _yield(self, reason: YieldReason, hint_ms: float, inflight: int) -> Yield:
+        self._yields[reason] += 1
+        hint = min(self.config.max_hint_ms, max(self.config.min_hint_ms, math.ceil(hint_ms)))
+        return Yield(
+            retry_hint_ms=hint,
+            reason=reason,
+            inflight=inflight,
+            max_inflight=self.config.max_inflight,
+        )
+
+    def _cold_hint(self, now: float) -> float:
+        assert self._cold_until is not None
+        remaining_s = self._cold_until - now
+        if remaining_s <= 0:
+            # Warming is taking longer than estimated: come back soon, not at once.
+            remaining_s = max(self._cold_expected_s * _MIN_RESIDUAL_SHARE, 0.05)
+        return remaining_s * 1000.0
+
+    def _saturated_hint(self, now: float, need: int) -> float:
+        mean = self._ewma if self._ewma is not None else self.config.initial_exec_ms
+        residual = max(self._ewma_dev, mean * _MIN_RESIDUAL_SHARE)
+        remaining = []
+        for slot in self._slots:
+            expected = slot.expected_ms if slot.expected_ms is not None else mean
+            left = expected - (now - slot.started_at) * 1000.0
+            remaining.append(left if left > 0 else residual)
+        if need > len(remaining):
+            # Capacity was lowered below what is in flight; wait for enough to end.
+            need = len(remaining)
+        return heapq.nsmallest(need, remaining)[-1]
+
+    # -- release ------------------------------------------------------------
+
+    def _release(self, slot: Slot, outcome: SlotOutcome) -> float:
+        self._slots.discard(slot)
+        elapsed_ms = (self._clock() - slot.started_at) * 1000.0
+        if outcome == "cancelled":
+            self._cancelled += 1
+        else:
+            if outcome == "executed":
+                self._executed += 1
+            else:
+                self._failed += 1
+            self._observe(elapsed_ms)
+        if not self._slots and self._idle_waiters:
+            waiters, self._idle_waiters = self._idle_waiters, []
+            for wake in waiters:
+                wake()
+        return elapsed_ms
+
+    def _observe(self, elapsed_ms: float) -> None:
+        if self._ewma is None:
+            self._ewma = elapsed_ms
+            self._ewma_dev = elapsed_ms / 2
+            return
+        alpha = self.config.ewma_alpha
+        self._ewma_dev += alpha * (abs(elapsed_ms - self._ewma) - self._ewma_dev)
+        self._ewma += alpha * (elapsed_ms - self._ewma)
+
+    def on_idle(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` once the Governor has no work in flight (now, if it has none)."""
+        if not self._slots:
+            callback()
+        else:
+            self._idle_waiters.append(callback)
+
+    def stats(self) -> GovernorStats:
+        return GovernorStats(
+            inflight=len(self._slots),
+            max_inflight=self.config.max_inflight,
+            capacity=self._capacity,
+            inflight_peak=self._peak,
+            admitted_total=self._admitted,
+            executed_total=self._executed,
+            failed_total=self._failed,
+            cancelled_total=self._cancelled,
+            yielded_total=sum(self._yields.values()),
+            errors_total=sum(self._errors.values()),
+            yielded_by_reason=dict(self._yields),
+            errors_by_code=dict(self._errors),
+            exec_ms_ewma=self._ewma,
+            cold=self.is_cold,
+            shutting_down=self._shutting_down,
+        )

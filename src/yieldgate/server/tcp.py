@@ -1,0 +1,334 @@
+"""The governed protocol's TCP front: NDJSON over multiplexed connections.
+
+One task reads each connection and answers everything it can at once inline
+(yields, errors, ``stats``, ``ping``): replies produced from one read are
+written back in one send. Only admitted submits get a task of their own, so a
+burst that is mostly yielded costs no task per request.
+
+A connection's end (EOF, reset, or a ``frame_too_large`` that makes the server
+close it) cancels every submit still executing for it, and their slots return
+to the Governor at once. A half-closed connection counts as ended: a client
+must keep its write side open until its replies have arrived.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+import anyio.abc
+from anyio.abc import SocketAttribute
+
+from yieldgate._exceptions import FrameError
+from yieldgate.protocol import (
+    DEFAULT_MAX_FRAME_BYTES,
+    ErrorCode,
+    PingRequest,
+    StatsRequest,
+    SubmitRequest,
+    chunk_frame,
+    decode_request,
+    encode_frame,
+    error_frame,
+    ok_frame,
+    pong_frame,
+    stats_reply_frame,
+    yield_frame,
+)
+from yieldgate.server.backends import Backend, BackendError, Emit, Work
+from yieldgate.server.governor import Governor, Slot, Yield
+
+__all__ = ["TcpConfig", "TcpFront"]
+
+log = logging.getLogger("yieldgate.server")
+
+_READ_SIZE = 65536
+_BROKEN = (anyio.BrokenResourceError, anyio.ClosedResourceError, anyio.EndOfStream, OSError)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TcpConfig:
+    """Where and how the TCP front listens."""
+
+    host: str = "127.0.0.1"
+    port: int = 7070
+    max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
+    secret: str | None = None
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.port <= 65535:
+            raise ValueError(f"port must be in [0, 65535], got {self.port}")
+        if self.max_frame_bytes < 64:
+            raise ValueError("max_frame_bytes must be at least 64")
+        if self.secret is not None and not self.secret:
+            raise ValueError("secret must not be empty (leave it unset for no auth)")
+
+
+class _Connection:
+    __slots__ = ("closed", "inflight", "send_lock", "stream")
+
+    def __init__(self, stream: anyio.abc.SocketStream) -> None:
+        self.stream = stream
+        self.send_lock = anyio.Lock()
+        self.inflight: set[str] = set()
+        self.closed = False
+
+    async def send(self, data: bytes) -> None:
+        if self.closed:
+            return
+        try:
+            async with self.send_lock:
+                await self.stream.send(data)
+        except _BROKEN:
+            self.closed = True
+
+
+class TcpFront:
+    """Serves the governed protocol over TCP for one Governor and backend."""
+
+    def __init__(
+        self,
+        governor: Governor,
+        backend: Backend,
+        config: TcpConfig | None = None,
+    ) -> None:
+        self.governor = governor
+        self.backend = backend
+        self.config = config or TcpConfig()
+        self.address: tuple[str, int] | None = None
+        self._accept_scope: anyio.CancelScope | None = None
+        self._accepting = True
+        self._conns_scope: anyio.CancelScope | None = None
+        self._connections: set[_Connection] = set()
+        self._connections_total = 0
+        self._active = 0
+        self._drained: anyio.Event | None = None
+        self._hard_stop = False
+
+    # -- lifecycle ----------------------------------------------------------
+
+    async def serve(
+        self, *, task_status: anyio.abc.TaskStatus[tuple[str, int]] = anyio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Listen, report ``(host, port)`` through ``task_status``, serve until ``close``."""
+        listener = await anyio.create_tcp_listener(
+            local_host=self.config.host, local_port=self.config.port
+        )
+        async with listener, anyio.create_task_group() as conns:
+            self._conns_scope = conns.cancel_scope
+            port = listener.extra(SocketAttribute.local_port)
+            self.address = (self.config.host, port)
+            task_status.started(self.address)
+            with anyio.CancelScope() as self._accept_scope:
+                if self._accepting:
+                    await listener.serve(self._handle, task_group=conns)
+            await listener.aclose()
+            # No longer accepting; open connections are served until close().
+            await anyio.sleep_forever()
+
+    def stop_accepting(self) -> None:
+        self._accepting = False
+        if self._accept_scope is not None:
+            self._accept_scope.cancel()
+
+    async def wait_drained(self) -> None:
+        """Return once no admitted submit of this front is executing or unanswered."""
+        if self._active == 0:
+            return
+        if self._drained is None:
+            self._drained = anyio.Event()
+        await self._drained.wait()
+
+    def close(self) -> None:
+        """Close every connection; submits still executing get ``shutting_down``."""
+        self._hard_stop = True
+        self.stop_accepting()
+        if self._conns_scope is not None:
+            self._conns_scope.cancel()
+
+    def connection_stats(self) -> dict[str, int]:
+        return {
+            "connections_open": len(self._connections),
+            "connections_total": self._connections_total,
+        }
+
+    # -- one connection -----------------------------------------------------
+
+    async def _handle(self, stream: anyio.abc.SocketStream) -> None:
+        conn = _Connection(stream)
+        self._connections.add(conn)
+        self._connections_total += 1
+        try:
+            async with stream, anyio.create_task_group() as work:
+                await self._read_loop(conn, work)
+                # The peer is gone (or we dropped it): its work is cancelled.
+                conn.closed = True
+                work.cancel_scope.cancel()
+        finally:
+            self._connections.discard(conn)
+
+    async def _read_loop(self, conn: _Connection, work: anyio.abc.TaskGroup) -> None:
+        limit = self.config.max_frame_bytes
+        buf = bytearray()
+        scanned = 0
+        while True:
+            try:
+                data = await conn.stream.receive(_READ_SIZE)
+            except _BROKEN:
+                return
+            buf += data
+            out: list[bytes] = []
+            start = 0
+            while (nl := buf.find(b"\n", scanned)) >= 0:
+                if nl - start > limit:
+                    await self._too_large(conn, out)
+                    return
+                self._on_line(conn, bytes(buf[start:nl]), work, out)
+                start = scanned = nl + 1
+            if start:
+                del buf[:start]
+            scanned = len(buf)
+            if len(buf) > limit:
+                await self._too_large(conn, out)
+                return
+            if out:
+                await conn.send(b"".join(out))
+
+    async def _too_large(self, conn: _Connection, out: list[bytes]) -> None:
+        message = f"frame exceeds max_frame_bytes={self.config.max_frame_bytes}; closing"
+        out.append(self._error(None, ErrorCode.FRAME_TOO_LARGE, message))
+        await conn.send(b"".join(out))
+
+    def _error(
+        self, rid: str | None, code: ErrorCode, message: str, *, retryable: bool | None = None
+    ) -> bytes:
+        self.governor.record_error(code)
+        return encode_frame(error_frame(rid, code, message, retryable=retryable))
+
+    def _on_line(
+        self, conn: _Connection, line: bytes, work: anyio.abc.TaskGroup, out: list[bytes]
+    ) -> None:
+        try:
+            req = decode_request(line, secret=self.config.secret)
+        except FrameError as exc:
+            out.append(self._error(exc.request_id, ErrorCode(exc.code), exc.message))
+            return
+        if isinstance(req, PingRequest):
+            out.append(encode_frame(pong_frame(req.id)))
+            return
+        if isinstance(req, StatsRequest):
+            out.append(encode_frame(stats_reply_frame(req.id, self.stats())))
+            return
+        self._on_submit(conn, req, work, out)
+
+    def _on_submit(
+        self, conn: _Connection, req: SubmitRequest, work: anyio.abc.TaskGroup, out: list[bytes]
+    ) -> None:
+        gov = self.governor
+        if req.id in conn.inflight:
+            message = f"id {req.id[:64]!r} is still in flight on this connection"
+            out.append(self._error(req.id, ErrorCode.DUPLICATE_ID, message))
+            return
+        if gov.shutting_down:
+            message = "server is shutting down; retry elsewhere or later"
+            out.append(self._error(req.id, ErrorCode.SHUTTING_DOWN, message))
+            return
+        if req.deadline_ms is not None and req.deadline_ms <= 0:
+            message = "deadline_ms <= 0: the client's budget was spent before arrival"
+            out.append(self._error(req.id, ErrorCode.DEADLINE_EXCEEDED, message))
+            return
+        job = Work(
+            id=req.id, body=req.body, params=req.params, priority=req.priority, stream=req.stream
+        )
+        decision = gov.try_acquire(
+            req.priority,
+            body=req.body,
+            params=req.params,
+            expected_ms=self.backend.expected_ms(job),
+        )
+        if isinstance(decision, Yield):
+            out.append(
+                encode_frame(
+                    yield_frame(
+                        req.id,
+                        retry_hint_ms=decision.retry_hint_ms,
+                        inflight=decision.inflight,
+                        max_inflight=decision.max_inflight,
+                        reason=decision.reason,
+                    )
+                )
+            )
+            return
+        conn.inflight.add(req.id)
+        self._active += 1
+        work.start_soon(self._run, conn, req, job, decision)
+
+    # -- one admitted submit ------------------------------------------------
+
+    async def _run(self, conn: _Connection, req: SubmitRequest, job: Work, slot: Slot) -> None:
+        try:
+            try:
+                reply = await self._execute(conn, req, job, slot)
+            finally:
+                slot.release("cancelled")  # a no-op unless execution was cancelled
+                conn.inflight.discard(req.id)
+            await conn.send(reply)
+        except anyio.get_cancelled_exc_class():
+            if self._hard_stop and not conn.closed:
+                message = "server shut down before this submit finished"
+                data = self._error(req.id, ErrorCode.SHUTTING_DOWN, message, retryable=True)
+                with anyio.move_on_after(1.0, shield=True):
+                    await conn.send(data)
+            raise
+        finally:
+            self._active -= 1
+            if self._active == 0 and self._drained is not None:
+                self._drained.set()
+                self._drained = None
+
+    async def _execute(self, conn: _Connection, req: SubmitRequest, job: Work, slot: Slot) -> bytes:
+        emit = self._emitter(conn, req.id) if req.stream else None
+        timeout = math.inf if req.deadline_ms is None else req.deadline_ms / 1000.0
+        with anyio.move_on_after(timeout):
+            try:
+                result = await self.backend.execute(job, emit)
+            except BackendError as exc:
+                slot.release("failed")
+                return self._error(
+                    req.id, ErrorCode.BACKEND_ERROR, exc.message, retryable=exc.retryable
+                )
+            except Exception as exc:
+                slot.release("failed")
+                log.exception("backend %s raised on %r", self.backend.name, req.id)
+                message = f"backend raised {type(exc).__name__}: {exc}"[:512]
+                return self._error(req.id, ErrorCode.BACKEND_ERROR, message, retryable=False)
+            exec_ms = slot.release("executed")
+            try:
+                return encode_frame(ok_frame(req.id, result, exec_ms))
+            except (TypeError, ValueError) as exc:
+                message = f"backend result is not JSON-serialisable: {exc}"[:512]
+                return self._error(req.id, ErrorCode.BACKEND_ERROR, message, retryable=False)
+        # Only the deadline scope ends the block without a return; an outer
+        # cancellation (disconnect, shutdown) propagates as an exception.
+        slot.release("cancelled")
+        message = f"execution passed the client's deadline_ms={req.deadline_ms}"
+        return self._error(req.id, ErrorCode.DEADLINE_EXCEEDED, message, retryable=False)
+
+    def _emitter(self, conn: _Connection, rid: str) -> Emit:
+        seq = 0
+
+        async def emit(data: Any) -> None:
+            nonlocal seq
+            frame = encode_frame(chunk_frame(rid, seq, data))
+            seq += 1
+            await conn.send(frame)
+
+        return emit
+
+    def stats(self) -> dict[str, Any]:
+        counters = self.governor.stats().as_dict()
+        counters.update(self.connection_stats())
+        return counters
