@@ -11,13 +11,13 @@ server in ``yieldgate.server``; importing ``yieldgate`` never imports the
 extras (torch, starlette, uvicorn, rich).
 """
 
-from importlib.metadata import PackageNotFoundError, version
+from importlib import metadata as _metadata
 
 from yieldgate._exceptions import FrameError, ProtocolError, YieldgateError
 
 try:
-    __version__ = version("yieldgate")
-except PackageNotFoundError:  # pragma: no cover - running from a source tree
+    __version__ = _metadata.version("yieldgate")
+except _metadata.PackageNotFoundError:  # pragma: no cover - running from a source tree
     __version__ = "0.0.0"
 
 __all__ = [

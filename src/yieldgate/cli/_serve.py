@@ -196,6 +196,10 @@ def run(args: argparse.Namespace) -> int:
         )
     try:
         run_async(_serve, server)
-    except OSError as exc:
-        raise CliError(f"cannot listen on {args.host}:{args.port}: {exc.strerror or exc}") from None
+    except* OSError as group:
+        if server.tcp.address is not None:
+            raise  # bound and served: not a listening problem
+        exc = group.exceptions[0]
+        reason = getattr(exc, "strerror", None) or str(exc)
+        raise CliError(f"cannot listen on {args.host}:{args.port}: {reason}") from None
     return 0

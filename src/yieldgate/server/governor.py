@@ -198,6 +198,10 @@ class Slot:
     def released(self) -> bool:
         return self._released
 
+    def elapsed_ms(self) -> float:
+        """Time since admission, on the Governor's clock."""
+        return (self._governor._clock() - self.started_at) * 1000.0
+
     def release(self, outcome: SlotOutcome) -> float:
         """Free the slot and return the elapsed time in ms.
 
@@ -334,7 +338,7 @@ class Governor:
 
     def _yield(self, reason: YieldReason, hint_ms: float, inflight: int) -> Yield:
         self._yields[reason] += 1
-        hint = min(self.config.max_hint_ms, max(self.config.min_hint_ms, math.ceil(hint_ms)))
+        hint = min(self.config.max_hint_ms, max(self.config.min_hint_ms, round(hint_ms)))
         return Yield(
             retry_hint_ms=hint,
             reason=reason,

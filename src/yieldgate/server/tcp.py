@@ -305,12 +305,14 @@ class TcpFront:
                 log.exception("backend %s raised on %r", self.backend.name, req.id)
                 message = f"backend raised {type(exc).__name__}: {exc}"[:512]
                 return self._error(req.id, ErrorCode.BACKEND_ERROR, message, retryable=False)
-            exec_ms = slot.release("executed")
             try:
-                return encode_frame(ok_frame(req.id, result, exec_ms))
+                reply = encode_frame(ok_frame(req.id, result, slot.elapsed_ms()))
             except (TypeError, ValueError) as exc:
+                slot.release("failed")
                 message = f"backend result is not JSON-serialisable: {exc}"[:512]
                 return self._error(req.id, ErrorCode.BACKEND_ERROR, message, retryable=False)
+            slot.release("executed")
+            return reply
         # Only the deadline scope ends the block without a return; an outer
         # cancellation (disconnect, shutdown) propagates as an exception.
         slot.release("cancelled")

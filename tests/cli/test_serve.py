@@ -1,0 +1,148 @@
+"""``yieldgate serve`` as a user runs it: flags, errors, and the seed scenario end to end."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import time
+from typing import Any
+
+import anyio
+import pytest
+
+from tests.conftest import RawClient, start_server, submit
+
+SEED_EXEC_MS = 4000
+
+
+def run_cli(*args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "yieldgate", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+@pytest.mark.e2e
+@pytest.mark.anyio
+async def test_seed_scenario(serve: Any) -> None:
+    """max_inflight 1, 20 concurrent clients, a long execution (PROTOCOL.md, seed 000)."""
+    server = serve("--max-inflight", "1", "--exec-ms", str(SEED_EXEC_MS))
+    clients = [await RawClient.connect(server) for _ in range(20)]
+    monitor = await RawClient.connect(server)
+    go = anyio.Event()
+    replies: list[tuple[float, dict[str, Any]]] = []
+    samples: list[dict[str, Any]] = []
+    t0 = 0.0
+
+    async def client(i: int, c: RawClient) -> None:
+        await go.wait()
+        reply = await c.request(submit(f"req-{i}", f"prompt {i}"), timeout=SEED_EXEC_MS / 1000 + 10)
+        replies.append((time.monotonic() - t0, reply))
+
+    async def sample(stop: anyio.Event) -> None:
+        while not stop.is_set():
+            samples.append(await monitor.stats())
+            await anyio.sleep(0.02)
+
+    try:
+        stop = anyio.Event()
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(sample, stop)
+            async with anyio.create_task_group() as fire:
+                for i, c in enumerate(clients):
+                    fire.start_soon(client, i, c)
+                await anyio.sleep(0.1)
+                t0 = time.monotonic()
+                go.set()
+            stop.set()
+        final = await monitor.stats()
+    finally:
+        for c in [*clients, monitor]:
+            await c.aclose()
+
+    oks = [t for t, r in replies if r["status"] == "ok"]
+    yields = [t for t, r in replies if r["status"] == "yield"]
+    assert len(oks) == 1
+    assert len(yields) == 19
+    # The yields arrive at once, long before the execution ends.
+    assert max(yields) < 1.0
+    assert oks[0] >= SEED_EXEC_MS / 1000 * 0.95
+    assert all(r["reason"] == "saturated" for _, r in replies if r["status"] == "yield")
+    # inflight, sampled all along, never passed 1; it was 1 while the work ran.
+    assert max(s["inflight"] for s in samples) == 1
+    assert len(samples) > 20
+    assert final["inflight_peak"] == 1
+    assert (final["executed_total"], final["yielded_total"], final["inflight"]) == (1, 19, 0)
+
+
+@pytest.mark.e2e
+def test_listening_line_reports_the_real_port() -> None:
+    server = start_server()
+    try:
+        assert server.host == "127.0.0.1"
+        assert server.port > 0
+        with socket.create_connection((server.host, server.port), timeout=5) as sock:
+            sock.sendall(b'{"op":"ping","id":"1"}\n')
+            assert sock.recv(4096) == b'{"id":"1","status":"ok","op":"pong"}\n'
+    finally:
+        server.stop()
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--max-inflight", "0"], "max_inflight must be >= 1"),
+        (["--max-inflight", "2", "--reserve-high", "2"], "reserved slots"),
+        (["--exec-mix", "fast"], "bad mix entry"),
+        (["--fail-rate", "2"], "fail_rate"),
+        (["--port", "70000"], "port"),
+        (["--secret-file", "/nonexistent/secret"], "cannot read --secret-file"),
+        (["--max-frame-bytes", "10"], "max_frame_bytes"),
+        (["--grace-s", "-1"], "grace_s"),
+    ],
+)
+def test_bad_flags_are_one_clear_line_and_exit_2(args: list[str], message: str) -> None:
+    result = run_cli("serve", *args)
+    assert result.returncode == 2
+    assert message in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_empty_secret_file_is_refused(tmp_path: Any) -> None:
+    empty = tmp_path / "secret"
+    empty.write_text("\n")
+    result = run_cli("serve", "--secret-file", str(empty))
+    assert result.returncode == 2
+    assert "is empty" in result.stderr
+
+
+def test_port_in_use_is_a_clear_error() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = run_cli("serve", "--port", str(port))
+    assert result.returncode == 2
+    assert f"cannot listen on 127.0.0.1:{port}" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+@pytest.mark.e2e
+def test_warns_when_binding_beyond_loopback_without_a_secret() -> None:
+    server = start_server("--host", "0.0.0.0")
+    try:
+        server.stop()
+        assert any("without --secret-file" in line for line in server.stderr)
+    finally:
+        server.stop()
+
+
+def test_help_lists_the_commands() -> None:
+    result = run_cli("--help")
+    assert result.returncode == 0
+    assert "serve" in result.stdout
+    assert "demo" in result.stdout

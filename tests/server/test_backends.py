@@ -1,0 +1,121 @@
+"""The simulated backend: durations, failures, streams, cold start and ramp."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import anyio
+import pytest
+
+from yieldgate.server.backends import (
+    BackendError,
+    SimulatedBackend,
+    SimulatedConfig,
+    Work,
+    parse_mix,
+)
+from yieldgate.server.governor import Governor, GovernorConfig, Slot, Yield
+
+pytestmark = pytest.mark.anyio
+
+
+def test_parse_mix() -> None:
+    assert parse_mix("300:0.8, 3000:0.2") == ((300.0, 0.8), (3000.0, 0.2))
+    assert parse_mix("50") == ((50.0, 1.0),)
+    with pytest.raises(ValueError, match="MS:WEIGHT"):
+        parse_mix("fast:1")
+    with pytest.raises(ValueError, match="empty"):
+        parse_mix(" , ")
+
+
+@pytest.mark.parametrize(
+    ("kw", "match"),
+    [
+        ({"exec_ms": -1}, "exec_ms"),
+        ({"exec_ms": float("nan")}, "exec_ms"),
+        ({"mix": ((10.0, 0.0),)}, "mix"),
+        ({"fail_rate": 1.5}, "fail_rate"),
+        ({"cold_start_s": -1}, "cold_start_s"),
+        ({"ramp_s": float("inf")}, "ramp_s"),
+        ({"stream_chunks": 0}, "stream_chunks"),
+    ],
+)
+def test_config_validation(kw: dict[str, Any], match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        SimulatedConfig(**kw)
+
+
+def test_mix_draws_are_seeded_and_weighted() -> None:
+    def draws(seed: int) -> list[float]:
+        backend = SimulatedBackend(SimulatedConfig(mix=((300, 0.8), (3000, 0.2)), seed=seed))
+        return [backend._duration_ms(Work(id="x", body="")) for _ in range(2000)]
+
+    first = draws(7)
+    assert first == draws(7)
+    assert first != draws(8)
+    assert set(first) == {300.0, 3000.0}
+    assert 0.75 < first.count(300.0) / len(first) < 0.85
+
+
+async def test_execute_echoes_the_body_after_its_duration() -> None:
+    backend = SimulatedBackend(SimulatedConfig(exec_ms=30))
+    start = anyio.current_time()
+    assert await backend.execute(Work(id="a", body="hi"), None) == {"text": "hi"}
+    assert anyio.current_time() - start >= 0.029
+
+
+async def test_params_override_duration_and_force_failure() -> None:
+    backend = SimulatedBackend(SimulatedConfig(exec_ms=60_000))
+    work = Work(id="a", body="x", params={"exec_ms": 1})
+    assert backend.expected_ms(work) == 1.0
+    assert await backend.execute(work, None) == {"text": "x"}
+    with pytest.raises(BackendError) as info:
+        await backend.execute(Work(id="b", body="x", params={"exec_ms": 1, "fail": True}), None)
+    assert info.value.retryable is True
+    with pytest.raises(BackendError, match=r"params\.exec_ms") as bad:
+        await backend.execute(Work(id="c", body="x", params={"exec_ms": -5}), None)
+    assert bad.value.retryable is False
+
+
+async def test_fail_rate() -> None:
+    backend = SimulatedBackend(SimulatedConfig(exec_ms=0, fail_rate=0.5, seed=3))
+    failures = 0
+    for i in range(200):
+        try:
+            await backend.execute(Work(id=str(i), body=""), None)
+        except BackendError:
+            failures += 1
+    assert 70 < failures < 130
+
+
+async def test_stream_pieces_concatenate_to_the_result() -> None:
+    backend = SimulatedBackend(SimulatedConfig(exec_ms=5))
+    pieces: list[Any] = []
+
+    async def emit(data: Any) -> None:
+        pieces.append(data)
+
+    body = "the quick brown fox"
+    work = Work(id="s", body=body, stream=True, params={"chunks": 6})
+    result = await backend.execute(work, emit)
+    assert len(pieces) == 6
+    assert "".join(p["text"] for p in pieces) == result["text"] == body
+    with pytest.raises(BackendError, match="chunks"):
+        await backend.execute(Work(id="t", body="", params={"chunks": 0}), emit)
+
+
+async def test_cold_start_then_capacity_ramp() -> None:
+    gov = Governor(GovernorConfig(max_inflight=3))
+    backend = SimulatedBackend(SimulatedConfig(cold_start_s=0.2, ramp_s=0.2))
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(backend.start, gov)
+        await anyio.sleep(0.05)
+        cold = gov.try_acquire()
+        assert isinstance(cold, Yield)
+        assert cold.reason == "cold_start"
+        assert 100 <= cold.retry_hint_ms <= 200
+        await anyio.sleep(0.2)  # warm, ramp under way: capacity 1
+        assert not gov.is_cold
+        assert gov.capacity < 3
+    assert gov.capacity == 3
+    assert isinstance(gov.try_acquire(), Slot)

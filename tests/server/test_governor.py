@@ -1,0 +1,362 @@
+"""The Governor: slots, immediate yields, honest hints, priorities, cold start."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from yieldgate.protocol import Priority, YieldReason
+from yieldgate.server.governor import (
+    AdmissionRequest,
+    Governor,
+    GovernorConfig,
+    PriorityPolicy,
+    Rejection,
+    Slot,
+    Yield,
+)
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance_ms(self, ms: float) -> None:
+        self.now += ms / 1000.0
+
+
+def make(clock: FakeClock, **kw: object) -> Governor:
+    return Governor(GovernorConfig(**kw), clock=clock)  # type: ignore[arg-type]
+
+
+def admit(gov: Governor, priority: Priority = Priority.NORMAL, **kw: object) -> Slot:
+    slot = gov.try_acquire(priority, **kw)  # type: ignore[arg-type]
+    assert isinstance(slot, Slot), slot
+    return slot
+
+
+def refuse(gov: Governor, priority: Priority = Priority.NORMAL) -> Yield:
+    decision = gov.try_acquire(priority)
+    assert isinstance(decision, Yield), decision
+    return decision
+
+
+def test_admits_up_to_max_inflight_then_yields_at_once() -> None:
+    clock = FakeClock()
+    gov = make(clock, max_inflight=3)
+    slots = [admit(gov) for _ in range(3)]
+    y = refuse(gov)
+    assert (y.reason, y.inflight, y.max_inflight) == (YieldReason.SATURATED, 3, 3)
+    assert gov.inflight == 3
+    slots[0].release("executed")
+    admit(gov)
+    s = gov.stats()
+    assert (s.admitted_total, s.executed_total, s.yielded_total, s.inflight) == (4, 1, 1, 3)
+
+
+def test_hint_is_the_earliest_expected_completion() -> None:
+    clock = FakeClock()
+    gov = make(clock, max_inflight=2, initial_exec_ms=1000)
+    admit(gov)
+    clock.advance_ms(300)
+    admit(gov)
+    clock.advance_ms(100)
+    # In flight for 400 ms and 100 ms with an expected 1000 ms each: 600 ms to the first.
+    assert refuse(gov).retry_hint_ms == 600
+    clock.advance_ms(250)
+    assert refuse(gov).retry_hint_ms == 350
+
+
+def test_hint_follows_measured_execution_times() -> None:
+    clock = FakeClock()
+    gov = make(clock, max_inflight=1, initial_exec_ms=1000, ewma_alpha=1.0)
+    slot = admit(gov)
+    clock.advance_ms(200)
+    slot.release("executed")
+    assert gov.stats().exec_ms_ewma == pytest.approx(200)
+    admit(gov)
+    clock.advance_ms(50)
+    assert refuse(gov).retry_hint_ms == 150
+
+
+def test_hint_uses_the_backends_own_estimate_per_slot() -> None:
+    clock = FakeClock()
+    gov = make(clock, max_inflight=2, initial_exec_ms=1000)
+    admit(gov, expected_ms=80)
+    admit(gov)
+    clock.advance_ms(30)
+    assert refuse(gov).retry_hint_ms == 50
+
+
+def test_late_work_gets_a_residual_not_zero() -> None:
+    clock = FakeClock()
+    gov = make(clock, max_inflight=1, initial_exec_ms=1000)
+    admit(gov)
+    clock.advance_ms(5000)
+    hint = refuse(gov).retry_hint_ms
+    assert hint == 100  # a tenth of the mean: it is late, likely to end soon, not instantly
+
+
+def test_hints_are_clamped() -> None:
+    clock = FakeClock()
+    gov = make(clock, max_inflight=1, initial_exec_ms=10_000_000, max_hint_ms=60_000)
+    admit(gov)
+    assert refuse(gov).retry_hint_ms == 60_000
+    gov2 = make(clock, max_inflight=1, initial_exec_ms=1.0, min_hint_ms=25)
+    admit(gov2)
+    assert refuse(gov2).retry_hint_ms == 25
+
+
+def test_hint_is_never_a_constant() -> None:
+    clock = FakeClock()
+    gov = make(clock, max_inflight=1, initial_exec_ms=500)
+    admit(gov)
+    hints = []
+    for _ in range(4):
+        hints.append(refuse(gov).retry_hint_ms)
+        clock.advance_ms(100)
+    assert hints == [500, 400, 300, 200]
+
+
+def test_priority_reservations() -> None:
+    clock = FakeClock()
+    policy = PriorityPolicy(reserved_for_high=1, reserved_for_normal=1)
+    gov = make(clock, max_inflight=4, priority=policy)
+    admit(gov, Priority.LOW)
+    admit(gov, Priority.LOW)
+    refuse(gov, Priority.LOW)  # low may hold at most 2
+    admit(gov, Priority.NORMAL)
+    refuse(gov, Priority.NORMAL)  # normal may hold at most 3
+    admit(gov, Priority.HIGH)
+    refuse(gov, Priority.HIGH)
+    assert gov.inflight == 4
+
+
+def test_low_priority_hint_waits_for_enough_slots_to_free() -> None:
+    clock = FakeClock()
+    policy = PriorityPolicy(reserved_for_high=2)
+    gov = make(clock, max_inflight=4, priority=policy, initial_exec_ms=1000)
+    for _ in range(2):
+        admit(gov, Priority.NORMAL)
+        clock.advance_ms(100)
+    admit(gov, Priority.HIGH)
+    clock.advance_ms(100)
+    # Remaining: 700, 800, 900 ms. Normal may hold 2: it needs 2 slots to free.
+    assert refuse(gov, Priority.NORMAL).retry_hint_ms == 800
+    assert isinstance(gov.try_acquire(Priority.HIGH), Slot)
+
+
+def test_every_priority_keeps_one_slot_under_a_small_capacity() -> None:
+    clock = FakeClock()
+    gov = make(clock, max_inflight=4, priority=PriorityPolicy(reserved_for_high=2))
+    gov.set_capacity(1)
+    admit(gov, Priority.LOW)
+    refuse(gov, Priority.HIGH)
+
+
+@pytest.mark.parametrize(
+    ("kw", "match"),
+    [
+        ({"max_inflight": 0}, "max_inflight"),
+        ({"max_inflight": 2, "priority": PriorityPolicy(reserved_for_high=2)}, "reserved"),
+        ({"initial_exec_ms": 0}, "initial_exec_ms"),
+        ({"ewma_alpha": 0}, "ewma_alpha"),
+        ({"min_hint_ms": 5, "max_hint_ms": 1}, "min_hint_ms"),
+    ],
+)
+def test_config_validation(kw: dict[str, object], match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        GovernorConfig(**kw)  # type: ignore[arg-type]
+
+
+def test_policy_rejects_negative_reservations() -> None:
+    with pytest.raises(ValueError, match=">= 0"):
+        PriorityPolicy(reserved_for_high=-1)
+
+
+def test_capacity_ramp() -> None:
+    clock = FakeClock()
+    gov = make(clock, max_inflight=4)
+    gov.set_capacity(2)
+    admit(gov)
+    admit(gov)
+    assert refuse(gov).max_inflight == 4
+    gov.set_capacity(3)
+    admit(gov)
+    with pytest.raises(ValueError, match="capacity"):
+        gov.set_capacity(5)
+    with pytest.raises(ValueError, match="capacity"):
+        gov.set_capacity(0)
+
+
+def test_lowering_capacity_below_inflight_keeps_admitted_work() -> None:
+    clock = FakeClock()
+    gov = make(clock, max_inflight=4, initial_exec_ms=1000)
+    for i in range(4):
+        admit(gov)
+        clock.advance_ms(100 * (i + 1))
+    gov.set_capacity(1)
+    assert gov.inflight == 4
+    # 4 slots must free before one is usable; the hint is the last of them.
+    assert refuse(gov).retry_hint_ms == 1000 - 400
+
+
+def test_cold_start_yields_with_a_countdown() -> None:
+    clock = FakeClock()
+    gov = make(clock, max_inflight=2)
+    gov.begin_cold_start(3.0)
+    assert gov.is_cold
+    y = refuse(gov, Priority.HIGH)
+    assert (y.reason, y.retry_hint_ms) == (YieldReason.COLD_START, 3000)
+    clock.advance_ms(2500)
+    assert refuse(gov).retry_hint_ms == 500
+    clock.advance_ms(1000)
+    # Late: come back after a tenth of the estimate, not immediately.
+    assert refuse(gov).retry_hint_ms == 300
+    gov.mark_warm()
+    admit(gov)
+    assert gov.stats().yielded_by_reason == {"cold_start": 3}
+
+
+def test_admission_hook_can_reject_early() -> None:
+    clock = FakeClock()
+    seen: list[AdmissionRequest] = []
+
+    def hook(req: AdmissionRequest) -> Rejection | None:
+        seen.append(req)
+        if req.priority is Priority.LOW and req.inflight >= 1:
+            return Rejection(retry_hint_ms=1234)
+        return None
+
+    gov = Governor(GovernorConfig(max_inflight=4), admission_hook=hook, clock=clock)
+    admit(gov, Priority.LOW, body="abc", params={"max_tokens": 5})
+    y = refuse(gov, Priority.LOW)
+    assert (y.reason, y.retry_hint_ms) == (YieldReason.SLO, 1234)
+    admit(gov, Priority.HIGH)
+    assert seen[0].body == "abc"
+    assert seen[0].params == {"max_tokens": 5}
+    assert (seen[1].inflight, seen[1].capacity) == (1, 4)
+    assert gov.stats().yielded_by_reason == {"slo": 1}
+
+
+def test_hook_is_not_consulted_when_saturated() -> None:
+    clock = FakeClock()
+    calls = []
+    gov = Governor(
+        GovernorConfig(max_inflight=1),
+        admission_hook=lambda r: calls.append(r),  # type: ignore[func-returns-value]
+        clock=clock,
+    )
+    admit(gov)
+    assert refuse(gov).reason is YieldReason.SATURATED
+    assert len(calls) == 1
+
+
+def test_release_outcomes_and_idempotence() -> None:
+    clock = FakeClock()
+    gov = make(clock, max_inflight=3, initial_exec_ms=1000, ewma_alpha=1.0)
+    a, b, c = admit(gov), admit(gov), admit(gov)
+    clock.advance_ms(40)
+    assert a.release("executed") == pytest.approx(40)
+    assert a.release("cancelled") == 0.0  # second release is a no-op
+    b.release("failed")
+    c.release("cancelled")
+    s = gov.stats()
+    assert (s.executed_total, s.failed_total, s.cancelled_total, s.inflight) == (1, 1, 1, 0)
+    assert s.inflight_peak == 3
+
+
+def test_cancelled_work_is_not_measured() -> None:
+    clock = FakeClock()
+    gov = make(clock, max_inflight=1, ewma_alpha=1.0)
+    slot = admit(gov)
+    clock.advance_ms(5)
+    slot.release("cancelled")
+    assert gov.stats().exec_ms_ewma is None
+
+
+def test_on_idle() -> None:
+    clock = FakeClock()
+    gov = make(clock, max_inflight=2)
+    fired: list[int] = []
+    gov.on_idle(lambda: fired.append(0))
+    assert fired == [0]
+    a, b = admit(gov), admit(gov)
+    gov.on_idle(lambda: fired.append(1))
+    a.release("executed")
+    assert fired == [0]
+    b.release("executed")
+    assert fired == [0, 1]
+
+
+def test_errors_are_counted_by_code() -> None:
+    gov = Governor()
+    gov.record_error("bad_frame")
+    gov.record_error("bad_frame")
+    gov.record_error("unauthorized")
+    s = gov.stats()
+    assert s.errors_total == 3
+    assert s.as_dict()["errors_by_code"] == {"bad_frame": 2, "unauthorized": 1}
+
+
+class GovernorMachine(RuleBasedStateMachine):
+    """Random admissions, releases, capacity changes and time: the promises always hold."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.clock = FakeClock()
+        self.max = 5
+        self.gov = Governor(
+            GovernorConfig(
+                max_inflight=self.max,
+                priority=PriorityPolicy(reserved_for_high=1, reserved_for_normal=1),
+            ),
+            clock=self.clock,
+        )
+        self.slots: list[Slot] = []
+        self.yields = 0
+
+    @rule(priority=st.sampled_from(list(Priority)))
+    def submit(self, priority: Priority) -> None:
+        before = self.gov.inflight
+        decision = self.gov.try_acquire(priority)
+        limit = self.gov.config.priority.limit(priority, self.gov.capacity)
+        if isinstance(decision, Slot):
+            assert before < limit
+            self.slots.append(decision)
+        else:
+            assert before >= limit
+            assert decision.retry_hint_ms >= 0
+            self.yields += 1
+
+    @precondition(lambda self: self.slots)
+    @rule(index=st.integers(0, 100), outcome=st.sampled_from(["executed", "failed", "cancelled"]))
+    def release(self, index: int, outcome: str) -> None:
+        self.slots.pop(index % len(self.slots)).release(outcome)  # type: ignore[arg-type]
+
+    @rule(ms=st.floats(0, 5000))
+    def tick(self, ms: float) -> None:
+        self.clock.advance_ms(ms)
+
+    @rule(capacity=st.integers(1, 5))
+    def ramp(self, capacity: int) -> None:
+        self.gov.set_capacity(capacity)
+
+    @invariant()
+    def promises_hold(self) -> None:
+        s = self.gov.stats()
+        assert s.inflight == len(self.slots)
+        assert s.inflight_peak <= self.max
+        assert (
+            s.admitted_total == s.executed_total + s.failed_total + s.cancelled_total + s.inflight
+        )
+        assert s.yielded_total == self.yields
+
+
+GovernorMachine.TestCase.settings = settings(max_examples=150, stateful_step_count=40)
+test_governor_state_machine = GovernorMachine.TestCase

@@ -1,0 +1,409 @@
+"""The TCP front against real ``yieldgate serve`` processes: every promise, every error code."""
+
+from __future__ import annotations
+
+import random
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from tests.conftest import RawClient, ServerProcess, submit
+from yieldgate.protocol import encode_frame, ping_frame, sha256_hex, stats_frame
+
+pytestmark = [pytest.mark.anyio, pytest.mark.e2e]
+
+
+def assert_counters_add_up(stats: dict[str, Any]) -> None:
+    """Every admitted submit ended exactly one way, or is still in flight."""
+    ended = stats["executed_total"] + stats["failed_total"] + stats["cancelled_total"]
+    assert stats["admitted_total"] == ended + stats["inflight"], stats
+
+
+async def wait_for(client: RawClient, predicate: Any, timeout: float = 5.0) -> dict[str, Any]:
+    """Poll ``stats`` until ``predicate(stats)`` holds."""
+    with anyio.fail_after(timeout):
+        while True:
+            stats = await client.stats()
+            if predicate(stats):
+                return stats
+            await anyio.sleep(0.02)
+
+
+async def test_ping_and_stats(serve: Any, connect: Any) -> None:
+    server = serve("--max-inflight", "3")
+    c = await connect(server)
+    assert await c.request(ping_frame("p1")) == {"id": "p1", "status": "ok", "op": "pong"}
+    stats = await c.request(stats_frame("s1"))
+    assert (stats["id"], stats["status"], stats["op"]) == ("s1", "ok", "stats")
+    for key in ("inflight", "max_inflight", "executed_total", "yielded_total", "errors_total"):
+        assert isinstance(stats[key], int)
+    assert stats["max_inflight"] == 3
+    assert stats["connections_open"] == 1
+
+
+async def test_submit_executes_and_reports_exec_ms(serve: Any, connect: Any) -> None:
+    server = serve("--exec-ms", "50")
+    c = await connect(server)
+    reply = await c.submit("hello world")
+    assert reply["status"] == "ok"
+    assert reply["result"] == {"text": "hello world"}
+    assert 45 <= reply["exec_ms"] < 2000
+    stats = await c.stats()
+    assert (stats["executed_total"], stats["inflight"]) == (1, 0)
+    assert_counters_add_up(stats)
+
+
+async def test_one_connection_is_multiplexed(serve: Any, connect: Any) -> None:
+    server = serve("--max-inflight", "8")
+    c = await connect(server)
+    await c.send(submit("slow", params={"exec_ms": 600}))
+    await c.send(submit("fast", params={"exec_ms": 10}))
+    await c.send(ping_frame("ping"))
+    order = [(await c.recv())["id"] for _ in range(3)]
+    assert order.index("fast") < order.index("slow")
+    assert order.index("ping") < order.index("slow")
+
+
+async def test_seed_promises_yield_at_once_with_an_honest_hint(serve: Any, connect: Any) -> None:
+    server = serve("--max-inflight", "1", "--exec-ms", "3000")
+    owner, other = await connect(server), await connect(server)
+    await owner.send(submit("long"))
+    await wait_for(other, lambda s: s["inflight"] == 1)
+    await anyio.sleep(0.5)
+    sent = time.monotonic()
+    reply = await other.submit("x")
+    waited = time.monotonic() - sent
+    assert reply["status"] == "yield"
+    assert waited < 1.0  # not queued behind the 3 s execution
+    assert (reply["reason"], reply["inflight"], reply["max_inflight"]) == ("saturated", 1, 1)
+    # About 2.5 s of the 3 s execution are left: the hint says so, give or take scheduling.
+    assert 1800 <= reply["retry_hint_ms"] <= 2600
+    later = await other.submit("y")
+    assert later["retry_hint_ms"] < reply["retry_hint_ms"]  # counts down, not a constant
+    stats = await other.stats()
+    assert (stats["yielded_total"], stats["executed_total"]) == (2, 0)
+
+
+async def test_inflight_never_exceeds_max_inflight(serve: Any, connect: Any) -> None:
+    server = serve("--max-inflight", "3", "--exec-ms", "200")
+    clients = [await connect(server) for _ in range(10)]
+    monitor = await connect(server)
+    samples: list[int] = []
+    replies: list[dict[str, Any]] = []
+    done = anyio.Event()
+
+    async def sample() -> None:
+        while not done.is_set():
+            samples.append((await monitor.stats())["inflight"])
+
+    async def burst(c: RawClient) -> None:
+        for _ in range(5):
+            replies.append(await c.submit("w"))
+            await anyio.sleep(0.03)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(sample)
+        async with anyio.create_task_group() as fire:
+            for c in clients:
+                fire.start_soon(burst, c)
+        done.set()
+    assert max(samples) <= 3
+    assert 3 in samples
+    stats = await monitor.stats()
+    assert stats["inflight_peak"] == 3
+    oks = sum(r["status"] == "ok" for r in replies)
+    yields = sum(r["status"] == "yield" for r in replies)
+    assert oks + yields == 50
+    assert (stats["executed_total"], stats["yielded_total"]) == (oks, yields)
+    assert_counters_add_up(stats)
+
+
+async def test_bad_frame_keeps_the_connection_open(serve: Any, connect: Any) -> None:
+    server = serve()
+    c = await connect(server)
+    await c.send(b"this is not json\n")
+    reply = await c.recv()
+    assert reply["status"] == "error"
+    assert (reply["code"], reply["id"], reply["retryable"]) == ("bad_frame", None, False)
+    await c.send(b'{"op": "submit", "id": "q", "body": 3}\n')
+    reply = await c.recv()
+    assert (reply["code"], reply["id"]) == ("bad_frame", "q")
+    assert (await c.request(ping_frame("after")))["op"] == "pong"
+
+
+async def test_frame_too_large_closes_only_that_connection(serve: Any, connect: Any) -> None:
+    server = serve("--max-frame-bytes", "1024", "--exec-ms", "300", "--max-inflight", "4")
+    victim, bystander = await connect(server), await connect(server)
+    await bystander.send(submit("keep"))
+    await victim.send(submit("mine"))
+    await victim.send(b'{"op": "ping", "id": "' + b"x" * 2000 + b'"}\n')
+    reply = await victim.recv_for(None)
+    assert (reply["code"], reply["retryable"]) == ("frame_too_large", False)
+    assert await victim.closed_by_peer()
+    assert (await bystander.recv_for("keep"))["status"] == "ok"
+    stats = await wait_for(bystander, lambda s: s["inflight"] == 0)
+    assert (stats["executed_total"], stats["cancelled_total"]) == (1, 1)  # "mine" was cancelled
+    assert_counters_add_up(stats)
+
+
+async def test_frame_too_large_without_a_newline(serve: Any, connect: Any) -> None:
+    server = serve("--max-frame-bytes", "1024")
+    c = await connect(server)
+    await c.send(b"{" + b" " * 5000)  # never terminated
+    reply = await c.recv()
+    assert reply["code"] == "frame_too_large"
+    assert await c.closed_by_peer()
+
+
+async def test_a_frame_at_the_limit_is_accepted(serve: Any, connect: Any) -> None:
+    server = serve("--max-frame-bytes", "1024", "--exec-ms", "1")
+    c = await connect(server)
+    frame = submit("edge", "")
+    base = len(encode_frame(frame)) - 1
+    frame = submit("edge", "b" * (1024 - base))
+    line = encode_frame(frame)
+    assert len(line) - 1 == 1024
+    await c.send(line)
+    assert (await c.recv())["status"] == "ok"
+
+
+async def test_integrity_mismatch(serve: Any, connect: Any) -> None:
+    server = serve()
+    c = await connect(server)
+    frame = submit("t", "what I meant")
+    frame["body"] = "what arrived"
+    reply = await c.request(frame)
+    assert (reply["code"], reply["retryable"]) == ("integrity_mismatch", True)
+    stats = await c.stats()
+    assert (stats["admitted_total"], stats["errors_by_code"]) == (0, {"integrity_mismatch": 1})
+
+
+async def test_unknown_op(serve: Any, connect: Any) -> None:
+    c = await connect(serve())
+    reply = await c.request({"op": "cancel", "id": "u"})
+    assert (reply["code"], reply["id"]) == ("unknown_op", "u")
+
+
+async def test_duplicate_id_only_while_in_flight(serve: Any, connect: Any) -> None:
+    server = serve("--exec-ms", "300", "--max-inflight", "4")
+    c, other = await connect(server), await connect(server)
+    await c.send(submit("same"))
+    await c.send(submit("same"))
+    first = await c.recv()
+    assert (first["code"], first["id"]) == ("duplicate_id", "same")
+    # Another connection has its own id space.
+    assert (await other.request(submit("same")))["status"] == "ok"
+    assert (await c.recv_for("same"))["status"] == "ok"
+    # Once answered, the id may be used again.
+    assert (await c.request(submit("same")))["status"] == "ok"
+
+
+async def test_auth_with_a_shared_secret(serve: Any, connect: Any, tmp_path: Path) -> None:
+    secret = tmp_path / "secret"
+    secret.write_text("correct horse\n")
+    server = serve("--secret-file", str(secret), "--exec-ms", "1")
+    c = await connect(server)
+    for frame in (submit("a"), submit("b", auth="wrong"), {"op": "stats", "id": "c"}):
+        reply = await c.request(frame)
+        assert (reply["code"], reply["retryable"]) == ("unauthorized", False)
+    assert (await c.request(submit("d", auth="correct horse")))["status"] == "ok"
+    stats = await c.request({**stats_frame("e"), "auth": "correct horse"})
+    assert stats["errors_by_code"] == {"unauthorized": 3}
+
+
+async def test_backend_error(serve: Any, connect: Any) -> None:
+    server = serve("--exec-ms", "1")
+    c = await connect(server)
+    reply = await c.submit("x", params={"fail": True})
+    assert (reply["status"], reply["code"], reply["retryable"]) == ("error", "backend_error", True)
+    bad = await c.submit("x", params={"exec_ms": -1})
+    assert (bad["code"], bad["retryable"]) == ("backend_error", False)
+    stats = await c.stats()
+    assert (stats["failed_total"], stats["executed_total"], stats["inflight"]) == (2, 0, 0)
+    assert_counters_add_up(stats)
+
+
+async def test_deadline_exceeded_frees_the_slot(serve: Any, connect: Any) -> None:
+    server = serve("--exec-ms", "5000", "--max-inflight", "1")
+    c = await connect(server)
+    started = time.monotonic()
+    reply = await c.submit("x", deadline_ms=150)
+    assert (reply["code"], reply["retryable"]) == ("deadline_exceeded", False)
+    assert time.monotonic() - started < 3.0
+    spent = await c.submit("y", deadline_ms=0)
+    assert spent["code"] == "deadline_exceeded"
+    stats = await c.stats()
+    assert (stats["inflight"], stats["cancelled_total"], stats["admitted_total"]) == (0, 1, 1)
+    assert_counters_add_up(stats)
+
+
+async def test_disconnect_cancels_work_and_releases_slots(serve: Any, connect: Any) -> None:
+    server = serve("--exec-ms", "10000", "--max-inflight", "3")
+    leaver, stayer = await connect(server), await connect(server)
+    await stayer.send(submit("mine"))
+    for i in range(2):
+        await leaver.send(submit(f"gone-{i}"))
+    await wait_for(stayer, lambda s: s["inflight"] == 3)
+    await leaver.aclose()
+    stats = await wait_for(stayer, lambda s: s["inflight"] == 1)
+    assert stats["cancelled_total"] == 2
+    assert_counters_add_up(stats)
+
+
+async def test_half_close_counts_as_disconnect(serve: Any, connect: Any) -> None:
+    server = serve("--exec-ms", "10000")
+    c, monitor = await connect(server), await connect(server)
+    await c.send(submit("w"))
+    await wait_for(monitor, lambda s: s["inflight"] == 1)
+    await c.stream.send_eof()
+    stats = await wait_for(monitor, lambda s: s["inflight"] == 0)
+    assert stats["cancelled_total"] == 1
+
+
+async def test_streaming_chunks_then_one_terminal_reply(serve: Any, connect: Any) -> None:
+    server = serve("--exec-ms", "50")
+    c = await connect(server)
+    body = "streamed output, piece by piece"
+    await c.send(submit("s", body, stream=True, params={"chunks": 5}))
+    replies = [await c.recv() for _ in range(6)]
+    chunks, terminal = replies[:5], replies[5]
+    assert [r["status"] for r in chunks] == ["chunk"] * 5
+    assert [r["seq"] for r in chunks] == list(range(5))
+    assert "".join(r["data"]["text"] for r in chunks) == body
+    assert terminal["status"] == "ok"
+    assert terminal["result"] == {"text": body}
+
+
+async def test_priority_reservation_end_to_end(serve: Any, connect: Any) -> None:
+    server = serve("--max-inflight", "2", "--reserve-high", "1", "--exec-ms", "2000")
+    c = await connect(server)
+    await c.send(submit("n1"))
+    await wait_for(c, lambda s: s["inflight"] == 1)
+    assert (await c.submit("n2"))["status"] == "yield"
+    assert (await c.submit("lo", priority="low"))["status"] == "yield"
+    await c.send(submit("h1", priority="high"))
+    await wait_for(c, lambda s: s["inflight"] == 2)
+    assert (await c.submit("h2", priority="high"))["status"] == "yield"
+
+
+async def test_cold_start_then_warm(serve: Any, connect: Any) -> None:
+    server = serve("--cold-start-s", "1.0", "--exec-ms", "1")
+    c = await connect(server)
+    reply = await c.submit("early")
+    assert (reply["status"], reply["reason"]) == ("yield", "cold_start")
+    assert 100 <= reply["retry_hint_ms"] <= 1000
+    stats = await c.stats()
+    assert stats["cold"] is True
+    await anyio.sleep(reply["retry_hint_ms"] / 1000 + 0.1)
+    assert (await c.submit("later"))["status"] == "ok"
+
+
+async def test_bad_input_costs_only_the_sender(serve: Any, connect: Any) -> None:
+    """1,000 malformed, oversized and corrupted frames from one client, beside honest work."""
+    server = serve("--max-frame-bytes", "2048", "--exec-ms", "20", "--max-inflight", "4")
+    honest = await connect(server)
+    rng = random.Random(1234)
+    sent_bad = {"bad_frame": 0, "integrity_mismatch": 0, "frame_too_large": 0}
+    honest_replies: list[dict[str, Any]] = []
+
+    def malformed() -> bytes:
+        return rng.choice(
+            [
+                b"garbage " + bytes(rng.randrange(33, 127) for _ in range(rng.randrange(1, 50))),
+                b"\xff\xfe\xfd" + rng.randbytes(20).replace(b"\n", b" "),
+                b"[" * 1500,  # too deep for the parser, within the frame limit
+                b"[1, 2, 3]",
+                b'{"op": "submit", "id": "z"}',
+                b'{"op": "submit", "id": "z", "body": "x", "sha256": "nothex"}',
+                b"",
+            ]
+        )
+
+    def corrupted() -> bytes:
+        body = "payload " + str(rng.random())
+        frame = submit(f"c{rng.random()}", body)
+        frame["sha256"] = sha256_hex(body + "!")
+        return encode_frame(frame)[:-1]
+
+    async def attacker() -> None:
+        c = await RawClient.connect(server)
+        try:
+            for i in range(1000):
+                if i % 10 == 9:  # oversized: the server closes this connection
+                    await c.send(b'{"op":"ping","id":"' + b"A" * 4096 + b'"}\n')
+                    reply = await c.recv()
+                    assert reply["code"] == "frame_too_large"
+                    sent_bad["frame_too_large"] += 1
+                    await c.aclose()
+                    c = await RawClient.connect(server)
+                elif i % 3 == 0:
+                    await c.send(corrupted() + b"\n")
+                    assert (await c.recv())["code"] == "integrity_mismatch"
+                    sent_bad["integrity_mismatch"] += 1
+                else:
+                    await c.send(malformed() + b"\n")
+                    reply = await c.recv()
+                    assert reply["code"] == "bad_frame", reply
+                    sent_bad["bad_frame"] += 1
+        finally:
+            await c.aclose()
+
+    async def honest_work() -> None:
+        for _ in range(30):
+            honest_replies.append(await honest.submit("real work"))
+
+    before = await honest.stats()
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(attacker)
+        tg.start_soon(honest_work)
+    assert sum(sent_bad.values()) == 1000
+    assert all(r["status"] == "ok" for r in honest_replies)
+    assert all(r["result"] == {"text": "real work"} for r in honest_replies)
+    after = await wait_for(honest, lambda s: s["inflight"] == 0)
+    assert after["executed_total"] - before["executed_total"] == 30
+    assert after["yielded_total"] == before["yielded_total"] == 0
+    assert after["cancelled_total"] == after["failed_total"] == 0
+    assert after["errors_by_code"] == sent_bad
+    assert_counters_add_up(after)
+
+
+async def test_graceful_shutdown_finishes_admitted_work(serve: Any, connect: Any) -> None:
+    server: ServerProcess = serve("--exec-ms", "800", "--grace-s", "10")
+    c, late = await connect(server), await connect(server)
+    await c.send(submit("admitted"))
+    await wait_for(late, lambda s: s["inflight"] == 1)
+    server.signal(signal.SIGTERM)
+    await anyio.sleep(0.2)
+    refused = await late.submit("too late")
+    assert (refused["code"], refused["retryable"]) == ("shutting_down", True)
+    assert (await c.recv_for("admitted"))["status"] == "ok"
+    assert await c.closed_by_peer()
+    assert await anyio.to_thread.run_sync(server.wait) == 0
+
+
+async def test_shutdown_past_grace_answers_shutting_down(serve: Any, connect: Any) -> None:
+    server: ServerProcess = serve("--exec-ms", "60000", "--grace-s", "0.3")
+    c = await connect(server)
+    await c.send(submit("forever"))
+    await wait_for(c, lambda s: s["inflight"] == 1)
+    server.signal(signal.SIGINT)
+    reply = await c.recv_for("forever")
+    assert (reply["code"], reply["retryable"]) == ("shutting_down", True)
+    assert await anyio.to_thread.run_sync(server.wait) == 0
+
+
+async def test_second_signal_stops_at_once(serve: Any, connect: Any) -> None:
+    server: ServerProcess = serve("--exec-ms", "60000", "--grace-s", "60")
+    c = await connect(server)
+    await c.send(submit("forever"))
+    await wait_for(c, lambda s: s["inflight"] == 1)
+    server.signal(signal.SIGTERM)
+    await anyio.sleep(0.2)
+    server.signal(signal.SIGTERM)
+    reply = await c.recv_for("forever")
+    assert reply["code"] == "shutting_down"
+    assert await anyio.to_thread.run_sync(server.wait) == 0
