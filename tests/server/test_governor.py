@@ -320,6 +320,7 @@ class GovernorMachine(RuleBasedStateMachine):
         )
         self.slots: list[Slot] = []
         self.yields = 0
+        self.last = self.gov.stats()
 
     @rule(priority=st.sampled_from(list(Priority)))
     def submit(self, priority: Priority) -> None:
@@ -356,6 +357,16 @@ class GovernorMachine(RuleBasedStateMachine):
             s.admitted_total == s.executed_total + s.failed_total + s.cancelled_total + s.inflight
         )
         assert s.yielded_total == self.yields
+        for name in (
+            "admitted_total",
+            "executed_total",
+            "failed_total",
+            "cancelled_total",
+            "yielded_total",
+            "inflight_peak",
+        ):
+            assert getattr(s, name) >= getattr(self.last, name), name
+        self.last = s
 
 
 GovernorMachine.TestCase.settings = settings(max_examples=150, stateful_step_count=40)

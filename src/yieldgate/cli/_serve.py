@@ -182,7 +182,23 @@ async def _serve(server: Any) -> None:
         tg.cancel_scope.cancel()
 
 
+def _raise_open_file_limit() -> None:
+    """Lift the soft limit on open files to the hard one: each connection is a descriptor."""
+    try:
+        import resource
+    except ImportError:  # pragma: no cover - not on POSIX
+        return
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or soft < hard:
+        target = hard if hard != resource.RLIM_INFINITY else max(soft, 65536)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        except (ValueError, OSError):
+            logging.getLogger("yieldgate.server").warning("could not raise the open-file limit")
+
+
 def run(args: argparse.Namespace) -> int:
+    _raise_open_file_limit()
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
