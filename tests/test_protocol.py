@@ -149,6 +149,43 @@ def test_bad_submit_fields_are_bad_frames_with_the_id(
     assert err.request_id == "keep-me"
 
 
+def test_deadline_must_be_representable() -> None:
+    frame = submit_frame("a", "x", deadline_ms=2**53 - 1)
+    assert decode_request(wire(frame)).deadline_ms == 2**53 - 1  # type: ignore[union-attr]
+    err = rejects(wire({**frame, "deadline_ms": 2**53}), ErrorCode.BAD_FRAME)
+    assert "deadline_ms" in err.message
+    rejects(wire({**frame, "deadline_ms": -(10**400)}), ErrorCode.BAD_FRAME)
+
+
+def test_lone_surrogates_are_bad_frames() -> None:
+    # JSON escapes can spell code points UTF-8 cannot carry.
+    err = rejects(b'{"op": "ping", "id": "\\ud800"}', ErrorCode.BAD_FRAME)
+    assert err.request_id is None
+    err = rejects(
+        b'{"op": "submit", "id": "b", "body": "\\udfff", "sha256": "' + b"0" * 64 + b'"}',
+        ErrorCode.BAD_FRAME,
+    )
+    assert (err.request_id, "surrogate" in err.message) == ("b", True)
+
+
+def test_null_optional_fields_mean_absent() -> None:
+    frame = {
+        **submit_frame("a", "x"),
+        "priority": None,
+        "deadline_ms": None,
+        "stream": None,
+        "params": None,
+    }
+    req = decode_request(wire(frame))
+    assert isinstance(req, SubmitRequest)
+    assert (req.priority, req.deadline_ms, req.stream, req.params) == (
+        Priority.NORMAL,
+        None,
+        False,
+        {},
+    )
+
+
 @pytest.mark.parametrize("bad_id", [None, 7, ["a"], {"a": 1}, True])
 def test_id_must_be_a_string(bad_id: Any) -> None:
     frame: dict[str, Any] = {"op": "ping"}

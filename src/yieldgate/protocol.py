@@ -31,6 +31,7 @@ from yieldgate._exceptions import FrameError, ProtocolError
 
 __all__ = [
     "DEFAULT_MAX_FRAME_BYTES",
+    "MAX_DEADLINE_MS",
     "PROTOCOL_VERSION",
     "ChunkReply",
     "ErrorCode",
@@ -107,6 +108,8 @@ class ErrorCode(StrEnum):
 
 _OPS: Final = frozenset({"submit", "stats", "ping"})
 _HEX: Final = frozenset("0123456789abcdef")
+# JSON numbers beyond 2**53 lose precision in most peers; no budget is that long.
+MAX_DEADLINE_MS: Final = 2**53 - 1
 
 
 # -- requests -----------------------------------------------------------------
@@ -204,7 +207,7 @@ def decode_request(line: bytes | str, *, secret: str | None = None) -> Request:
         raise FrameError(ErrorCode.BAD_FRAME, str(exc)) from None
 
     raw_id = obj.get("id")
-    rid = raw_id if isinstance(raw_id, str) else None
+    rid = raw_id if isinstance(raw_id, str) and _is_utf8(raw_id) else None
 
     if secret is not None:
         auth = obj.get("auth")
@@ -223,7 +226,7 @@ def decode_request(line: bytes | str, *, secret: str | None = None) -> Request:
             request_id=rid,
         )
     if rid is None:
-        raise FrameError(ErrorCode.BAD_FRAME, "'id' must be a string")
+        raise FrameError(ErrorCode.BAD_FRAME, "'id' must be a string of valid Unicode")
 
     if op == "stats":
         return StatsRequest(id=rid)
@@ -236,33 +239,51 @@ def _bad(rid: str, message: str) -> FrameError:
     return FrameError(ErrorCode.BAD_FRAME, message, request_id=rid)
 
 
+def _is_utf8(text: str) -> bool:
+    """False for strings JSON escapes can build but UTF-8 cannot carry (lone surrogates)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _optional(obj: dict[str, Any], name: str, default: Any) -> Any:
+    """An optional field; ``null`` means absent."""
+    value = obj.get(name)
+    return default if value is None else value
+
+
 def _decode_submit(obj: dict[str, Any], rid: str) -> SubmitRequest:
     body = obj.get("body")
     if not isinstance(body, str):
         raise _bad(rid, "submit needs a string 'body'")
+    if not _is_utf8(body):
+        raise _bad(rid, "'body' holds a lone surrogate escape, which UTF-8 cannot encode")
     digest = obj.get("sha256")
     if not isinstance(digest, str):
         raise _bad(rid, "submit needs 'sha256', the lowercase hex SHA-256 of 'body'")
     if len(digest) != 64 or not _HEX.issuperset(digest):
         raise _bad(rid, "'sha256' must be 64 lowercase hex digits")
 
-    raw_priority = obj.get("priority", "normal")
+    raw_priority = _optional(obj, "priority", "normal")
     try:
         priority = Priority(raw_priority)
     except ValueError:
         raise _bad(rid, "'priority' must be 'high', 'normal' or 'low'") from None
 
     deadline_ms = obj.get("deadline_ms")
-    if deadline_ms is not None and (type(deadline_ms) is not int):
-        raise _bad(rid, "'deadline_ms' must be an integer number of milliseconds")
+    if deadline_ms is not None:
+        if type(deadline_ms) is not int:
+            raise _bad(rid, "'deadline_ms' must be an integer number of milliseconds")
+        if abs(deadline_ms) > MAX_DEADLINE_MS:
+            raise _bad(rid, f"'deadline_ms' must be within +/-{MAX_DEADLINE_MS}")
 
-    stream = obj.get("stream", False)
+    stream = _optional(obj, "stream", False)
     if not isinstance(stream, bool):
         raise _bad(rid, "'stream' must be a boolean")
 
-    params = obj.get("params", {})
-    if params is None:
-        params = {}
+    params = _optional(obj, "params", {})
     if not isinstance(params, dict):
         raise _bad(rid, "'params' must be a JSON object")
 

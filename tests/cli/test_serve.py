@@ -128,6 +128,7 @@ def test_port_in_use_is_a_clear_error() -> None:
         result = run_cli("serve", "--port", str(port))
     assert result.returncode == 2
     assert f"cannot listen on 127.0.0.1:{port}" in result.stderr
+    assert "in use" in result.stderr
     assert "Traceback" not in result.stderr
 
 

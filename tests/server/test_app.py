@@ -28,7 +28,7 @@ class OddBackend:
     async def start(self, governor: Governor) -> None:
         self.started.set()
 
-    def expected_ms(self, work: Work) -> float | None:
+    def estimate_ms(self, work: Work) -> float | None:
         return None
 
     async def execute(self, work: Work, emit: Emit | None) -> Any:

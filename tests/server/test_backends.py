@@ -67,7 +67,8 @@ async def test_execute_echoes_the_body_after_its_duration() -> None:
 async def test_params_override_duration_and_force_failure() -> None:
     backend = SimulatedBackend(SimulatedConfig(exec_ms=60_000))
     work = Work(id="a", body="x", params={"exec_ms": 1})
-    assert backend.expected_ms(work) == 1.0
+    assert backend.estimate_ms(work) == 1.0
+    assert backend.estimate_ms(Work(id="n", body="x")) is None
     assert await backend.execute(work, None) == {"text": "x"}
     with pytest.raises(BackendError) as info:
         await backend.execute(Work(id="b", body="x", params={"exec_ms": 1, "fail": True}), None)
@@ -119,3 +120,22 @@ async def test_cold_start_then_capacity_ramp() -> None:
         assert gov.capacity < 3
     assert gov.capacity == 3
     assert isinstance(gov.try_acquire(), Slot)
+
+
+@pytest.mark.parametrize(
+    "params",
+    [{"exec_ms": -1}, {"exec_ms": 10**400}, {"exec_ms": "5"}, {"exec_ms": True}],
+)
+def test_bad_exec_ms_is_refused_by_the_estimate(params: dict[str, Any]) -> None:
+    backend = SimulatedBackend()
+    with pytest.raises(BackendError, match=r"params\.exec_ms") as info:
+        backend.estimate_ms(Work(id="a", body="", params=params))
+    assert info.value.retryable is False
+
+
+def test_bad_chunks_are_refused_by_the_estimate_for_streams_only() -> None:
+    backend = SimulatedBackend()
+    bad = {"chunks": 0}
+    assert backend.estimate_ms(Work(id="a", body="", params=bad)) is None
+    with pytest.raises(BackendError, match="chunks"):
+        backend.estimate_ms(Work(id="a", body="", params=bad, stream=True))

@@ -185,7 +185,7 @@ def test_capacity_ramp() -> None:
     gov.set_capacity(2)
     admit(gov)
     admit(gov)
-    assert refuse(gov).max_inflight == 4
+    assert refuse(gov).max_inflight == 2  # the limit in force, not the configured one
     gov.set_capacity(3)
     admit(gov)
     with pytest.raises(ValueError, match="capacity"):

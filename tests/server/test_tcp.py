@@ -82,6 +82,7 @@ async def test_seed_promises_yield_at_once_with_an_honest_hint(serve: Any, conne
     assert (reply["reason"], reply["inflight"], reply["max_inflight"]) == ("saturated", 1, 1)
     # About 2.5 s of the 3 s execution are left: the hint says so, give or take scheduling.
     assert 1800 <= reply["retry_hint_ms"] <= 2600
+    await anyio.sleep(0.1)
     later = await other.submit("y")
     assert later["retry_hint_ms"] < reply["retry_hint_ms"]  # counts down, not a constant
     stats = await other.stats()
@@ -140,13 +141,19 @@ async def test_frame_too_large_closes_only_that_connection(serve: Any, connect: 
     victim, bystander = await connect(server), await connect(server)
     await bystander.send(submit("keep"))
     await victim.send(submit("mine"))
-    await victim.send(b'{"op": "ping", "id": "' + b"x" * 2000 + b'"}\n')
+    await wait_for(bystander, lambda s: s["inflight"] == 2)
+    await victim.send(
+        b'{"op": "ping", "id": "' + b"x" * 2000 + b'"}\n' + encode_frame(ping_frame("unread"))
+    )
     reply = await victim.recv_for(None)
     assert (reply["code"], reply["retryable"]) == ("frame_too_large", False)
+    # Work admitted before the bad frame still gets its one terminal reply...
+    assert (await victim.recv_for("mine"))["status"] == "ok"
+    # ...then the connection closes; nothing after the bad frame was read.
     assert await victim.closed_by_peer()
     assert (await bystander.recv_for("keep"))["status"] == "ok"
     stats = await wait_for(bystander, lambda s: s["inflight"] == 0)
-    assert (stats["executed_total"], stats["cancelled_total"]) == (1, 1)  # "mine" was cancelled
+    assert (stats["executed_total"], stats["cancelled_total"]) == (2, 0)
     assert_counters_add_up(stats)
 
 
@@ -220,11 +227,56 @@ async def test_backend_error(serve: Any, connect: Any) -> None:
     c = await connect(server)
     reply = await c.submit("x", params={"fail": True})
     assert (reply["status"], reply["code"], reply["retryable"]) == ("error", "backend_error", True)
-    bad = await c.submit("x", params={"exec_ms": -1})
-    assert (bad["code"], bad["retryable"]) == ("backend_error", False)
     stats = await c.stats()
-    assert (stats["failed_total"], stats["executed_total"], stats["inflight"]) == (2, 0, 0)
+    assert (stats["failed_total"], stats["executed_total"], stats["inflight"]) == (1, 0, 0)
     assert_counters_add_up(stats)
+
+
+async def test_bad_params_are_refused_before_admission(serve: Any, connect: Any) -> None:
+    server = serve("--exec-ms", "1000", "--max-inflight", "1")
+    c = await connect(server)
+    for params in ({"exec_ms": -1}, {"exec_ms": "soon"}, {"exec_ms": 10**30}):
+        bad = await c.submit("x", params=params)
+        assert (bad["code"], bad["retryable"]) == ("backend_error", False)
+    bad_stream = await c.submit("x", stream=True, params={"chunks": 0})
+    assert bad_stream["code"] == "backend_error"
+    stats = await c.stats()
+    # No slot was taken and no execution time was measured for them.
+    assert (stats["admitted_total"], stats["exec_ms_ewma"]) == (0, None)
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        b'{"op":"submit","id":"d","body":"","sha256":"'
+        + sha256_hex("").encode()
+        + b'","deadline_ms":1'
+        + b"0" * 400
+        + b"}",
+        b'{"op":"submit","id":"e","body":"","sha256":"'
+        + sha256_hex("").encode()
+        + b'","params":{"exec_ms":1'
+        + b"0" * 400
+        + b"}}",
+        b'{"op":"ping","id":"\\ud800"}',
+        b'{"op":"submit","id":"s","body":"\\udfff","sha256":"' + b"0" * 64 + b'"}',
+        b'{"op":"submit","id":"n","body":"x","sha256":"'
+        + sha256_hex("x").encode()
+        + b'","params":{"echo":"\\ud800"}}',
+    ],
+    ids=["huge-deadline", "huge-exec-ms", "surrogate-id", "surrogate-body", "surrogate-param"],
+)
+async def test_lines_that_once_crashed_the_server(serve: Any, connect: Any, line: bytes) -> None:
+    server = serve("--exec-ms", "1")
+    c = await connect(server)
+    await c.send(line + b"\n")
+    reply = await c.recv()
+    assert reply["status"] in ("error", "ok")
+    # The server is still up, on this connection and for everyone else.
+    assert (await c.request(ping_frame("alive")))["op"] == "pong"
+    other = await connect(server)
+    assert (await other.submit("fine"))["status"] == "ok"
+    assert_counters_add_up(await other.stats())
 
 
 async def test_deadline_exceeded_frees_the_slot(serve: Any, connect: Any) -> None:

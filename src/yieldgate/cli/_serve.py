@@ -215,7 +215,9 @@ def run(args: argparse.Namespace) -> int:
     except* OSError as group:
         if server.tcp.address is not None:
             raise  # bound and served: not a listening problem
-        exc = group.exceptions[0]
+        exc: BaseException = group
+        while isinstance(exc, BaseExceptionGroup):
+            exc = exc.exceptions[0]
         reason = getattr(exc, "strerror", None) or str(exc)
         raise CliError(f"cannot listen on {args.host}:{args.port}: {reason}") from None
     return 0

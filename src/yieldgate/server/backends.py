@@ -69,8 +69,14 @@ class Backend(Protocol):
         """Warm up. Runs beside the fronts, which already answer (``cold_start``)."""
         ...
 
-    def expected_ms(self, work: Work) -> float | None:
-        """This work's expected duration in ms for hints; ``None`` means the measured average."""
+    def estimate_ms(self, work: Work) -> float | None:
+        """Check ``work`` before admission and estimate its duration in ms.
+
+        Called before a slot is taken: raise ``BackendError`` for parameters
+        the backend cannot accept, so a bad request costs no slot and skews no
+        measurement. Return the expected duration for the Governor's hints,
+        or ``None`` to use its measured average.
+        """
         ...
 
     async def execute(self, work: Work, emit: Emit | None) -> Any:
@@ -141,9 +147,10 @@ class SimulatedConfig:
 class SimulatedBackend:
     """Sleeps instead of computing; answers ``{"text": body}``.
 
-    Per-request ``params`` steer it in tests and demos: ``exec_ms`` (a number)
-    replaces the drawn duration, ``fail`` (true) forces a failure and
-    ``chunks`` (an integer) sets how many pieces a stream is cut into.
+    Per-request ``params`` steer it in tests and demos: ``exec_ms`` (a number
+    in ``[0, max_param_exec_ms]``) replaces the drawn duration, ``fail`` (true)
+    forces a failure and ``chunks`` (an integer in ``[1, 10000]``) sets how
+    many pieces a stream is cut into. Bad values are refused before admission.
     """
 
     name = "sleep"
@@ -170,24 +177,37 @@ class SimulatedBackend:
                 governor.set_capacity(capacity)
         governor.mark_warm()
 
-    def _duration_ms(self, work: Work) -> float:
+    def _override_ms(self, work: Work) -> float | None:
         override = work.params.get("exec_ms")
-        if isinstance(override, int | float) and not isinstance(override, bool):
-            if not (0 <= override <= self.config.max_param_exec_ms):
-                raise BackendError(
-                    f"params.exec_ms must be in [0, {self.config.max_param_exec_ms}]",
-                    retryable=False,
-                )
-            return float(override)
+        if override is None:
+            return None
+        limit = self.config.max_param_exec_ms
+        if (
+            isinstance(override, bool)
+            or not isinstance(override, int | float)
+            or not 0 <= override <= limit
+        ):
+            raise BackendError(f"params.exec_ms must be a number in [0, {limit}]", retryable=False)
+        return float(override)
+
+    def _chunks(self, work: Work) -> int:
+        chunks = work.params.get("chunks", self.config.stream_chunks)
+        if type(chunks) is not int or not 1 <= chunks <= 10_000:
+            raise BackendError("params.chunks must be an integer in [1, 10000]", retryable=False)
+        return chunks
+
+    def estimate_ms(self, work: Work) -> float | None:
+        if work.stream:
+            self._chunks(work)
+        return self._override_ms(work)
+
+    def _duration_ms(self, work: Work) -> float:
+        override = self._override_ms(work)
+        if override is not None:
+            return override
         if self.config.mix:
             return self._rng.choices(self._durations, self._weights)[0]
         return self.config.exec_ms
-
-    def expected_ms(self, work: Work) -> float | None:
-        override = work.params.get("exec_ms")
-        if isinstance(override, int | float) and not isinstance(override, bool):
-            return float(override)
-        return None
 
     async def execute(self, work: Work, emit: Emit | None) -> Any:
         duration_s = self._duration_ms(work) / 1000.0
@@ -197,11 +217,7 @@ class SimulatedBackend:
         if emit is None:
             await anyio.sleep(duration_s)
         else:
-            chunks = work.params.get("chunks", self.config.stream_chunks)
-            if type(chunks) is not int or not 1 <= chunks <= 10_000:
-                raise BackendError(
-                    "params.chunks must be an integer in [1, 10000]", retryable=False
-                )
+            chunks = self._chunks(work)
             for piece in _split(work.body, chunks):
                 await anyio.sleep(duration_s / chunks)
                 await emit({"text": piece})

@@ -339,11 +339,12 @@ class Governor:
     def _yield(self, reason: YieldReason, hint_ms: float, inflight: int) -> Yield:
         self._yields[reason] += 1
         hint = min(self.config.max_hint_ms, max(self.config.min_hint_ms, round(hint_ms)))
+        # The limit in force: lower than configured while capacity ramps up.
         return Yield(
             retry_hint_ms=hint,
             reason=reason,
             inflight=inflight,
-            max_inflight=self.config.max_inflight,
+            max_inflight=self._capacity,
         )
 
     def _cold_hint(self, now: float) -> float:

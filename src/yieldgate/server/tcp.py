@@ -5,10 +5,15 @@ One task reads each connection and answers everything it can at once inline
 written back in one send. Only admitted submits get a task of their own, so a
 burst that is mostly yielded costs no task per request.
 
-A connection's end (EOF, reset, or a ``frame_too_large`` that makes the server
-close it) cancels every submit still executing for it, and their slots return
-to the Governor at once. A half-closed connection counts as ended: a client
-must keep its write side open until its replies have arrived.
+A connection's end (EOF or reset) cancels every submit still executing for
+it, and their slots return to the Governor at once. A half-closed connection
+counts as ended: a client must keep its write side open until its replies
+have arrived. After a ``frame_too_large`` the server reads nothing more from
+that connection, but submits it already admitted run to their terminal reply
+before the connection is closed: every admitted submit is answered once.
+
+No single line can take the server down: whatever handling a line raises is
+logged and answered ``bad_frame``.
 """
 
 from __future__ import annotations
@@ -163,14 +168,17 @@ class TcpFront:
         self._connections_total += 1
         try:
             async with stream, anyio.create_task_group() as work:
-                await self._read_loop(conn, work)
-                # The peer is gone (or we dropped it): its work is cancelled.
-                conn.closed = True
-                work.cancel_scope.cancel()
+                peer_gone = await self._read_loop(conn, work)
+                if peer_gone:
+                    # Nobody is left to answer: cancel the connection's work now.
+                    conn.closed = True
+                    work.cancel_scope.cancel()
+                # Otherwise (frame_too_large) admitted work finishes and is answered.
         finally:
             self._connections.discard(conn)
 
-    async def _read_loop(self, conn: _Connection, work: anyio.abc.TaskGroup) -> None:
+    async def _read_loop(self, conn: _Connection, work: anyio.abc.TaskGroup) -> bool:
+        """Read and answer frames; True when the peer went away, False after frame_too_large."""
         limit = self.config.max_frame_bytes
         buf = bytearray()
         scanned = 0
@@ -178,22 +186,22 @@ class TcpFront:
             try:
                 data = await conn.stream.receive(_READ_SIZE)
             except _BROKEN:
-                return
+                return True
             buf += data
             out: list[bytes] = []
             start = 0
             while (nl := buf.find(b"\n", scanned)) >= 0:
                 if nl - start > limit:
                     await self._too_large(conn, out)
-                    return
-                self._on_line(conn, bytes(buf[start:nl]), work, out)
+                    return False
+                self._on_line_safely(conn, bytes(buf[start:nl]), work, out)
                 start = scanned = nl + 1
             if start:
                 del buf[:start]
             scanned = len(buf)
             if len(buf) > limit:
                 await self._too_large(conn, out)
-                return
+                return False
             if out:
                 await conn.send(b"".join(out))
 
@@ -207,6 +215,15 @@ class TcpFront:
     ) -> bytes:
         self.governor.record_error(code)
         return encode_frame(error_frame(rid, code, message, retryable=retryable))
+
+    def _on_line_safely(
+        self, conn: _Connection, line: bytes, work: anyio.abc.TaskGroup, out: list[bytes]
+    ) -> None:
+        try:
+            self._on_line(conn, line, work, out)
+        except Exception:
+            log.exception("could not handle a %d-byte line; answered bad_frame", len(line))
+            out.append(self._error(None, ErrorCode.BAD_FRAME, "frame could not be handled"))
 
     def _on_line(
         self, conn: _Connection, line: bytes, work: anyio.abc.TaskGroup, out: list[bytes]
@@ -243,11 +260,16 @@ class TcpFront:
         job = Work(
             id=req.id, body=req.body, params=req.params, priority=req.priority, stream=req.stream
         )
+        try:
+            expected_ms = self.backend.estimate_ms(job)
+        except BackendError as exc:
+            # Refused before admission: no slot taken, nothing measured.
+            out.append(
+                self._error(req.id, ErrorCode.BACKEND_ERROR, exc.message, retryable=exc.retryable)
+            )
+            return
         decision = gov.try_acquire(
-            req.priority,
-            body=req.body,
-            params=req.params,
-            expected_ms=self.backend.expected_ms(job),
+            req.priority, body=req.body, params=req.params, expected_ms=expected_ms
         )
         if isinstance(decision, Yield):
             out.append(
