@@ -1,0 +1,53 @@
+"""The Gate and its parts: window, retry loop, budget, breaker, rate cap, telemetry.
+
+Users import the public names from ``yieldgate``; this package holds the
+implementation, one concept per private module.
+"""
+
+from yieldgate.gate._breaker import BreakerPolicy, BreakerState
+from yieldgate.gate._budget import RetryBudgetPolicy
+from yieldgate.gate._gate import AttemptInfo, Gate, GatePolicy, GateStatistics, current_attempt
+from yieldgate.gate._outcome import Classifier, Outcome, OutcomeKind, default_classify
+from yieldgate.gate._ratecap import RatePolicy
+from yieldgate.gate._retry import RetryPolicy, TimeoutPolicy
+from yieldgate.gate._telemetry import (
+    AttemptDetails,
+    BreakerChange,
+    CallDetails,
+    CallObserver,
+    Instrumentation,
+    NullInstrumentation,
+    OtelInstrumentation,
+    WaitDetails,
+    WindowChange,
+)
+from yieldgate.gate._window import WindowPolicy, WindowStatistics
+
+__all__ = [
+    "AttemptDetails",
+    "AttemptInfo",
+    "BreakerChange",
+    "BreakerPolicy",
+    "BreakerState",
+    "CallDetails",
+    "CallObserver",
+    "Classifier",
+    "Gate",
+    "GatePolicy",
+    "GateStatistics",
+    "Instrumentation",
+    "NullInstrumentation",
+    "OtelInstrumentation",
+    "Outcome",
+    "OutcomeKind",
+    "RatePolicy",
+    "RetryBudgetPolicy",
+    "RetryPolicy",
+    "TimeoutPolicy",
+    "WaitDetails",
+    "WindowChange",
+    "WindowPolicy",
+    "WindowStatistics",
+    "current_attempt",
+    "default_classify",
+]

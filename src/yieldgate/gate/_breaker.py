@@ -1,0 +1,189 @@
+"""An asyncio-safe circuit breaker, on pybreaker's state machine.
+
+pybreaker counts failures, moves between closed / open / half-open and
+notifies listeners, but it is built for synchronous calls: around an
+``await`` it lets every concurrent caller through as a half-open trial, a
+slow trial can close a breaker that another trial re-opened, and a
+cancellation counts as a failure. This wrapper keeps pybreaker as the record
+and adds what asyncio needs:
+
+- **Tickets.** ``acquire`` hands out a ticket stamped with the breaker's
+  generation (bumped on every state change); ``record`` ignores a ticket from
+  an older generation, so a stale attempt can neither re-open nor close a
+  breaker that has moved on.
+- **One probe.** In half-open state exactly one ticket is out at a time; other
+  callers get ``CircuitOpenError`` until the probe reports.
+- **Neutral endings.** Yields, cancellations and fatal (caller-side) errors
+  report ``neutral``: they count neither way, and a neutral probe frees the
+  probe slot for the next caller without a verdict.
+- **Our clock.** The open -> half-open timeout runs on the Gate's clock
+  (pybreaker's own uses the wall clock), so it can be tested without sleeping.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+import pybreaker
+
+from yieldgate._exceptions import CircuitOpenError
+
+__all__ = ["Breaker", "BreakerPolicy", "BreakerState", "BreakerTicket", "Verdict"]
+
+
+class BreakerState(StrEnum):
+    CLOSED = "closed"
+    OPEN = "open"
+    HALF_OPEN = "half-open"
+
+
+class Verdict(StrEnum):
+    SUCCESS = "success"
+    FAILURE = "failure"
+    NEUTRAL = "neutral"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BreakerPolicy:
+    """Open after ``fail_max`` consecutive failures; probe after ``reset_timeout_s``.
+
+    ``success_threshold`` probes must succeed, one after another, to close it.
+    ``BreakerPolicy.disabled()`` never opens.
+    """
+
+    fail_max: int = 5
+    reset_timeout_s: float = 10.0
+    success_threshold: int = 1
+    enabled: bool = True
+
+    def __post_init__(self) -> None:
+        if self.fail_max < 1:
+            raise ValueError("breaker fail_max must be >= 1")
+        if not (self.reset_timeout_s >= 0 and math.isfinite(self.reset_timeout_s)):
+            raise ValueError("breaker reset_timeout_s must be a finite number >= 0")
+        if self.success_threshold < 1:
+            raise ValueError("breaker success_threshold must be >= 1")
+
+    @classmethod
+    def disabled(cls) -> BreakerPolicy:
+        return cls(enabled=False)
+
+
+@dataclass(frozen=True, slots=True)
+class BreakerTicket:
+    generation: int
+    probe: bool
+
+
+class _Failure(Exception):
+    """Stands for a failed attempt inside pybreaker's bookkeeping."""
+
+
+def _succeed() -> None:
+    return None
+
+
+def _fail() -> None:
+    raise _Failure
+
+
+class _Listener(pybreaker.CircuitBreakerListener):
+    def __init__(self, owner: Breaker) -> None:
+        self.owner = owner
+
+    def state_change(self, cb: Any, old_state: Any, new_state: Any) -> None:
+        old = BreakerState(old_state.name) if old_state is not None else None
+        self.owner._changed(old, BreakerState(new_state.name))
+
+
+class Breaker:
+    """Guards one upstream. ``acquire`` before an attempt, ``record`` after it."""
+
+    def __init__(
+        self,
+        policy: BreakerPolicy,
+        clock: Callable[[], float],
+        *,
+        name: str | None = None,
+        on_change: Callable[[BreakerState, BreakerState], None] | None = None,
+    ) -> None:
+        self.policy = policy
+        self._clock = clock
+        self._on_change = on_change
+        self._generation = 0
+        self._opened_at = 0.0
+        self._probe_out = False
+        self._cb = pybreaker.CircuitBreaker(
+            fail_max=policy.fail_max,
+            # We decide when an open breaker may probe; pybreaker must never do it itself.
+            reset_timeout=1e9,
+            success_threshold=policy.success_threshold,
+            listeners=[_Listener(self)],
+            name=name,
+        )
+
+    @property
+    def state(self) -> BreakerState:
+        return BreakerState(self._cb.current_state)
+
+    @property
+    def failures(self) -> int:
+        """Consecutive failures counted toward opening."""
+        return int(self._cb.fail_counter)
+
+    def retry_after_s(self) -> float:
+        """How long until an open breaker lets a probe through (0 if it would now)."""
+        if self.state is not BreakerState.OPEN:
+            return 0.0
+        return max(0.0, self._opened_at + self.policy.reset_timeout_s - self._clock())
+
+    def _changed(self, old: BreakerState | None, new: BreakerState) -> None:
+        self._generation += 1
+        if new is BreakerState.OPEN:
+            self._opened_at = self._clock()
+        if new is not BreakerState.HALF_OPEN:
+            self._probe_out = False
+        if self._on_change is not None and old is not None and old != new:
+            self._on_change(old, new)
+
+    def acquire(self) -> BreakerTicket:
+        """A ticket to attempt, or ``CircuitOpenError`` when the breaker says no."""
+        if not self.policy.enabled:
+            return BreakerTicket(self._generation, probe=False)
+        state = self.state
+        if state is BreakerState.OPEN:
+            wait = self.retry_after_s()
+            if wait > 0:
+                raise CircuitOpenError(
+                    f"circuit open after {self.policy.fail_max} consecutive failures; "
+                    f"next probe in {wait:.2f} s",
+                    retry_after_s=wait,
+                )
+            self._cb.half_open()  # bumps the generation through the listener
+            state = BreakerState.HALF_OPEN
+        if state is BreakerState.HALF_OPEN:
+            if self._probe_out:
+                raise CircuitOpenError(
+                    "circuit half-open: a probe is already testing the upstream",
+                    retry_after_s=None,
+                )
+            self._probe_out = True
+            return BreakerTicket(self._generation, probe=True)
+        return BreakerTicket(self._generation, probe=False)
+
+    def record(self, ticket: BreakerTicket, verdict: Verdict) -> None:
+        """Report how the ticket's attempt ended. Stale tickets are ignored."""
+        if not self.policy.enabled or ticket.generation != self._generation:
+            return
+        if ticket.probe:
+            self._probe_out = False
+        if verdict is Verdict.SUCCESS:
+            self._cb.call(_succeed)
+        elif verdict is Verdict.FAILURE:
+            with contextlib.suppress(_Failure, pybreaker.CircuitBreakerError):
+                self._cb.call(_fail)

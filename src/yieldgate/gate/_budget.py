@@ -1,0 +1,90 @@
+"""The retry budget: retries as a bounded share of recent requests.
+
+After Finagle and Envoy (and the SRE book's client-side throttling): over a
+sliding window of ``window_s`` seconds, retries may number at most
+``ratio`` times the requests made, plus a small floor of ``min_per_s`` per
+second so a quiet client can still retry at all. When a backend fails
+everything, each request makes at most ``1 + ratio`` attempts on average
+instead of ``max_attempts``: retries cannot multiply an outage.
+
+Only retries after failures and overloads withdraw from it. Waiting out a
+``yield`` does not: the server asked for that retry, and said when.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+__all__ = ["RetryBudget", "RetryBudgetPolicy"]
+
+_BUCKETS = 10
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RetryBudgetPolicy:
+    """Retries allowed per request over a sliding window."""
+
+    ratio: float = 0.2
+    min_per_s: float = 1.0
+    window_s: float = 10.0
+
+    def __post_init__(self) -> None:
+        if not (self.ratio >= 0 and math.isfinite(self.ratio)):
+            raise ValueError("budget ratio must be a finite number >= 0")
+        if not (self.min_per_s >= 0 and math.isfinite(self.min_per_s)):
+            raise ValueError("budget min_per_s must be a finite number >= 0")
+        if not (self.window_s > 0 and math.isfinite(self.window_s)):
+            raise ValueError("budget window_s must be a positive number")
+
+    @classmethod
+    def unlimited(cls) -> RetryBudgetPolicy:
+        """No budget: every retry the attempt caps allow is made (the dangerous choice)."""
+        return cls(ratio=1e9, min_per_s=1e9)
+
+
+class RetryBudget:
+    """Counts requests and retries in time buckets; answers whether a retry may go."""
+
+    def __init__(self, policy: RetryBudgetPolicy, clock: Callable[[], float]) -> None:
+        self.policy = policy
+        self._clock = clock
+        self._width = policy.window_s / _BUCKETS
+        self._requests = [0] * _BUCKETS
+        self._retries = [0] * _BUCKETS
+        self._epoch = self._bucket_epoch(clock())
+
+    def _bucket_epoch(self, now: float) -> int:
+        return int(now // self._width)
+
+    def _roll(self) -> int:
+        """Clear buckets that fell out of the window; return the current bucket index."""
+        epoch = self._bucket_epoch(self._clock())
+        gap = epoch - self._epoch
+        if gap > 0:
+            for i in range(1, min(gap, _BUCKETS) + 1):
+                index = (self._epoch + i) % _BUCKETS
+                self._requests[index] = 0
+                self._retries[index] = 0
+            self._epoch = epoch
+        return epoch % _BUCKETS
+
+    def deposit(self) -> None:
+        """Count one request (a call's first attempt)."""
+        self._requests[self._roll()] += 1
+
+    def allowance(self) -> float:
+        """Retries still allowed in the current window."""
+        self._roll()
+        allowed = (
+            self.policy.ratio * sum(self._requests) + self.policy.min_per_s * self.policy.window_s
+        )
+        return allowed - sum(self._retries)
+
+    def try_withdraw(self) -> bool:
+        """Take one retry from the budget, if any is left."""
+        if self.allowance() < 1.0:
+            return False
+        self._retries[self._roll()] += 1
+        return True

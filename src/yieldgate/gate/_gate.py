@@ -1,0 +1,731 @@
+"""The Gate: client-side backpressure for one upstream.
+
+Every call passes, in order: the total deadline, the circuit breaker, the rate
+cap, the concurrency window, the attempt (under its own timeout), the
+classification of what came back, and the decision to try again. A ``yield``
+is congestion, not failure: it narrows the window and is waited out around
+the upstream's hint, but it trips no breaker and spends no retry budget.
+
+The first attempt runs inline; only a call that must wait and try again
+enters the retry loop (tenacity, kept private), so the common case costs
+little more than the attempt itself.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import functools
+import math
+import random
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any, Final, ParamSpec, TypeVar, TypeVarTuple, overload
+
+import anyio
+from tenacity import AsyncRetrying, RetryCallState, retry_if_result
+
+from yieldgate._exceptions import (
+    AttemptTimeoutError,
+    CallFailedError,
+    CircuitOpenError,
+    DeadlineExceededError,
+    GateClosedError,
+    RetriesExhaustedError,
+    RetryBudgetExhaustedError,
+    YieldExhaustedError,
+    YieldgateError,
+)
+from yieldgate.gate._breaker import Breaker, BreakerPolicy, BreakerState, Verdict
+from yieldgate.gate._budget import RetryBudget, RetryBudgetPolicy
+from yieldgate.gate._outcome import Classifier, Outcome, OutcomeKind, default_classify
+from yieldgate.gate._ratecap import RateCap, RatePolicy
+from yieldgate.gate._retry import RetryPolicy, TimeoutPolicy, backoff_s, hinted_wait_s
+from yieldgate.gate._telemetry import (
+    AttemptDetails,
+    BreakerChange,
+    CallDetails,
+    CallObserver,
+    Instrumentation,
+    OtelInstrumentation,
+    WaitDetails,
+    WindowChange,
+)
+from yieldgate.gate._window import Permit, Signal, Window, WindowPolicy, WindowStatistics
+from yieldgate.protocol import Priority
+
+__all__ = ["AttemptInfo", "Gate", "GatePolicy", "GateStatistics", "current_attempt"]
+
+T = TypeVar("T")
+R = TypeVar("R")
+P = ParamSpec("P")
+Ts = TypeVarTuple("Ts")
+
+
+class _Unset:
+    pass
+
+
+_UNSET: Final = _Unset()
+
+_SIGNALS: Final = {
+    OutcomeKind.OK: (Signal.SUCCESS, Verdict.SUCCESS),
+    OutcomeKind.YIELD: (Signal.CONGESTION, Verdict.NEUTRAL),
+    OutcomeKind.OVERLOADED: (Signal.CONGESTION, Verdict.NEUTRAL),
+    OutcomeKind.RETRYABLE: (Signal.FAILURE, Verdict.FAILURE),
+    OutcomeKind.FATAL: (Signal.FAILURE, Verdict.NEUTRAL),
+}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GatePolicy:
+    """Everything a Gate does, in one frozen record. The defaults are safe:
+    slow start from 2 up to 64 in flight, 4 attempts, a 20% retry budget, a
+    breaker after 5 consecutive failures, 60 s per attempt and 300 s in all.
+    """
+
+    window: WindowPolicy = field(default_factory=WindowPolicy)
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+    budget: RetryBudgetPolicy = field(default_factory=RetryBudgetPolicy)
+    breaker: BreakerPolicy = field(default_factory=BreakerPolicy)
+    timeouts: TimeoutPolicy = field(default_factory=TimeoutPolicy)
+    rate: RatePolicy | None = None
+
+    @classmethod
+    def cold_start(cls, *, max_concurrency: int = 16, per_s: float | None = None) -> GatePolicy:
+        """For a backend that may be loading: one in flight at first, a patient retry
+        policy, and (given ``per_s``) a rate that ramps up over 30 s."""
+        rate = None
+        if per_s is not None:
+            rate = RatePolicy(per_s=per_s, ramp_from_per_s=min(1.0, per_s), ramp_s=30.0)
+        return cls(
+            window=WindowPolicy(initial=1, max=max_concurrency),
+            retry=RetryPolicy(max_attempts=5, max_yields=200),
+            timeouts=TimeoutPolicy(attempt_s=120.0, total_s=600.0),
+            rate=rate,
+        )
+
+    @classmethod
+    def interactive(cls) -> GatePolicy:
+        """A person is waiting: tight timeouts, few retries, fail fast."""
+        return cls(
+            retry=RetryPolicy(max_attempts=3, max_yields=16, max_backoff_s=2.0),
+            timeouts=TimeoutPolicy(attempt_s=30.0, total_s=45.0),
+        )
+
+    @classmethod
+    def batch(cls) -> GatePolicy:
+        """Throughput over latency: ride out long overloads, patiently."""
+        return cls(
+            retry=RetryPolicy(max_attempts=6, max_yields=1000, max_backoff_s=30.0),
+            timeouts=TimeoutPolicy(attempt_s=300.0, total_s=3600.0),
+        )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GateStatistics:
+    """A snapshot of one Gate."""
+
+    name: str
+    window: WindowStatistics
+    breaker: str
+    breaker_failures: int
+    retry_allowance: float
+    calls: int
+    calls_ok: int
+    calls_failed: int
+    attempts: int
+    yields: int
+    overloads: int
+    failures: int
+    retries: int
+    waited_s: float
+    rejected_open: int
+    rate_per_s: float | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AttemptInfo:
+    """The attempt running now in this task (see ``current_attempt``)."""
+
+    gate: str
+    number: int
+    priority: Priority
+    deadline: float | None
+
+    def remaining_s(self) -> float | None:
+        """Seconds left for this attempt (its timeout or the call's deadline), or None."""
+        if self.deadline is None:
+            return None
+        return max(0.0, self.deadline - anyio.current_time())
+
+
+_current: contextvars.ContextVar[AttemptInfo | None] = contextvars.ContextVar(
+    "yieldgate_attempt", default=None
+)
+
+
+def current_attempt() -> AttemptInfo | None:
+    """The attempt this code runs under, or ``None`` outside a Gate.
+
+    Transports read it to send the remaining budget upstream (``deadline_ms``).
+    """
+    return _current.get()
+
+
+@dataclass
+class _Counters:
+    calls: int = 0
+    calls_ok: int = 0
+    calls_failed: int = 0
+    attempts: int = 0
+    yields: int = 0
+    overloads: int = 0
+    failures: int = 0
+    retries: int = 0
+    waited_s: float = 0.0
+    rejected_open: int = 0
+
+
+class Gate:
+    """Client-side backpressure for one upstream.
+
+    >>> gate = Gate(GatePolicy.cold_start(), name="hf")
+    >>> result = await gate.call(client.generate, prompt)   # doctest: +SKIP
+
+    Use one Gate per upstream and share it among the tasks calling that
+    upstream: the window, breaker and budget are only as good as the traffic
+    they see.
+    """
+
+    def __init__(
+        self,
+        policy: GatePolicy | None = None,
+        *,
+        name: str = "default",
+        classify: Classifier | None = None,
+        instrumentation: Instrumentation | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.policy = policy or GatePolicy()
+        self.name = name
+        self._classify = classify or default_classify
+        self._instr: Instrumentation = instrumentation or OtelInstrumentation()
+        self._rng = rng or random.Random()  # noqa: S311 - jitter, not secrets
+        clock = anyio.current_time
+        self._window = Window(self.policy.window, on_change=self._window_changed)
+        self._breaker = Breaker(
+            self.policy.breaker, clock, name=name, on_change=self._breaker_changed
+        )
+        self._budget = RetryBudget(self.policy.budget, clock)
+        self._rate: RateCap | None = None
+        self._counters = _Counters()
+        self._closed = False
+
+    # -- lifecycle ----------------------------------------------------------
+
+    async def __aenter__(self) -> Gate:
+        if self._closed:
+            raise GateClosedError(f"gate {self.name!r} is closed and cannot be reused")
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Refuse new calls from now on. Calls already running finish as usual."""
+        self._closed = True
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    # -- telemetry hooks ----------------------------------------------------
+
+    def _window_changed(self, old: int, new: int) -> None:
+        self._instr.on_window_change(WindowChange(gate=self.name, old=old, new=new))
+
+    def _breaker_changed(self, old: BreakerState, new: BreakerState) -> None:
+        self._instr.on_breaker_change(BreakerChange(gate=self.name, old=str(old), new=str(new)))
+
+    def statistics(self) -> GateStatistics:
+        c = self._counters
+        return GateStatistics(
+            name=self.name,
+            window=self._window.statistics(),
+            breaker=str(self._breaker.state),
+            breaker_failures=self._breaker.failures,
+            retry_allowance=self._budget.allowance(),
+            calls=c.calls,
+            calls_ok=c.calls_ok,
+            calls_failed=c.calls_failed,
+            attempts=c.attempts,
+            yields=c.yields,
+            overloads=c.overloads,
+            failures=c.failures,
+            retries=c.retries,
+            waited_s=c.waited_s,
+            rejected_open=c.rejected_open,
+            rate_per_s=None if self._rate is None else self._rate.rate_now(),
+        )
+
+    def _rate_cap(self) -> RateCap | None:
+        # Built on first use: it reads the running loop's clock, and a ramp
+        # should start when traffic does, not when the Gate was constructed.
+        if self._rate is None and self.policy.rate is not None:
+            self._rate = RateCap(self.policy.rate, anyio.current_time)
+        return self._rate
+
+    # -- calling ------------------------------------------------------------
+
+    @overload
+    async def call(
+        self,
+        fn: Callable[[*Ts], Awaitable[Outcome]],
+        /,
+        *args: *Ts,
+        priority: Priority | str = ...,
+        timeout: float | _Unset | None = ...,
+        classify: Classifier | None = ...,
+    ) -> Any: ...
+
+    @overload
+    async def call(
+        self,
+        fn: Callable[[*Ts], Awaitable[T]],
+        /,
+        *args: *Ts,
+        priority: Priority | str = ...,
+        timeout: float | _Unset | None = ...,
+        classify: Classifier | None = ...,
+    ) -> T: ...
+
+    async def call(
+        self,
+        fn: Callable[[*Ts], Awaitable[Any]],
+        /,
+        *args: *Ts,
+        priority: Priority | str = Priority.NORMAL,
+        timeout: float | _Unset | None = _UNSET,
+        classify: Classifier | None = None,
+    ) -> Any:
+        """Call ``fn(*args)`` under the Gate and return its value.
+
+        ``fn`` runs once per attempt. It may return a value, return an
+        ``Outcome`` (to say "yield", "overloaded" or "retry" itself), or raise;
+        ``classify`` (else the Gate's classifier) decides what a value or an
+        exception means. ``timeout`` overrides the policy's total time for this
+        call. Keyword arguments for ``fn`` go through ``functools.partial``.
+
+        Raises a ``YieldgateError``: ``CallFailedError`` for a fatal outcome
+        (the original error is its ``__cause__``), or the reason the call
+        stopped trying (retries, yields or budget exhausted, deadline, open
+        circuit).
+        """
+        call = self._new_call(fn, args, priority, timeout, classify, hold=False)
+        value: Any = await self._run(call)
+        return value
+
+    @contextlib.asynccontextmanager
+    async def hold(
+        self,
+        fn: Callable[[*Ts], Awaitable[Any]],
+        /,
+        *args: *Ts,
+        priority: Priority | str = Priority.NORMAL,
+        timeout: float | _Unset | None = _UNSET,
+        classify: Classifier | None = None,
+    ) -> AsyncIterator[Any]:
+        """Like ``call``, but keep the window slot until the ``async with`` block exits.
+
+        For work that goes on after the attempt returns: a stream read chunk by
+        chunk, a response body read later. The retries (and ``timeout``) cover
+        getting the value; what the block then does is bounded by the caller.
+        A block that raises tells the window its attempt failed.
+        """
+        call = self._new_call(fn, args, priority, timeout, classify, hold=True)
+        value = await self._run(call)
+        permit = call.held
+        assert permit is not None
+        signal = Signal.FAILURE
+        try:
+            yield value
+            signal = Signal.SUCCESS
+        except BaseException as exc:
+            if isinstance(exc, anyio.get_cancelled_exc_class()):
+                signal = Signal.CANCELLED
+            raise
+        finally:
+            self._window.release(permit, signal)
+
+    def _new_call(
+        self,
+        fn: Callable[..., Awaitable[Any]],
+        args: tuple[Any, ...],
+        priority: Priority | str,
+        timeout: float | _Unset | None,
+        classify: Classifier | None,
+        *,
+        hold: bool,
+    ) -> _Call:
+        if self._closed:
+            raise GateClosedError(f"gate {self.name!r} is closed")
+        prio = Priority(priority)
+        total = self.policy.timeouts.total_s if isinstance(timeout, _Unset) else timeout
+        if total is not None and not total > 0:
+            raise ValueError(f"timeout must be a positive number or None, got {total}")
+        started = anyio.current_time()
+        deadline = None if total is None else started + total
+        call = _Call(self, fn, args, prio, deadline, classify or self._classify, started)
+        call.hold = hold
+        return call
+
+    async def _run(self, call: _Call) -> Any:
+        observer = self._instr.start_call(self.name, str(call.priority))
+        call.observer = observer
+        self._counters.calls += 1
+        self._budget.deposit()
+        outcome_name = "ok"
+        try:
+            with observer.scope():
+                value = await call.run()
+        except BaseException as exc:
+            outcome_name = type(exc).__name__
+            self._counters.calls_failed += 1
+            raise
+        finally:
+            observer.on_end(
+                CallDetails(
+                    gate=self.name,
+                    priority=str(call.priority),
+                    attempts=call.attempts,
+                    outcome=outcome_name,
+                    duration_s=anyio.current_time() - call.started,
+                )
+            )
+        self._counters.calls_ok += 1
+        return value
+
+    @overload
+    def wrap(self, fn: Callable[P, Awaitable[R]], /) -> Callable[P, Awaitable[R]]: ...
+
+    @overload
+    def wrap(
+        self,
+        fn: None = None,
+        /,
+        *,
+        priority: Priority | str = ...,
+        timeout: float | _Unset | None = ...,
+    ) -> Callable[[Callable[P, Awaitable[R]]], Callable[P, Awaitable[R]]]: ...
+
+    def wrap(
+        self,
+        fn: Callable[P, Awaitable[R]] | None = None,
+        /,
+        *,
+        priority: Priority | str = Priority.NORMAL,
+        timeout: float | _Unset | None = _UNSET,
+    ) -> Any:
+        """Decorate an async function so that every call goes through this Gate.
+
+        ``@gate.wrap`` or ``@gate.wrap(priority="high")``.
+        """
+
+        def decorate(f: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
+            @functools.wraps(f)
+            async def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+                return await self.call(
+                    functools.partial(f, *args, **kwargs), priority=priority, timeout=timeout
+                )
+
+            return wrapper
+
+        return decorate(fn) if fn is not None else decorate
+
+    async def map(
+        self,
+        fn: Callable[[T], Awaitable[R]],
+        items: Iterable[T],
+        /,
+        *,
+        priority: Priority | str = Priority.NORMAL,
+        concurrency: int | None = None,
+        return_exceptions: bool = False,
+    ) -> list[R | BaseException]:
+        """Call ``fn(item)`` for each item through the Gate; results in input order.
+
+        At most ``concurrency`` calls are open at once (default: the window's
+        maximum), so a million items cost that many tasks, not a million; the
+        window then decides how many attempts actually run. The first failure
+        cancels the rest and is raised, unless ``return_exceptions`` puts each
+        failure in its item's place.
+        """
+        work = list(items)
+        limit = concurrency if concurrency is not None else self.policy.window.max
+        if limit < 1:
+            raise ValueError("concurrency must be >= 1")
+        results: list[Any] = [None] * len(work)
+        failure: list[BaseException] = []
+        pending = iter(enumerate(work))
+
+        async def worker(scope: anyio.CancelScope) -> None:
+            for index, item in pending:
+                try:
+                    results[index] = await self.call(fn, item, priority=priority)
+                except Exception as exc:
+                    if not return_exceptions:
+                        failure.append(exc)
+                        scope.cancel()
+                        return
+                    results[index] = exc
+
+        async with anyio.create_task_group() as tg:
+            for _ in range(min(limit, len(work))):
+                tg.start_soon(worker, tg.cancel_scope)
+        if failure:
+            raise failure[0]
+        return results
+
+
+class _Call:
+    """One call's state across its attempts."""
+
+    def __init__(
+        self,
+        gate: Gate,
+        fn: Callable[..., Awaitable[Any]],
+        args: tuple[Any, ...],
+        priority: Priority,
+        deadline: float | None,
+        classify: Classifier,
+        started: float,
+    ) -> None:
+        self.gate = gate
+        self.started = started
+        self.hold = False
+        self.held: Permit | None = None
+        self.fn = fn
+        self.args = args
+        self.priority = priority
+        self.deadline = deadline
+        self.classify = classify
+        self.observer: CallObserver
+        self.attempts = 0
+        self.congestion = 0
+        self.last: Outcome | None = None
+        self.last_hint_s: float | None = None
+        self.stop_error: YieldgateError | None = None
+
+    def _error(self, cls: type[YieldgateError], message: str) -> YieldgateError:
+        return cls(
+            message,
+            attempts=self.attempts,
+            last_hint_s=self.last_hint_s,
+            last_outcome=self.last,
+        )
+
+    async def run(self) -> Any:
+        with anyio.CancelScope(deadline=math.inf if self.deadline is None else self.deadline):
+            outcome = await self.attempt()
+            if outcome.kind is not OutcomeKind.OK and outcome.kind is not OutcomeKind.FATAL:
+                outcome = await self.retry_loop(outcome)
+            return self.finish(outcome)
+        # Only the deadline scope gets here: it cancelled an attempt or a wait.
+        raise self._error(
+            DeadlineExceededError,
+            f"call exceeded its total timeout after {self.attempts} attempt(s)",
+        )
+
+    def finish(self, outcome: Outcome) -> Any:
+        if outcome.kind is OutcomeKind.OK:
+            return outcome.value
+        if self.stop_error is not None:
+            raise self.stop_error from outcome.error
+        raise self._error(CallFailedError, f"call failed: {outcome.describe()}") from outcome.error
+
+    # -- one attempt --------------------------------------------------------
+
+    async def attempt(self) -> Outcome:
+        gate = self.gate
+        try:
+            ticket = gate._breaker.acquire()
+        except CircuitOpenError as exc:
+            gate._counters.rejected_open += 1
+            raise CircuitOpenError(
+                exc.message,
+                retry_after_s=exc.retry_after_s,
+                attempts=self.attempts,
+                last_hint_s=self.last_hint_s,
+                last_outcome=self.last,
+            ) from None
+        self.attempts += 1
+        number = self.attempts
+        gate._counters.attempts += 1
+        verdict = Verdict.NEUTRAL
+        started = anyio.current_time()
+        try:
+            rate = gate._rate_cap()
+            if rate is not None:
+                await rate.acquire()
+            permit = await gate._window.acquire(self.priority)
+            signal = Signal.CANCELLED
+            try:
+                outcome = await self._invoke(number)
+                signal, verdict = _SIGNALS[outcome.kind]
+            finally:
+                if self.hold and signal is Signal.SUCCESS:
+                    self.held = permit  # released by Gate.hold when its block exits
+                else:
+                    gate._window.release(permit, signal)
+        finally:
+            gate._breaker.record(ticket, verdict)
+        self._note(outcome, number, anyio.current_time() - started)
+        return outcome
+
+    async def _invoke(self, number: int) -> Outcome:
+        attempt_s = self.gate.policy.timeouts.attempt_s
+        now = anyio.current_time()
+        limit = math.inf if attempt_s is None else now + attempt_s
+        if self.deadline is not None:
+            limit = min(limit, self.deadline)
+        info = AttemptInfo(
+            gate=self.gate.name,
+            number=number,
+            priority=self.priority,
+            deadline=None if math.isinf(limit) else limit,
+        )
+        token = _current.set(info)
+        try:
+            with anyio.CancelScope(deadline=now + attempt_s if attempt_s else math.inf) as scope:
+                try:
+                    value = await self.fn(*self.args)
+                except Exception as exc:
+                    return self.classify(None, exc)
+                return self.classify(value, None)
+            # The attempt's own timeout fired (the call's deadline would have propagated).
+            assert scope.cancelled_caught
+            return Outcome.retryable(
+                AttemptTimeoutError(f"attempt {number} ran past {attempt_s} s", attempts=number)
+            )
+        finally:
+            _current.reset(token)
+
+    def _note(self, outcome: Outcome, number: int, duration_s: float) -> None:
+        gate = self.gate
+        self.last = outcome
+        if outcome.hint_s is not None:
+            self.last_hint_s = outcome.hint_s
+        kind = outcome.kind
+        if kind is OutcomeKind.YIELD:
+            gate._counters.yields += 1
+        elif kind is OutcomeKind.OVERLOADED:
+            gate._counters.overloads += 1
+        elif kind is OutcomeKind.RETRYABLE or kind is OutcomeKind.FATAL:
+            gate._counters.failures += 1
+        if outcome.reason == "cold_start" and gate._rate is not None:
+            gate._rate.restart_ramp()
+        self.observer.on_attempt(
+            AttemptDetails(
+                gate=gate.name,
+                attempt=number,
+                outcome=kind,
+                reason=outcome.reason,
+                hint_s=outcome.hint_s,
+                duration_s=duration_s,
+            )
+        )
+
+    # -- retrying -----------------------------------------------------------
+
+    async def retry_loop(self, first: Outcome) -> Outcome:
+        replay = [first]
+
+        async def step() -> Outcome:
+            # The first outcome is already in hand: tenacity starts by judging it.
+            if replay:
+                return replay.pop()
+            return await self.attempt()
+
+        # tenacity asks `wait` before `stop`: the decision is made in _decide
+        # (the wait), and `stop` only reads it.
+        retrying = AsyncRetrying(
+            sleep=self._sleep,
+            wait=self._decide,
+            stop=lambda _state: self.stop_error is not None,
+            retry=retry_if_result(_needs_retry),
+            retry_error_callback=_last_result,
+            reraise=True,
+        )
+        outcome: Outcome = await retrying(step)
+        return outcome
+
+    async def _sleep(self, seconds: float) -> None:
+        self.gate._counters.waited_s += seconds
+        await anyio.sleep(seconds)
+
+    def _decide(self, state: RetryCallState) -> float:
+        """Decide whether to try again and, if so, after how long (0 when stopping)."""
+        assert state.outcome is not None
+        outcome: Outcome = state.outcome.result()
+        gate = self.gate
+        policy = gate.policy.retry
+        use_hint = policy.honour_hints and outcome.hint_s is not None
+        if outcome.is_congestion:
+            self.congestion += 1
+            if self.congestion > policy.max_yields:
+                return self._stop(
+                    YieldExhaustedError,
+                    f"upstream still congested after {self.congestion} yield(s)/overload(s): "
+                    f"{outcome.describe()}",
+                )
+            n = self.congestion
+        else:
+            n = self.attempts - self.congestion
+            if n >= policy.max_attempts:
+                return self._stop(
+                    RetriesExhaustedError,
+                    f"gave up after {n} failed attempt(s): {outcome.describe()}",
+                )
+        assert outcome.hint_s is not None or not use_hint
+        wait = (
+            hinted_wait_s(policy, outcome.hint_s, gate._rng)  # type: ignore[arg-type]
+            if use_hint
+            else backoff_s(policy, n, gate._rng)
+        )
+        if self.deadline is not None and anyio.current_time() + wait > self.deadline:
+            return self._stop(
+                DeadlineExceededError,
+                f"the next wait ({wait:.3f} s) would pass the call's deadline "
+                f"after {self.attempts} attempt(s): {outcome.describe()}",
+            )
+        if outcome.kind is not OutcomeKind.YIELD and not gate._budget.try_withdraw():
+            return self._stop(
+                RetryBudgetExhaustedError,
+                f"retry budget spent (too many retries recently): {outcome.describe()}",
+            )
+        gate._counters.retries += 1
+        self.observer.on_wait(
+            WaitDetails(
+                gate=gate.name,
+                next_attempt=self.attempts + 1,
+                wait_s=wait,
+                cause=outcome.kind,
+                hint_s=outcome.hint_s,
+            )
+        )
+        return wait
+
+    def _stop(self, cls: type[YieldgateError], message: str) -> float:
+        self.stop_error = self._error(cls, message)
+        return 0.0
+
+
+def _needs_retry(outcome: Outcome) -> bool:
+    return outcome.kind is not OutcomeKind.OK and outcome.kind is not OutcomeKind.FATAL
+
+
+def _last_result(state: RetryCallState) -> Outcome:
+    assert state.outcome is not None
+    outcome: Outcome = state.outcome.result()
+    return outcome

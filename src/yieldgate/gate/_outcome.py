@@ -1,0 +1,151 @@
+"""Outcomes: what one attempt came to, the only thing the Gate reasons about.
+
+An attempt function returns a value (``ok``), returns an ``Outcome`` itself,
+or raises; a classifier turns the last two cases into an Outcome. The kinds:
+
+- ``ok``: done, return the value.
+- ``yield``: the upstream declined *before doing any work* and said when to come
+  back. A congestion signal: shrink the window, wait about the hint. Never a
+  failure: it trips no breaker and spends no retry budget.
+- ``overloaded``: the upstream shed the request (HTTP 429/503 and kin), perhaps
+  with a hint. Congestion too, but it may have cost the upstream something, so
+  its retries spend the retry budget.
+- ``retryable``: a failure that may pass on another attempt (a reset, a timeout,
+  a 5xx). Counts against the breaker and spends the retry budget.
+- ``fatal``: a failure another attempt will not fix (a 400, bad auth). Raised at
+  once; not counted against the breaker, which guards the upstream's health,
+  not the caller's mistakes.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from yieldgate._exceptions import (
+    AttemptTimeoutError,
+    RemoteError,
+    TransportError,
+)
+
+__all__ = ["Classifier", "Outcome", "OutcomeKind", "default_classify"]
+
+
+class OutcomeKind(StrEnum):
+    OK = "ok"
+    YIELD = "yield"
+    OVERLOADED = "overloaded"
+    RETRYABLE = "retryable"
+    FATAL = "fatal"
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """One attempt's result, as the Gate sees it.
+
+    ``hint_s`` is the upstream's own retry hint in seconds (``None`` when it
+    gave none). ``value`` carries the raw reply for non-``ok`` kinds too (an
+    HTTP response, say), so that a caller can still see it when retries run
+    out. ``error`` is the exception behind a failure, if there was one.
+    """
+
+    kind: OutcomeKind
+    value: Any = None
+    hint_s: float | None = None
+    reason: str | None = None
+    error: BaseException | None = None
+
+    def __post_init__(self) -> None:
+        if self.hint_s is not None and not self.hint_s >= 0:
+            raise ValueError(f"hint_s must be >= 0, got {self.hint_s}")
+
+    @classmethod
+    def ok(cls, value: Any = None) -> Outcome:
+        return cls(OutcomeKind.OK, value)
+
+    @classmethod
+    def yielded(
+        cls, hint_s: float | None, reason: str = "saturated", *, value: Any = None
+    ) -> Outcome:
+        return cls(OutcomeKind.YIELD, value, hint_s, reason)
+
+    @classmethod
+    def overloaded(
+        cls,
+        hint_s: float | None = None,
+        *,
+        reason: str | None = None,
+        value: Any = None,
+        error: BaseException | None = None,
+    ) -> Outcome:
+        return cls(OutcomeKind.OVERLOADED, value, hint_s, reason, error)
+
+    @classmethod
+    def retryable(
+        cls,
+        error: BaseException | None = None,
+        *,
+        hint_s: float | None = None,
+        reason: str | None = None,
+        value: Any = None,
+    ) -> Outcome:
+        return cls(OutcomeKind.RETRYABLE, value, hint_s, reason, error)
+
+    @classmethod
+    def fatal(
+        cls, error: BaseException | None = None, *, reason: str | None = None, value: Any = None
+    ) -> Outcome:
+        return cls(OutcomeKind.FATAL, value, None, reason, error)
+
+    @property
+    def is_congestion(self) -> bool:
+        """A yield or an overload: the upstream is full, not broken."""
+        return self.kind is OutcomeKind.YIELD or self.kind is OutcomeKind.OVERLOADED
+
+    def describe(self) -> str:
+        parts = [str(self.kind)]
+        if self.reason:
+            parts.append(self.reason)
+        if self.hint_s is not None:
+            parts.append(f"hint {self.hint_s * 1000:.0f} ms")
+        if self.error is not None:
+            parts.append(f"{type(self.error).__name__}: {self.error}")
+        return ", ".join(parts)
+
+
+Classifier = Callable[[Any, BaseException | None], Outcome]
+"""``classify(value, error)``: exactly one of the two is meaningful (``error`` is
+``None`` when the attempt returned)."""
+
+
+def _is_httpx_transport_error(error: BaseException) -> bool:
+    # httpx is a core dependency, but the gate never imports it eagerly: only
+    # when the caller's code already did is the check meaningful.
+    for name in ("httpx", "httpx2"):
+        module = sys.modules.get(name)
+        if module is not None and isinstance(error, module.TransportError):
+            return True
+    return False
+
+
+def default_classify(value: Any, error: BaseException | None) -> Outcome:
+    """The classification used when a call names none.
+
+    A returned ``Outcome`` is taken as is, any other value is ``ok``. Errors:
+    yieldgate's own transport and timeout errors, ``OSError`` (connection
+    refused, reset), ``TimeoutError`` and httpx transport errors are
+    ``retryable``; a ``RemoteError`` is as retryable as the server said;
+    anything else is ``fatal``.
+    """
+    if error is None:
+        return value if isinstance(value, Outcome) else Outcome.ok(value)
+    if isinstance(error, TransportError | AttemptTimeoutError | OSError | TimeoutError):
+        return Outcome.retryable(error)
+    if isinstance(error, RemoteError):
+        return Outcome.retryable(error) if error.retryable else Outcome.fatal(error)
+    if _is_httpx_transport_error(error):
+        return Outcome.retryable(error)
+    return Outcome.fatal(error)

@@ -1,0 +1,93 @@
+"""An optional cap on attempt starts per second, with a ramp for cold backends.
+
+aiolimiter paces the starts; it fixes its leak rate at construction, so a ramp
+swaps in a new limiter whenever the target rate has moved by a tenth, primed
+with what the old one still held (from the time of the last start), so a swap
+never grants a burst the old limiter would not have. A cold
+start signal from the upstream (a ``cold_start`` yield, HF's
+``estimated_time``) restarts the ramp: a backend that has just loaded is
+eased into, not hit with the full rate.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from aiolimiter import AsyncLimiter
+
+__all__ = ["RateCap", "RatePolicy"]
+
+_RESTEP = 0.1
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RatePolicy:
+    """At most ``per_s`` attempt starts per second, bursting to ``burst``.
+
+    With ``ramp_s > 0`` the cap starts at ``ramp_from_per_s`` and rises
+    linearly to ``per_s`` over ``ramp_s`` seconds (slow start for a rate).
+    """
+
+    per_s: float
+    burst: int = 1
+    ramp_from_per_s: float | None = None
+    ramp_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not (self.per_s > 0 and math.isfinite(self.per_s)):
+            raise ValueError("rate per_s must be a positive number")
+        if self.burst < 1:
+            raise ValueError("rate burst must be >= 1")
+        if not (self.ramp_s >= 0 and math.isfinite(self.ramp_s)):
+            raise ValueError("rate ramp_s must be a finite number >= 0")
+        if self.ramp_from_per_s is not None and not 0 < self.ramp_from_per_s <= self.per_s:
+            raise ValueError("rate ramp_from_per_s must be in (0, per_s]")
+
+
+class RateCap:
+    """Paces attempt starts; ``acquire`` waits for the next allowed start."""
+
+    def __init__(self, policy: RatePolicy, clock: Callable[[], float]) -> None:
+        self.policy = policy
+        self._clock = clock
+        self._ramp_start = clock()
+        self._rate = self.rate_now()
+        self._limiter = self._make(self._rate)
+        self._last_start: float | None = None
+
+    def _make(self, rate: float) -> AsyncLimiter:
+        burst = self.policy.burst
+        return AsyncLimiter(max_rate=burst, time_period=burst / rate)
+
+    def rate_now(self) -> float:
+        """The cap in force now, on the ramp or at its top."""
+        p = self.policy
+        if p.ramp_s <= 0:
+            return p.per_s
+        start = p.ramp_from_per_s if p.ramp_from_per_s is not None else min(1.0, p.per_s)
+        progress = min(1.0, (self._clock() - self._ramp_start) / p.ramp_s)
+        return start + (p.per_s - start) * progress
+
+    def restart_ramp(self) -> None:
+        """Begin the ramp again (the upstream said it was cold)."""
+        if self.policy.ramp_s > 0:
+            self._ramp_start = self._clock()
+            self._rate = self.rate_now()
+            self._limiter = self._make(self._rate)
+
+    async def acquire(self) -> None:
+        rate = self.rate_now()
+        if abs(rate - self._rate) >= _RESTEP * self._rate or (
+            rate == self.policy.per_s and self._rate != rate
+        ):
+            self._rate = rate
+            self._limiter = self._make(rate)
+            if self._last_start is not None:
+                # Carry the bucket over: what has not leaked since the last start.
+                leaked = (self._clock() - self._last_start) * rate
+                held = max(0.0, min(float(self.policy.burst), 1.0 - leaked))
+                await self._limiter.acquire(held)
+        await self._limiter.acquire()
+        self._last_start = self._clock()

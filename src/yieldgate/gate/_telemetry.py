@@ -1,0 +1,241 @@
+"""Instrumentation: a small protocol, frozen detail records, OpenTelemetry as one hook.
+
+The Gate reports to an ``Instrumentation``: ``start_call`` returns a
+``CallObserver`` that hears about each attempt, each wait and the end of the
+call; breaker transitions and window changes are reported gate-wide.
+
+``OtelInstrumentation`` (the default) speaks only ``opentelemetry-api``: with no
+SDK configured every span and instrument is a no-op costing about a
+microsecond. It makes one span per call (``yieldgate.call``) with an event per
+attempt and per wait, and these instruments:
+
+==============================  =========  =======================================
+``yieldgate.attempts``          counter    attempts, by ``outcome``
+``yieldgate.yields``            counter    yield outcomes, by ``reason``
+``yieldgate.retries``           counter    waits before another attempt, by ``cause``
+``yieldgate.wait.duration``     histogram  seconds waited before retrying
+``yieldgate.call.duration``     histogram  seconds per call, by ``outcome``
+``yieldgate.breaker.transitions`` counter  breaker state changes, by ``to``
+``yieldgate.window.limit``      gauge      the window's current limit
+==============================  =========  =======================================
+
+Every instrument carries the ``yieldgate.gate`` attribute (the Gate's name).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from yieldgate.gate._outcome import OutcomeKind
+
+__all__ = [
+    "AttemptDetails",
+    "BreakerChange",
+    "CallDetails",
+    "CallObserver",
+    "Instrumentation",
+    "NullInstrumentation",
+    "OtelInstrumentation",
+    "WaitDetails",
+    "WindowChange",
+]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AttemptDetails:
+    """One attempt, after it ended."""
+
+    gate: str
+    attempt: int
+    outcome: OutcomeKind
+    reason: str | None
+    hint_s: float | None
+    duration_s: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WaitDetails:
+    """A wait before the next attempt."""
+
+    gate: str
+    next_attempt: int
+    wait_s: float
+    cause: OutcomeKind
+    hint_s: float | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CallDetails:
+    """A whole call, after it ended. ``outcome`` is ``ok`` or the error's class name."""
+
+    gate: str
+    priority: str
+    attempts: int
+    outcome: str
+    duration_s: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BreakerChange:
+    gate: str
+    old: str
+    new: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WindowChange:
+    gate: str
+    old: int
+    new: int
+
+
+class CallObserver(Protocol):
+    """Hears about one call."""
+
+    def scope(self) -> contextlib.AbstractContextManager[None]:
+        """Entered around the call, e.g. to make its span current."""
+        ...
+
+    def on_attempt(self, details: AttemptDetails) -> None: ...
+
+    def on_wait(self, details: WaitDetails) -> None: ...
+
+    def on_end(self, details: CallDetails) -> None: ...
+
+
+class Instrumentation(Protocol):
+    """What the Gate reports to."""
+
+    def start_call(self, gate: str, priority: str) -> CallObserver: ...
+
+    def on_breaker_change(self, details: BreakerChange) -> None: ...
+
+    def on_window_change(self, details: WindowChange) -> None: ...
+
+
+class _NullObserver:
+    __slots__ = ()
+
+    def scope(self) -> contextlib.AbstractContextManager[None]:
+        return contextlib.nullcontext()
+
+    def on_attempt(self, details: AttemptDetails) -> None:
+        pass
+
+    def on_wait(self, details: WaitDetails) -> None:
+        pass
+
+    def on_end(self, details: CallDetails) -> None:
+        pass
+
+
+_NULL_OBSERVER = _NullObserver()
+
+
+class NullInstrumentation:
+    """Reports nowhere."""
+
+    def start_call(self, gate: str, priority: str) -> CallObserver:
+        return _NULL_OBSERVER
+
+    def on_breaker_change(self, details: BreakerChange) -> None:
+        pass
+
+    def on_window_change(self, details: WindowChange) -> None:
+        pass
+
+
+class _OtelObserver:
+    __slots__ = ("_attempts", "_owner", "_span")
+
+    def __init__(self, owner: OtelInstrumentation, span: Any) -> None:
+        self._owner = owner
+        self._span = span
+
+    @contextlib.contextmanager
+    def scope(self) -> Iterator[None]:
+        with self._owner._trace.use_span(self._span, end_on_exit=False):
+            yield
+
+    def on_attempt(self, d: AttemptDetails) -> None:
+        attrs: dict[str, Any] = {
+            "yieldgate.attempt": d.attempt,
+            "yieldgate.outcome": str(d.outcome),
+            "yieldgate.duration_s": d.duration_s,
+        }
+        if d.reason is not None:
+            attrs["yieldgate.reason"] = d.reason
+        if d.hint_s is not None:
+            attrs["yieldgate.hint_s"] = d.hint_s
+        self._span.add_event("attempt", attrs)
+        o = self._owner
+        o.attempts.add(1, {"yieldgate.gate": d.gate, "outcome": str(d.outcome)})
+        if d.outcome is OutcomeKind.YIELD:
+            o.yields.add(1, {"yieldgate.gate": d.gate, "reason": d.reason or "unknown"})
+
+    def on_wait(self, d: WaitDetails) -> None:
+        self._span.add_event(
+            "wait",
+            {
+                "yieldgate.next_attempt": d.next_attempt,
+                "yieldgate.wait_s": d.wait_s,
+                "yieldgate.cause": str(d.cause),
+            },
+        )
+        labels = {"yieldgate.gate": d.gate, "cause": str(d.cause)}
+        self._owner.retries.add(1, labels)
+        self._owner.waits.record(d.wait_s, labels)
+
+    def on_end(self, d: CallDetails) -> None:
+        span = self._span
+        span.set_attribute("yieldgate.attempts", d.attempts)
+        span.set_attribute("yieldgate.outcome", d.outcome)
+        if d.outcome != "ok":
+            span.set_status(
+                self._owner._trace.Status(self._owner._trace.StatusCode.ERROR, d.outcome)
+            )
+        span.end()
+        self._owner.calls.record(d.duration_s, {"yieldgate.gate": d.gate, "outcome": d.outcome})
+
+
+class OtelInstrumentation:
+    """Spans and metrics through ``opentelemetry-api``.
+
+    Providers default to the global ones (no-ops until an SDK is installed);
+    pass them explicitly to route a Gate's telemetry elsewhere (tests do).
+    """
+
+    def __init__(self, *, tracer_provider: Any = None, meter_provider: Any = None) -> None:
+        from opentelemetry import metrics, trace
+
+        from yieldgate import __version__
+
+        self._trace = trace
+        self._tracer = trace.get_tracer("yieldgate", __version__, tracer_provider=tracer_provider)
+        meter = metrics.get_meter("yieldgate", __version__, meter_provider=meter_provider)
+        self.attempts = meter.create_counter("yieldgate.attempts", "{attempt}", "Attempts made")
+        self.yields = meter.create_counter("yieldgate.yields", "{yield}", "Yield outcomes")
+        self.retries = meter.create_counter(
+            "yieldgate.retries", "{retry}", "Waits before another attempt"
+        )
+        self.waits = meter.create_histogram("yieldgate.wait.duration", "s", "Wait before retrying")
+        self.calls = meter.create_histogram("yieldgate.call.duration", "s", "Duration of calls")
+        self.transitions = meter.create_counter(
+            "yieldgate.breaker.transitions", "{transition}", "Circuit breaker state changes"
+        )
+        self.window = meter.create_gauge("yieldgate.window.limit", "{slot}", "Window limit")
+
+    def start_call(self, gate: str, priority: str) -> CallObserver:
+        span = self._tracer.start_span(
+            "yieldgate.call", attributes={"yieldgate.gate": gate, "yieldgate.priority": priority}
+        )
+        return _OtelObserver(self, span)
+
+    def on_breaker_change(self, d: BreakerChange) -> None:
+        self.transitions.add(1, {"yieldgate.gate": d.gate, "from": d.old, "to": d.new})
+
+    def on_window_change(self, d: WindowChange) -> None:
+        self.window.set(d.new, {"yieldgate.gate": d.gate})

@@ -1,0 +1,483 @@
+"""``GovernedClient``: the governed protocol over one multiplexed TCP connection.
+
+Every request goes through a Gate: a ``yield`` narrows the window and is
+waited out around its hint, failures are retried within the budget, and the
+remaining time budget travels to the server as ``deadline_ms`` (so work the
+client has given up on is cancelled there too). Bodies carry their SHA-256.
+
+One connection carries all requests at once; a reader task routes replies to
+their requests by ``id``. A broken connection fails its pending requests with
+``TransportError`` (retryable) and the next attempt reconnects.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import math
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
+from urllib.parse import urlsplit
+
+import anyio
+import anyio.abc
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+
+from yieldgate._exceptions import (
+    GateClosedError,
+    IntegrityError,
+    ProtocolError,
+    RemoteError,
+    TransportError,
+    YieldgateError,
+)
+from yieldgate.gate import Gate, Outcome, current_attempt
+from yieldgate.protocol import (
+    DEFAULT_MAX_FRAME_BYTES,
+    ChunkReply,
+    ErrorCode,
+    ErrorReply,
+    OkReply,
+    PongReply,
+    Priority,
+    Reply,
+    StatsReply,
+    YieldReply,
+    decode_reply,
+    encode_frame,
+    ping_frame,
+    stats_frame,
+    submit_frame,
+)
+
+__all__ = ["GovernedClient", "GovernedStream"]
+
+_FATAL_CODES = frozenset(
+    {
+        ErrorCode.BAD_FRAME,
+        ErrorCode.FRAME_TOO_LARGE,
+        ErrorCode.UNKNOWN_OP,
+        ErrorCode.DUPLICATE_ID,
+        ErrorCode.UNAUTHORIZED,
+    }
+)
+
+
+def _parse_url(url: str) -> tuple[str, int]:
+    parts = urlsplit(url if "://" in url else f"tcp://{url}")
+    if parts.scheme != "tcp":
+        raise ValueError(f"governed URL must be tcp://HOST:PORT, got {url!r}")
+    if parts.hostname is None or parts.port is None:
+        raise ValueError(f"governed URL needs a host and a port, got {url!r}")
+    return parts.hostname, parts.port
+
+
+class _Connection:
+    """One TCP connection and the requests waiting on it."""
+
+    def __init__(self, stream: anyio.abc.SocketStream, max_frame_bytes: int) -> None:
+        self.stream = stream
+        self.max_frame_bytes = max_frame_bytes
+        self.waiters: dict[str, MemoryObjectSendStream[Reply]] = {}
+        self.send_lock = anyio.Lock()
+        self.failure: YieldgateError | None = None
+
+    @property
+    def broken(self) -> bool:
+        return self.failure is not None
+
+    async def send(self, data: bytes) -> None:
+        try:
+            async with self.send_lock:
+                await self.stream.send(data)
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError) as exc:
+            error = self.failure or TransportError(f"connection lost while sending: {exc!r}")
+            self.fail(error)
+            raise error from exc
+
+    def fail(self, error: YieldgateError) -> None:
+        """Mark the connection dead and end every pending request's reply stream."""
+        if self.failure is None:
+            self.failure = error
+        for waiter in self.waiters.values():
+            waiter.close()
+        self.waiters.clear()
+
+    async def read_loop(self) -> None:
+        buf = bytearray()
+        try:
+            while True:
+                data = await self.stream.receive(65536)
+                buf += data
+                start = 0
+                while (nl := buf.find(b"\n", start)) >= 0:
+                    self._dispatch(decode_reply(bytes(buf[start:nl])))
+                    start = nl + 1
+                del buf[:start]
+                self._check_size(buf)
+        except ProtocolError as exc:
+            self.fail(ProtocolError(f"server sent an invalid reply: {exc.message}"))
+        except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
+            self.fail(TransportError("connection closed by the server"))
+        finally:
+            self.fail(TransportError("connection closed"))
+            with anyio.CancelScope(shield=True):
+                await self.stream.aclose()
+
+    def _check_size(self, pending: bytearray) -> None:
+        if len(pending) > self.max_frame_bytes:
+            raise ProtocolError(f"reply longer than {self.max_frame_bytes} bytes")
+
+    def _dispatch(self, reply: Reply) -> None:
+        if reply.id is None:
+            # An error the server could not tie to a request poisons the connection.
+            assert isinstance(reply, ErrorReply)
+            raise ProtocolError(f"server error without id: {reply.code}: {reply.message}")
+        waiter = self.waiters.get(reply.id)
+        if waiter is None:
+            return  # a request we stopped waiting for (timed out, stream abandoned)
+        with contextlib.suppress(anyio.WouldBlock, anyio.BrokenResourceError):
+            waiter.send_nowait(reply)
+
+
+class GovernedClient:
+    """A client of a governed server, with backpressure from its Gate.
+
+    >>> async with GovernedClient("tcp://127.0.0.1:7070") as client:  # doctest: +SKIP
+    ...     result = await client.submit("a prompt", params={"max_tokens": 32})
+
+    ``gate`` defaults to a fresh ``Gate`` named after the URL; share one Gate
+    between clients of the same server. ``auth`` is the server's shared
+    secret, if it has one.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        gate: Gate | None = None,
+        auth: str | None = None,
+        connect_timeout_s: float = 10.0,
+        max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+    ) -> None:
+        self.host, self.port = _parse_url(url)
+        self.url = f"tcp://{self.host}:{self.port}"
+        self.gate = gate if gate is not None else Gate(name=self.url)
+        self._auth = auth
+        self._connect_timeout_s = connect_timeout_s
+        self._max_frame_bytes = max_frame_bytes
+        self._ids = itertools.count(1)
+        self._conn: _Connection | None = None
+        self._connect_lock: anyio.Lock | None = None
+        self._tasks: anyio.abc.TaskGroup | None = None
+        self._exit: contextlib.AsyncExitStack | None = None
+        self._state = "new"
+
+    # -- lifecycle ----------------------------------------------------------
+
+    async def __aenter__(self) -> GovernedClient:
+        if self._state != "new":
+            raise GateClosedError("a GovernedClient can be entered only once")
+        self._state = "open"
+        self._connect_lock = anyio.Lock()
+        self._exit = contextlib.AsyncExitStack()
+        self._tasks = await self._exit.enter_async_context(anyio.create_task_group())
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Close the connection; pending requests fail with ``TransportError``."""
+        if self._state == "closed":
+            return
+        self._state = "closed"
+        if self._conn is not None:
+            self._conn.fail(TransportError("client closed"))
+            with anyio.CancelScope(shield=True):
+                await self._conn.stream.aclose()
+        if self._tasks is not None:
+            self._tasks.cancel_scope.cancel()
+        if self._exit is not None:
+            await self._exit.aclose()
+
+    def _check_open(self) -> None:
+        if self._state != "open":
+            message = (
+                "use the client as `async with GovernedClient(...) as client:`"
+                if self._state == "new"
+                else "client is closed"
+            )
+            raise GateClosedError(message)
+
+    async def _connection(self) -> _Connection:
+        conn = self._conn
+        if conn is not None and not conn.broken:
+            return conn
+        assert self._connect_lock is not None
+        async with self._connect_lock:
+            if self._conn is not None and not self._conn.broken:
+                return self._conn
+            self._check_open()
+            try:
+                with anyio.fail_after(self._connect_timeout_s):
+                    stream = await anyio.connect_tcp(self.host, self.port)
+            except (OSError, TimeoutError) as exc:
+                raise TransportError(f"cannot connect to {self.url}: {exc}") from exc
+            conn = _Connection(stream, self._max_frame_bytes)
+            assert self._tasks is not None
+            self._tasks.start_soon(conn.read_loop)
+            self._conn = conn
+            return conn
+
+    # -- one request --------------------------------------------------------
+
+    def _next_id(self) -> str:
+        return format(next(self._ids), "x")
+
+    async def _open_request(
+        self, frame: dict[str, Any]
+    ) -> tuple[_Connection, str, MemoryObjectReceiveStream[Reply]]:
+        conn = await self._connection()
+        rid = frame["id"]
+        send, receive = anyio.create_memory_object_stream[Reply](math.inf)
+        conn.waiters[rid] = send
+        try:
+            await conn.send(encode_frame(frame))
+        except BaseException:
+            conn.waiters.pop(rid, None)
+            send.close()
+            receive.close()
+            raise
+        return conn, rid, receive
+
+    @staticmethod
+    async def _next_reply(conn: _Connection, receive: MemoryObjectReceiveStream[Reply]) -> Reply:
+        try:
+            return await receive.receive()
+        except anyio.EndOfStream:
+            raise conn.failure or TransportError("connection closed") from None
+
+    @staticmethod
+    def _finish_request(
+        conn: _Connection, rid: str, receive: MemoryObjectReceiveStream[Reply]
+    ) -> None:
+        waiter = conn.waiters.pop(rid, None)
+        if waiter is not None:
+            waiter.close()
+        receive.close()
+
+    async def _ask(self, frame: dict[str, Any]) -> Reply:
+        conn, rid, receive = await self._open_request(frame)
+        try:
+            return await self._next_reply(conn, receive)
+        finally:
+            self._finish_request(conn, rid, receive)
+
+    def _submit_frame(
+        self, body: str, priority: Priority, params: Mapping[str, Any] | None, stream: bool
+    ) -> dict[str, Any]:
+        attempt = current_attempt()
+        remaining = attempt.remaining_s() if attempt is not None else None
+        deadline_ms = None if remaining is None else max(1, int(remaining * 1000))
+        return submit_frame(
+            self._next_id(),
+            body,
+            priority=priority,
+            deadline_ms=deadline_ms,
+            stream=stream,
+            params=params,
+            auth=self._auth,
+        )
+
+    def _classify_reply(self, reply: Reply) -> Outcome:
+        if isinstance(reply, OkReply):
+            return Outcome.ok(reply.result)
+        if isinstance(reply, YieldReply):
+            return Outcome.yielded(reply.retry_hint_ms / 1000.0, reply.reason, value=reply)
+        if isinstance(reply, ErrorReply):
+            return _classify_error(reply)
+        return Outcome.fatal(ProtocolError(f"unexpected {type(reply).__name__} to a submit"))
+
+    async def _submit_attempt(
+        self, body: str, priority: Priority, params: Mapping[str, Any] | None
+    ) -> Outcome:
+        try:
+            reply = await self._ask(self._submit_frame(body, priority, params, stream=False))
+        except (TransportError, ProtocolError) as exc:
+            return Outcome.retryable(exc)
+        if isinstance(reply, ChunkReply):
+            return Outcome.fatal(ProtocolError("server streamed a reply that was not asked to"))
+        return self._classify_reply(reply)
+
+    # -- public API ---------------------------------------------------------
+
+    async def submit(
+        self,
+        body: str,
+        *,
+        priority: Priority | str = Priority.NORMAL,
+        params: Mapping[str, Any] | None = None,
+        timeout: float | None = None,
+    ) -> Any:
+        """Submit ``body`` and return the server's result (any JSON value).
+
+        ``timeout`` bounds the whole call, retries included (default: the
+        Gate's policy). Raises a ``YieldgateError`` when it cannot succeed.
+        """
+        self._check_open()
+        prio = Priority(priority)
+        if timeout is None:
+            return await self.gate.call(self._submit_attempt, body, prio, params, priority=prio)
+        return await self.gate.call(
+            self._submit_attempt, body, prio, params, priority=prio, timeout=timeout
+        )
+
+    @contextlib.asynccontextmanager
+    async def stream(
+        self,
+        body: str,
+        *,
+        priority: Priority | str = Priority.NORMAL,
+        params: Mapping[str, Any] | None = None,
+        timeout: float | None = None,
+    ) -> AsyncIterator[GovernedStream]:
+        """Submit ``body`` as a stream; iterate the chunks' ``data`` as they come.
+
+        >>> async with client.stream("prompt") as chunks:  # doctest: +SKIP
+        ...     async for piece in chunks:
+        ...         print(piece)
+        ...     print(chunks.result)
+
+        Yields and failures before the first chunk are retried like any
+        call; once a chunk has arrived, a failure is raised (a retry would
+        repeat output). The Gate's window slot is held until the block exits.
+        """
+        self._check_open()
+        prio = Priority(priority)
+        kwargs: dict[str, Any] = {"priority": prio}
+        if timeout is not None:
+            kwargs["timeout"] = timeout
+        async with self.gate.hold(self._stream_attempt, body, prio, params, **kwargs) as opened:
+            conn, rid, receive, first = opened
+            chunks = GovernedStream(self, conn, rid, receive, first)
+            try:
+                yield chunks
+            finally:
+                self._finish_request(conn, rid, receive)
+
+    async def _stream_attempt(
+        self, body: str, priority: Priority, params: Mapping[str, Any] | None
+    ) -> Outcome:
+        frame = self._submit_frame(body, priority, params, stream=True)
+        try:
+            conn, rid, receive = await self._open_request(frame)
+        except (TransportError, ProtocolError) as exc:
+            return Outcome.retryable(exc)
+        try:
+            first = await self._next_reply(conn, receive)
+        except (TransportError, ProtocolError) as exc:
+            self._finish_request(conn, rid, receive)
+            return Outcome.retryable(exc)
+        except BaseException:
+            self._finish_request(conn, rid, receive)
+            raise
+        if isinstance(first, ChunkReply | OkReply):
+            return Outcome.ok((conn, rid, receive, first))
+        self._finish_request(conn, rid, receive)
+        return self._classify_reply(first)
+
+    async def stats(self) -> dict[str, Any]:
+        """The server's counters (the ``stats`` op), without going through the Gate."""
+        self._check_open()
+        reply = await self._ask(stats_frame(self._next_id(), auth=self._auth))
+        if isinstance(reply, StatsReply):
+            return dict(reply.counters)
+        raise _reply_error(reply, "stats")
+
+    async def ping(self) -> float:
+        """Round-trip time to the server in seconds (the ``ping`` op)."""
+        self._check_open()
+        started = anyio.current_time()
+        reply = await self._ask(ping_frame(self._next_id(), auth=self._auth))
+        if isinstance(reply, PongReply):
+            return anyio.current_time() - started
+        raise _reply_error(reply, "ping")
+
+
+class GovernedStream:
+    """The chunks of one streamed submit, as an async iterator of their ``data``.
+
+    After the iteration ends, ``result`` holds the terminal ``ok`` reply's
+    result and ``chunks`` how many chunks arrived.
+    """
+
+    def __init__(
+        self,
+        client: GovernedClient,
+        conn: _Connection,
+        rid: str,
+        receive: MemoryObjectReceiveStream[Reply],
+        first: Reply,
+    ) -> None:
+        self._client = client
+        self._conn = conn
+        self._rid = rid
+        self._receive = receive
+        self._next: Reply | None = first
+        self._done = False
+        self.result: Any = None
+        self.chunks = 0
+
+    def __aiter__(self) -> GovernedStream:
+        return self
+
+    async def __anext__(self) -> Any:
+        if self._done:
+            raise StopAsyncIteration
+        reply = self._next
+        self._next = None
+        if reply is None:
+            try:
+                reply = await self._client._next_reply(self._conn, self._receive)
+            except TransportError as exc:
+                self._done = True
+                raise TransportError(
+                    f"stream broke after {self.chunks} chunk(s): {exc.message}"
+                ) from exc
+        if isinstance(reply, ChunkReply):
+            self.chunks += 1
+            return reply.data
+        self._done = True
+        if isinstance(reply, OkReply):
+            self.result = reply.result
+            raise StopAsyncIteration
+        outcome = self._client._classify_reply(reply)
+        error = outcome.error
+        if isinstance(error, YieldgateError):
+            raise error
+        raise ProtocolError(f"stream ended with an unexpected {type(reply).__name__}")
+
+
+def _classify_error(reply: ErrorReply) -> Outcome:
+    code = reply.code
+    message = f"server error {code}: {reply.message}"
+    if code == ErrorCode.INTEGRITY_MISMATCH:
+        return Outcome.retryable(IntegrityError(message), value=reply)
+    if code in _FATAL_CODES:
+        return Outcome.fatal(RemoteError(message, code=code, retryable=False), value=reply)
+    retryable = reply.retryable or code in (ErrorCode.SHUTTING_DOWN, ErrorCode.DEADLINE_EXCEEDED)
+    error = RemoteError(message, code=code, retryable=retryable)
+    if retryable:
+        return Outcome.retryable(error, value=reply)
+    return Outcome.fatal(error, value=reply)
+
+
+def _reply_error(reply: Reply, op: str) -> YieldgateError:
+    if isinstance(reply, ErrorReply):
+        return RemoteError(
+            f"{op} failed: {reply.code}: {reply.message}",
+            code=reply.code,
+            retryable=reply.retryable,
+        )
+    return ProtocolError(f"unexpected {type(reply).__name__} to {op}")

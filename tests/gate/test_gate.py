@@ -1,0 +1,530 @@
+"""The Gate: composition of deadline, breaker, rate cap, window, attempt, retry.
+
+Every test runs on virtual time (see conftest.py): waits and timeouts are real
+anyio waits that complete instantly.
+"""
+
+from __future__ import annotations
+
+import functools
+import random
+from typing import Any
+
+import anyio
+import pytest
+
+from yieldgate import (
+    AttemptTimeoutError,
+    BreakerPolicy,
+    CallFailedError,
+    CircuitOpenError,
+    DeadlineExceededError,
+    Gate,
+    GateClosedError,
+    GatePolicy,
+    Outcome,
+    RatePolicy,
+    RetriesExhaustedError,
+    RetryBudgetExhaustedError,
+    RetryBudgetPolicy,
+    RetryPolicy,
+    TimeoutPolicy,
+    TransportError,
+    WindowPolicy,
+    YieldExhaustedError,
+    current_attempt,
+)
+from yieldgate.gate import NullInstrumentation
+
+pytestmark = pytest.mark.anyio
+
+
+def gate(**policy: Any) -> Gate:
+    return Gate(
+        GatePolicy(**policy),
+        name="test",
+        instrumentation=NullInstrumentation(),
+        rng=random.Random(7),
+    )
+
+
+class Script:
+    """An attempt function that plays back a list of outcomes, one per attempt."""
+
+    def __init__(self, *steps: Any, duration_s: float = 0.0) -> None:
+        self.steps = list(steps)
+        self.calls = 0
+        self.times: list[float] = []
+        self.duration_s = duration_s
+
+    async def __call__(self) -> Any:
+        self.calls += 1
+        self.times.append(anyio.current_time())
+        if self.duration_s:
+            await anyio.sleep(self.duration_s)
+        step = self.steps.pop(0) if len(self.steps) > 1 else self.steps[0]
+        if isinstance(step, BaseException):
+            raise step
+        return step
+
+
+# -- the happy path and the public shape ---------------------------------------
+
+
+async def test_call_returns_the_value() -> None:
+    g = gate()
+
+    async def add(a: int, b: int) -> int:
+        return a + b
+
+    assert await g.call(add, 2, 3) == 5
+    stats = g.statistics()
+    assert (stats.calls, stats.calls_ok, stats.attempts, stats.retries) == (1, 1, 1, 0)
+
+
+async def test_keyword_arguments_go_through_partial() -> None:
+    async def greet(name: str, *, punct: str) -> str:
+        return name + punct
+
+    assert await gate().call(functools.partial(greet, "hi", punct="!")) == "hi!"
+
+
+async def test_wrap_decorator() -> None:
+    g = gate()
+
+    @g.wrap
+    async def double(x: int) -> int:
+        return 2 * x
+
+    @g.wrap(priority="high", timeout=5)
+    async def triple(x: int) -> int:
+        assert current_attempt() is not None
+        return 3 * x
+
+    assert (await double(4), await triple(4)) == (8, 12)
+    assert double.__name__ == "double"
+    assert g.statistics().calls == 2
+
+
+async def test_closed_gate_refuses() -> None:
+    g = gate()
+    async with g:
+        pass
+    with pytest.raises(GateClosedError):
+        await g.call(Script(1))
+    with pytest.raises(GateClosedError, match="cannot be reused"):
+        async with g:
+            pass
+
+
+async def test_bad_timeout_is_a_value_error() -> None:
+    with pytest.raises(ValueError, match="timeout"):
+        await gate().call(Script(1), timeout=0)
+
+
+# -- yields are congestion, not failure -----------------------------------------
+
+
+async def test_yield_is_waited_out_around_the_hint() -> None:
+    script = Script(Outcome.yielded(2.0), Outcome.yielded(1.0), "done")
+    g = gate(retry=RetryPolicy(hint_jitter=0.5))
+    assert await g.call(script) == "done"
+    gaps = [b - a for a, b in zip(script.times, script.times[1:], strict=False)]
+    assert 2.0 <= gaps[0] <= 3.0
+    assert 1.0 <= gaps[1] <= 1.5
+    stats = g.statistics()
+    assert (stats.yields, stats.retries, stats.failures) == (2, 2, 0)
+
+
+async def test_yields_never_open_the_breaker_nor_spend_the_budget() -> None:
+    g = gate(
+        breaker=BreakerPolicy(fail_max=2),
+        budget=RetryBudgetPolicy(ratio=0.0, min_per_s=0.0),
+        retry=RetryPolicy(max_yields=100),
+    )
+    script = Script(*([Outcome.yielded(0.01)] * 50), "ok")
+    assert await g.call(script) == "ok"
+    stats = g.statistics()
+    assert (stats.breaker, stats.yields) == ("closed", 50)
+
+
+async def test_yields_shrink_the_window() -> None:
+    g = gate(window=WindowPolicy(initial=8, max=8, decrease=0.5))
+    await g.call(Script(Outcome.yielded(0.01), "ok"))
+    assert g.statistics().window.limit == 4
+
+
+async def test_endless_yields_end_in_yield_exhausted() -> None:
+    g = gate(retry=RetryPolicy(max_yields=5))
+    script = Script(Outcome.yielded(0.1, "saturated"))
+    with pytest.raises(YieldExhaustedError) as info:
+        await g.call(script)
+    err = info.value
+    assert (err.attempts, script.calls) == (6, 6)
+    assert err.last_hint_s == pytest.approx(0.1)
+    assert err.last_outcome.reason == "saturated"
+
+
+async def test_a_hint_past_the_deadline_fails_fast() -> None:
+    g = gate()
+    start = anyio.current_time()
+    with pytest.raises(DeadlineExceededError, match="would pass the call's deadline") as info:
+        await g.call(Script(Outcome.yielded(60.0)), timeout=10)
+    assert anyio.current_time() - start < 1  # did not sleep toward a hopeless wait
+    assert info.value.last_hint_s == pytest.approx(60.0)
+
+
+async def test_overloads_are_congestion_but_spend_the_budget() -> None:
+    g = gate(budget=RetryBudgetPolicy(ratio=0.0, min_per_s=0.2, window_s=10))  # 2 retries
+    with pytest.raises(RetryBudgetExhaustedError):
+        await g.call(Script(Outcome.overloaded(0.1)))
+    stats = g.statistics()
+    assert (stats.overloads, stats.retries, stats.breaker) == (3, 2, "closed")
+
+
+async def test_hints_can_be_ignored() -> None:
+    script = Script(Outcome.yielded(30.0), "ok")
+    g = gate(retry=RetryPolicy(honour_hints=False, base_s=0.1))
+    await g.call(script)
+    assert script.times[1] - script.times[0] < 0.2
+
+
+# -- failures -------------------------------------------------------------------
+
+
+async def test_retryable_failures_are_retried_with_backoff() -> None:
+    script = Script(TransportError("reset"), TransportError("reset"), "ok")
+    g = gate(retry=RetryPolicy(base_s=0.1, multiplier=2))
+    assert await g.call(script) == "ok"
+    gaps = [b - a for a, b in zip(script.times, script.times[1:], strict=False)]
+    assert 0.05 <= gaps[0] <= 0.1
+    assert 0.1 <= gaps[1] <= 0.2
+    assert g.statistics().failures == 2
+
+
+async def test_retries_exhausted_carries_the_cause() -> None:
+    g = gate(retry=RetryPolicy(max_attempts=3))
+    with pytest.raises(RetriesExhaustedError) as info:
+        await g.call(Script(TransportError("reset")))
+    assert info.value.attempts == 3
+    assert isinstance(info.value.__cause__, TransportError)
+
+
+async def test_a_server_hint_on_a_failure_is_honoured() -> None:
+    script = Script(Outcome.retryable(hint_s=3.0), "ok")
+    await gate().call(script)
+    assert script.times[1] - script.times[0] >= 3.0
+
+
+async def test_fatal_is_raised_at_once_with_its_cause() -> None:
+    script = Script(ValueError("bad request"))
+    with pytest.raises(CallFailedError) as info:
+        await gate().call(script)
+    assert script.calls == 1
+    assert isinstance(info.value.__cause__, ValueError)
+    assert info.value.attempts == 1
+
+
+async def test_fatal_does_not_open_the_breaker() -> None:
+    g = gate(breaker=BreakerPolicy(fail_max=2))
+    for _ in range(5):
+        with pytest.raises(CallFailedError):
+            await g.call(Script(ValueError("caller's mistake")))
+    assert g.statistics().breaker == "closed"
+
+
+async def test_the_budget_stops_retry_storms() -> None:
+    g = gate(
+        retry=RetryPolicy(max_attempts=10, base_s=0.01),
+        budget=RetryBudgetPolicy(ratio=0.1, min_per_s=0.0, window_s=60),
+        breaker=BreakerPolicy.disabled(),
+    )
+    script = Script(TransportError("down"))
+    for _ in range(100):
+        with pytest.raises((RetriesExhaustedError, RetryBudgetExhaustedError)):
+            await g.call(script)
+    # Without the budget this would be 1,000 attempts; with it, about 1.1 per call.
+    assert script.calls <= 100 + 10 + 1
+
+
+async def test_a_classifier_decides_what_values_mean() -> None:
+    def classify(value: Any, error: BaseException | None) -> Outcome:
+        if value == 429:
+            return Outcome.overloaded(0.5, value=value)
+        return Outcome.ok(value)
+
+    script = Script(429, 200)
+    assert await gate().call(script, classify=classify) == 200
+    assert script.times[1] - script.times[0] >= 0.5
+
+
+# -- the breaker through the Gate ---------------------------------------------------
+
+
+async def test_a_failing_backend_opens_the_breaker_and_one_probe_closes_it() -> None:
+    g = gate(
+        breaker=BreakerPolicy(fail_max=3, reset_timeout_s=5),
+        retry=RetryPolicy(max_attempts=1),
+    )
+    down = Script(TransportError("down"))
+    for _ in range(3):
+        with pytest.raises(RetriesExhaustedError):
+            await g.call(down)
+    assert g.statistics().breaker == "open"
+    with pytest.raises(CircuitOpenError) as info:
+        await g.call(down)
+    assert down.calls == 3  # nothing was sent while open
+    assert info.value.retry_after_s == pytest.approx(5, abs=0.1)
+
+    await anyio.sleep(5)
+    up = Script("ok", duration_s=1.0)
+    results: list[Any] = []
+
+    async def caller() -> None:
+        try:
+            results.append(await g.call(up))
+        except CircuitOpenError as exc:
+            results.append(exc)
+
+    async with anyio.create_task_group() as tg:
+        for _ in range(20):
+            tg.start_soon(caller)
+    assert up.calls == 1  # a single probe went out
+    assert sum(r == "ok" for r in results) == 1
+    assert g.statistics().breaker == "closed"
+    assert await g.call(up) == "ok"
+
+
+# -- timeouts and deadlines ---------------------------------------------------------
+
+
+async def test_attempt_timeout_is_retryable() -> None:
+    slow_then_fast = Script("late", duration_s=10.0)
+
+    async def attempt() -> str:
+        if slow_then_fast.calls == 0:
+            return await slow_then_fast()
+        return "fast"
+
+    g = gate(timeouts=TimeoutPolicy(attempt_s=1.0, total_s=60))
+    assert await g.call(attempt) == "fast"
+    assert g.statistics().failures == 1
+
+
+async def test_attempt_timeouts_exhaust_into_retries_exhausted() -> None:
+    g = gate(timeouts=TimeoutPolicy(attempt_s=1.0, total_s=600), retry=RetryPolicy(max_attempts=2))
+    with pytest.raises(RetriesExhaustedError) as info:
+        await g.call(Script("never", duration_s=100))
+    assert isinstance(info.value.__cause__, AttemptTimeoutError)
+
+
+async def test_total_deadline_cancels_a_running_attempt() -> None:
+    g = gate(timeouts=TimeoutPolicy(attempt_s=None, total_s=3.0))
+    start = anyio.current_time()
+    with pytest.raises(DeadlineExceededError) as info:
+        await g.call(Script("never", duration_s=100))
+    assert anyio.current_time() - start == pytest.approx(3.0, abs=0.01)
+    assert info.value.attempts == 1
+    assert g.statistics().window.inflight == 0
+
+
+async def test_current_attempt_carries_the_remaining_budget() -> None:
+    seen: list[tuple[int, float | None]] = []
+
+    async def attempt() -> Outcome:
+        info = current_attempt()
+        assert info is not None
+        seen.append((info.number, info.remaining_s()))
+        return Outcome.ok(1) if info.number == 2 else Outcome.yielded(2.0)
+
+    g = gate(timeouts=TimeoutPolicy(attempt_s=5.0, total_s=20.0))
+    await g.call(attempt)
+    assert seen[0] == (1, pytest.approx(5.0))  # the attempt timeout binds first
+    number, remaining = seen[1]
+    assert number == 2
+    assert remaining == pytest.approx(5.0)
+    assert current_attempt() is None
+
+
+async def test_remaining_budget_follows_the_call_deadline_near_its_end() -> None:
+    seen: list[float | None] = []
+
+    async def attempt() -> Outcome:
+        info = current_attempt()
+        assert info is not None
+        seen.append(info.remaining_s())
+        return Outcome.ok(1) if len(seen) == 2 else Outcome.yielded(7.0)
+
+    g = gate(timeouts=TimeoutPolicy(attempt_s=5.0, total_s=10.0), retry=RetryPolicy(hint_jitter=0))
+    await g.call(attempt)
+    assert seen[1] == pytest.approx(3.0, abs=0.01)  # 10 s total - 7 s spent waiting
+
+
+# -- the window through the Gate ------------------------------------------------------
+
+
+async def test_concurrency_never_exceeds_the_window() -> None:
+    g = gate(window=WindowPolicy(initial=2, max=5))
+    running = 0
+    peak = 0
+
+    async def work() -> None:
+        nonlocal running, peak
+        running += 1
+        peak = max(peak, running)
+        await anyio.sleep(0.1)
+        running -= 1
+
+    async with anyio.create_task_group() as tg:
+        for _ in range(50):
+            tg.start_soon(g.call, work)
+    assert peak == 5
+    assert g.statistics().window.limit == 5
+
+
+async def test_cancellation_returns_the_window_slot() -> None:
+    g = gate(window=WindowPolicy.fixed(2))
+
+    async def forever() -> None:
+        await anyio.sleep_forever()
+
+    async with anyio.create_task_group() as tg:
+        for _ in range(10):
+            tg.start_soon(g.call, forever)
+        await anyio.sleep(1)
+        assert g.statistics().window.inflight == 2
+        assert g.statistics().window.waiting == 8
+        tg.cancel_scope.cancel()
+    stats = g.statistics()
+    assert (stats.window.inflight, stats.window.waiting) == (0, 0)
+    assert stats.breaker == "closed"  # cancellation is not a failure
+    assert await g.call(Script("still works")) == "still works"
+
+
+async def test_priority_order_through_the_gate() -> None:
+    g = gate(window=WindowPolicy.fixed(1))
+    order: list[str] = []
+
+    async def job(tag: str) -> None:
+        order.append(tag)
+        await anyio.sleep(1)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(g.call, job, "first")
+        await anyio.sleep(0.1)
+        for tag, prio in (("low", "low"), ("normal", "normal"), ("high", "high")):
+            tg.start_soon(functools.partial(g.call, job, tag, priority=prio))
+            await anyio.sleep(0.01)
+    assert order == ["first", "high", "normal", "low"]
+
+
+async def test_hold_keeps_the_slot_until_the_block_exits() -> None:
+    g = gate(window=WindowPolicy.fixed(1))
+    async with g.hold(Script("value")) as value:
+        assert value == "value"
+        assert g.statistics().window.inflight == 1
+        with anyio.move_on_after(1) as scope:
+            await g.call(Script("blocked"))
+        assert scope.cancelled_caught
+    assert g.statistics().window.inflight == 0
+    assert await g.call(Script("free")) == "free"
+
+
+async def test_hold_after_retries() -> None:
+    g = gate(window=WindowPolicy.fixed(1))
+    async with g.hold(Script(Outcome.yielded(0.5), "value")) as value:
+        assert value == "value"
+        assert g.statistics().window.inflight == 1
+    assert g.statistics().window.inflight == 0
+
+
+# -- the rate cap through the Gate ------------------------------------------------
+
+
+async def test_rate_cap_paces_attempts() -> None:
+    g = gate(rate=RatePolicy(per_s=10))
+    script = Script("ok")
+    start = anyio.current_time()
+    async with anyio.create_task_group() as tg:
+        for _ in range(31):
+            tg.start_soon(g.call, script)
+    assert anyio.current_time() - start == pytest.approx(3.0, abs=0.2)
+
+
+async def test_cold_start_yield_restarts_the_rate_ramp() -> None:
+    g = gate(rate=RatePolicy(per_s=50, ramp_from_per_s=1, ramp_s=10))
+    assert g.statistics().rate_per_s is None  # the ramp starts with the first call
+    await g.call(Script("ok"))
+    assert g.statistics().rate_per_s == pytest.approx(1, abs=0.01)
+    await anyio.sleep(20)
+    assert g.statistics().rate_per_s == pytest.approx(50)
+    await g.call(Script(Outcome.yielded(0.1, "cold_start"), "ok"))
+    rate = g.statistics().rate_per_s
+    assert rate is not None
+    assert rate < 5
+
+
+# -- map ------------------------------------------------------------------------------
+
+
+async def test_map_keeps_order_and_bounds_tasks() -> None:
+    g = gate(window=WindowPolicy(initial=4, max=4))
+    open_calls = 0
+    peak = 0
+
+    async def square(x: int) -> int:
+        nonlocal open_calls, peak
+        open_calls += 1
+        peak = max(peak, open_calls)
+        await anyio.sleep(random.Random(x).random())
+        open_calls -= 1
+        return x * x
+
+    results = await g.map(square, range(40), concurrency=6)
+    assert results == [x * x for x in range(40)]
+    assert peak <= 4
+
+
+async def test_map_raises_the_first_failure_or_returns_them() -> None:
+    g = gate(retry=RetryPolicy(max_attempts=1))
+
+    async def maybe(x: int) -> int:
+        if x == 3:
+            raise ValueError("three")
+        await anyio.sleep(1)
+        return x
+
+    with pytest.raises(CallFailedError):
+        await g.map(maybe, range(6))
+    results = await g.map(maybe, range(6), return_exceptions=True)
+    assert [r for i, r in enumerate(results) if i != 3] == [0, 1, 2, 4, 5]
+    assert isinstance(results[3], CallFailedError)
+    with pytest.raises(ValueError, match="concurrency"):
+        await g.map(maybe, [], concurrency=0)
+
+
+# -- jitter across many callers ----------------------------------------------------
+
+
+async def test_a_hundred_callers_with_the_same_hint_spread_out() -> None:
+    g = Gate(
+        GatePolicy(window=WindowPolicy(initial=100, max=100)),
+        instrumentation=NullInstrumentation(),
+    )
+    returns: list[float] = []
+
+    async def attempt() -> Outcome:
+        info = current_attempt()
+        assert info is not None
+        if info.number == 1:
+            return Outcome.yielded(1.0)
+        returns.append(anyio.current_time())
+        return Outcome.ok(None)
+
+    async with anyio.create_task_group() as tg:
+        for _ in range(100):
+            tg.start_soon(g.call, attempt)
+    spread = max(returns) - min(returns)
+    assert min(returns) >= 1.0
+    assert spread > 0.4
+    assert len({round(t, 4) for t in returns}) > 90

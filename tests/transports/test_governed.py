@@ -1,0 +1,267 @@
+"""GovernedClient against real ``yieldgate serve`` processes (and one misbehaving peer)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import anyio
+import anyio.abc
+import pytest
+
+from tests.conftest import start_server
+from yieldgate import (
+    CallFailedError,
+    DeadlineExceededError,
+    Gate,
+    GateClosedError,
+    GatePolicy,
+    GovernedClient,
+    ProtocolError,
+    RemoteError,
+    RetriesExhaustedError,
+    RetryPolicy,
+    TimeoutPolicy,
+    TransportError,
+    WindowPolicy,
+)
+
+pytestmark = [pytest.mark.anyio, pytest.mark.e2e]
+
+
+def url(server: Any) -> str:
+    return f"tcp://{server.host}:{server.port}"
+
+
+async def eventually(predicate: Any, timeout: float = 5.0) -> None:
+    """Poll the server (over the wire: there is no event to wait on) until ``predicate``."""
+    with anyio.fail_after(timeout):
+        while not await predicate():  # noqa: ASYNC110
+            await anyio.sleep(0.02)
+
+
+async def test_submit_stats_and_ping(serve: Any) -> None:
+    server = serve("--exec-ms", "20")
+    async with GovernedClient(url(server)) as client:
+        assert await client.submit("hello") == {"text": "hello"}
+        assert await client.submit("again", params={"exec_ms": 1}) == {"text": "again"}
+        stats = await client.stats()
+        assert (stats["executed_total"], stats["inflight"]) == (2, 0)
+        assert 0 < await client.ping() < 5
+
+
+async def test_yields_are_ridden_out(serve: Any) -> None:
+    server = serve("--max-inflight", "1", "--exec-ms", "100")
+    gate = Gate(GatePolicy(window=WindowPolicy(initial=8, max=8)))
+    async with GovernedClient(url(server), gate=gate) as client:
+        results: list[Any] = []
+
+        async def one(i: int) -> None:
+            results.append(await client.submit(f"job {i}"))
+
+        async with anyio.create_task_group() as tg:
+            for i in range(8):
+                tg.start_soon(one, i)
+        stats = await client.stats()
+    assert sorted(r["text"] for r in results) == sorted(f"job {i}" for i in range(8))
+    assert stats["executed_total"] == 8
+    assert stats["yielded_total"] > 0  # the server did push back...
+    assert gate.statistics().window.limit < 8  # ...and the window narrowed
+
+
+async def test_streaming(serve: Any) -> None:
+    server = serve("--exec-ms", "40")
+    async with GovernedClient(url(server)) as client:
+        async with client.stream("one two three", params={"chunks": 3}) as chunks:
+            pieces = [piece["text"] async for piece in chunks]
+        assert "".join(pieces) == "one two three"
+        assert chunks.chunks == 3
+        assert chunks.result == {"text": "one two three"}
+
+
+async def test_streaming_holds_the_window_slot(serve: Any) -> None:
+    server = serve("--exec-ms", "200")
+    gate = Gate(GatePolicy(window=WindowPolicy.fixed(1)))
+    async with GovernedClient(url(server), gate=gate) as client:
+        async with client.stream("x", params={"chunks": 2}) as chunks:
+            assert gate.statistics().window.inflight == 1
+            async for _ in chunks:
+                pass
+        assert gate.statistics().window.inflight == 0
+
+
+async def test_a_stream_that_yields_first_is_retried(serve: Any) -> None:
+    server = serve("--max-inflight", "1", "--exec-ms", "300")
+    async with GovernedClient(url(server)) as client:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(client.submit, "occupies the slot")
+            await anyio.sleep(0.1)
+            async with client.stream("streamed", params={"chunks": 2}) as chunks:
+                text = "".join([piece["text"] async for piece in chunks])
+        assert text == "streamed"
+        assert (await client.stats())["yielded_total"] >= 1
+
+
+async def test_the_remaining_budget_travels_as_deadline_ms(serve: Any) -> None:
+    server = serve("--exec-ms", "10000", "--max-inflight", "2")
+    policy = GatePolicy(retry=RetryPolicy(max_attempts=1))
+    async with GovernedClient(url(server), gate=Gate(policy)) as client:
+        started = time.monotonic()
+        with pytest.raises(DeadlineExceededError):
+            await client.submit("too slow", timeout=0.5)
+        assert time.monotonic() - started < 2
+
+        # The server got the budget too and cancelled the work itself.
+        async def cancelled_on_server() -> bool:
+            return (await client.stats())["cancelled_total"] == 1
+
+        await eventually(cancelled_on_server)
+
+
+async def test_attempt_timeout_bounds_the_server_side_deadline(serve: Any) -> None:
+    server = serve("--exec-ms", "10000")
+    policy = GatePolicy(
+        timeouts=TimeoutPolicy(attempt_s=0.3, total_s=30), retry=RetryPolicy(max_attempts=2)
+    )
+    async with GovernedClient(url(server), gate=Gate(policy)) as client:
+        with pytest.raises(RetriesExhaustedError):
+            await client.submit("slow")
+
+        async def both_cancelled() -> bool:
+            stats = await client.stats()
+            return bool(stats["cancelled_total"] == 2 and stats["inflight"] == 0)
+
+        await eventually(both_cancelled)
+
+
+async def test_backend_failures_are_retried_then_reported(serve: Any) -> None:
+    server = serve("--exec-ms", "1")
+    policy = GatePolicy(retry=RetryPolicy(max_attempts=3, base_s=0.01))
+    async with GovernedClient(url(server), gate=Gate(policy)) as client:
+        with pytest.raises(RetriesExhaustedError) as info:
+            await client.submit("x", params={"fail": True})
+        cause = info.value.__cause__
+        assert isinstance(cause, RemoteError)
+        assert (cause.code, cause.retryable) == ("backend_error", True)
+        assert (await client.stats())["failed_total"] == 3
+
+
+async def test_bad_params_fail_once(serve: Any) -> None:
+    server = serve("--exec-ms", "1")
+    async with GovernedClient(url(server)) as client:
+        with pytest.raises(CallFailedError) as info:
+            await client.submit("x", params={"exec_ms": -1})
+        assert info.value.attempts == 1
+        assert isinstance(info.value.__cause__, RemoteError)
+
+
+async def test_auth(serve: Any, tmp_path: Path) -> None:
+    secret = tmp_path / "secret"
+    secret.write_text("s3cret")
+    server = serve("--secret-file", str(secret), "--exec-ms", "1")
+    async with GovernedClient(url(server), auth="s3cret") as client:
+        assert await client.submit("x") == {"text": "x"}
+        assert "inflight" in await client.stats()
+    async with GovernedClient(url(server), auth="wrong") as client:
+        with pytest.raises(CallFailedError) as info:
+            await client.submit("x")
+        cause = info.value.__cause__
+        assert isinstance(cause, RemoteError)
+        assert cause.code == "unauthorized"
+        with pytest.raises(RemoteError, match="unauthorized"):
+            await client.stats()
+
+
+async def test_no_server_is_a_typed_error_within_the_deadline() -> None:
+    policy = GatePolicy(retry=RetryPolicy(base_s=0.05), timeouts=TimeoutPolicy(total_s=2))
+    with anyio.fail_after(10):
+        async with GovernedClient("tcp://127.0.0.1:9", gate=Gate(policy)) as client:
+            with pytest.raises((RetriesExhaustedError, DeadlineExceededError)) as info:
+                await client.submit("x")
+    assert isinstance(info.value.__cause__, TransportError)
+
+
+async def test_reconnects_after_the_server_restarts(serve: Any) -> None:
+    first = serve("--exec-ms", "1")
+    port = first.port
+    policy = GatePolicy(retry=RetryPolicy(max_attempts=2, base_s=0.01))
+    async with GovernedClient(f"tcp://127.0.0.1:{port}", gate=Gate(policy)) as client:
+        assert await client.submit("before") == {"text": "before"}
+        first.stop()
+        with pytest.raises(RetriesExhaustedError):
+            await client.submit("while down")
+        second = start_server("--port", str(port), "--exec-ms", "1")
+        try:
+            assert await client.submit("after") == {"text": "after"}
+        finally:
+            second.stop()
+
+
+async def test_client_misuse_is_a_clear_error() -> None:
+    client = GovernedClient("tcp://127.0.0.1:1")
+    with pytest.raises(GateClosedError, match="async with"):
+        await client.submit("x")
+    with pytest.raises(ValueError, match="tcp://"):
+        GovernedClient("http://127.0.0.1:1")
+    with pytest.raises(ValueError, match="port"):
+        GovernedClient("tcp://127.0.0.1")
+    async with GovernedClient("tcp://127.0.0.1:1") as used:
+        pass
+    with pytest.raises(GateClosedError, match="closed"):
+        await used.submit("x")
+    with pytest.raises(GateClosedError, match="only once"):
+        async with used:
+            pass
+
+
+async def test_a_garbling_server_is_a_protocol_error() -> None:
+    """A peer that answers nonsense: the client fails typed, retries, never hangs."""
+    replies: list[bytes] = []
+
+    async def handle(stream: anyio.abc.SocketStream) -> None:
+        async with stream:
+            await stream.receive()
+            await stream.send(b"this is not json\n")
+            replies.append(b"sent")
+
+    listener = await anyio.create_tcp_listener(local_host="127.0.0.1", local_port=0)
+    port = listener.extra(anyio.abc.SocketAttribute.local_port)
+    policy = GatePolicy(retry=RetryPolicy(max_attempts=3, base_s=0.01))
+    async with listener, anyio.create_task_group() as tg:
+        tg.start_soon(listener.serve, handle)
+        async with GovernedClient(f"tcp://127.0.0.1:{port}", gate=Gate(policy)) as client:
+            with anyio.fail_after(10), pytest.raises(RetriesExhaustedError) as info:
+                await client.submit("x")
+        tg.cancel_scope.cancel()
+    assert isinstance(info.value.__cause__, ProtocolError)
+    assert len(replies) == 3
+
+
+async def test_burst_of_400_through_one_gate(serve: Any) -> None:
+    """The issue's end-to-end check: 400 at once against max_inflight 8, 50 ms each."""
+    server = serve("--max-inflight", "8", "--exec-ms", "50")
+    gate = Gate(GatePolicy(window=WindowPolicy(initial=2, max=64)))
+    results: list[Any] = []
+    async with GovernedClient(url(server), gate=gate) as client:
+        started = time.monotonic()
+
+        async def one(i: int) -> None:
+            results.append(await client.submit(f"r{i}"))
+
+        async with anyio.create_task_group() as tg:
+            for i in range(400):
+                tg.start_soon(one, i)
+        makespan = time.monotonic() - started
+        stats = await client.stats()
+    lower_bound = 400 * 0.050 / 8
+    attempts = stats["executed_total"] + stats["yielded_total"]
+    print(
+        f"\n400-burst: makespan {makespan:.2f} s = {makespan / lower_bound:.2f}x the lower bound "
+        f"{lower_bound:.2f} s; {attempts / 400:.2f} attempts per request "
+        f"({stats['yielded_total']} yields)"
+    )
+    assert len(results) == 400
+    assert stats["executed_total"] == 400
+    assert stats["inflight_peak"] <= 8
+    assert attempts / 400 <= 2.0
