@@ -30,6 +30,7 @@ from yieldgate.protocol import (
     decode_reply,
     decode_request,
     encode_frame,
+    encode_yield,
     error_frame,
     ok_frame,
     ping_frame,
@@ -431,3 +432,18 @@ def test_ok_replies_round_trip(rid: str, result: Any, exec_ms: float) -> None:
     assert isinstance(reply, OkReply)
     assert reply.id == rid
     assert reply.result == result
+
+
+@given(
+    rid=st.text(max_size=30),
+    hint=st.integers(min_value=-5, max_value=10**9),
+    inflight=st.integers(min_value=0, max_value=10**6),
+    cap=st.integers(min_value=0, max_value=10**6),
+    reason=st.sampled_from(list(YieldReason)),
+)
+def test_the_yield_template_matches_the_generic_encoder(
+    rid: str, hint: int, inflight: int, cap: int, reason: YieldReason
+) -> None:
+    frame = yield_frame(rid, retry_hint_ms=hint, inflight=inflight, max_inflight=cap, reason=reason)
+    fast = encode_yield(rid, retry_hint_ms=hint, inflight=inflight, max_inflight=cap, reason=reason)
+    assert fast == encode_frame(frame)

@@ -25,6 +25,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
+from json.encoder import encode_basestring
 from typing import Any, Final
 
 from yieldgate._exceptions import FrameError, ProtocolError
@@ -51,6 +52,7 @@ __all__ = [
     "decode_reply",
     "decode_request",
     "encode_frame",
+    "encode_yield",
     "error_frame",
     "ok_frame",
     "ping_frame",
@@ -107,6 +109,7 @@ class ErrorCode(StrEnum):
 
 
 _OPS: Final = frozenset({"submit", "stats", "ping"})
+_PRIORITIES: Final = {p.value: p for p in Priority}
 _HEX: Final = frozenset("0123456789abcdef")
 # JSON numbers beyond 2**53 lose precision in most peers; no budget is that long.
 MAX_DEADLINE_MS: Final = 2**53 - 1
@@ -115,7 +118,12 @@ MAX_DEADLINE_MS: Final = 2**53 - 1
 # -- requests -----------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+# Request records are built for every frame the server reads, so they are plain
+# slotted dataclasses (a frozen one costs twice as much to build). Treat them
+# as read-only.
+
+
+@dataclass(slots=True, kw_only=True)
 class SubmitRequest:
     """A validated ``submit``: its body matched its ``sha256``."""
 
@@ -128,14 +136,14 @@ class SubmitRequest:
     params: Mapping[str, Any] = field(default_factory=dict)
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(slots=True, kw_only=True)
 class StatsRequest:
     """A ``stats`` request."""
 
     id: str
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(slots=True, kw_only=True)
 class PingRequest:
     """A ``ping`` request."""
 
@@ -155,17 +163,26 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not valid JSON")
 
 
+_YIELD_TEMPLATE: Final = (
+    b'{"id":%s,"status":"yield","retry_hint_ms":%d,"inflight":%d,"max_inflight":%d,"reason":%s}\n'
+)
+
+# Built once: json.loads/dumps with options construct a new coder on every call.
+_DECODER: Final = json.JSONDecoder(parse_constant=_reject_constant)
+_ENCODER: Final = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+
+
 def _load_object(line: bytes | str) -> dict[str, Any]:
     """Parse one line into a JSON object or raise ``ValueError`` saying why."""
-    if isinstance(line, bytes | bytearray | memoryview):
+    if isinstance(line, str):
+        text = line
+    else:
         try:
-            text = bytes(line).decode("utf-8")
+            text = line.decode("utf-8")
         except UnicodeDecodeError as exc:
             raise ValueError(f"frame is not valid UTF-8 (byte {exc.start})") from None
-    else:
-        text = line
     try:
-        obj = json.loads(text, parse_constant=_reject_constant)
+        obj = _DECODER.decode(text)
     except RecursionError:
         raise ValueError("frame is nested too deeply") from None
     except ValueError as exc:
@@ -248,29 +265,26 @@ def _is_utf8(text: str) -> bool:
     return True
 
 
-def _optional(obj: dict[str, Any], name: str, default: Any) -> Any:
-    """An optional field; ``null`` means absent."""
-    value = obj.get(name)
-    return default if value is None else value
-
-
 def _decode_submit(obj: dict[str, Any], rid: str) -> SubmitRequest:
     body = obj.get("body")
-    if not isinstance(body, str):
+    if type(body) is not str:
         raise _bad(rid, "submit needs a string 'body'")
-    if not _is_utf8(body):
-        raise _bad(rid, "'body' holds a lone surrogate escape, which UTF-8 cannot encode")
-    digest = obj.get("sha256")
-    if not isinstance(digest, str):
-        raise _bad(rid, "submit needs 'sha256', the lowercase hex SHA-256 of 'body'")
-    if len(digest) != 64 or not _HEX.issuperset(digest):
-        raise _bad(rid, "'sha256' must be 64 lowercase hex digits")
-
-    raw_priority = _optional(obj, "priority", "normal")
     try:
-        priority = Priority(raw_priority)
-    except ValueError:
-        raise _bad(rid, "'priority' must be 'high', 'normal' or 'low'") from None
+        body_bytes = body.encode("utf-8")
+    except UnicodeEncodeError:
+        raise _bad(rid, "'body' holds a lone surrogate escape, which UTF-8 cannot encode") from None
+    digest = obj.get("sha256")
+    if type(digest) is not str:
+        raise _bad(rid, "submit needs 'sha256', the lowercase hex SHA-256 of 'body'")
+
+    raw_priority = obj.get("priority")
+    if raw_priority is None:
+        priority = Priority.NORMAL
+    else:
+        found = _PRIORITIES.get(raw_priority) if type(raw_priority) is str else None
+        if found is None:
+            raise _bad(rid, "'priority' must be 'high', 'normal' or 'low'")
+        priority = found
 
     deadline_ms = obj.get("deadline_ms")
     if deadline_ms is not None:
@@ -279,16 +293,24 @@ def _decode_submit(obj: dict[str, Any], rid: str) -> SubmitRequest:
         if abs(deadline_ms) > MAX_DEADLINE_MS:
             raise _bad(rid, f"'deadline_ms' must be within +/-{MAX_DEADLINE_MS}")
 
-    stream = _optional(obj, "stream", False)
-    if not isinstance(stream, bool):
+    stream = obj.get("stream")
+    if stream is None:
+        stream = False
+    elif type(stream) is not bool:
         raise _bad(rid, "'stream' must be a boolean")
 
-    params = _optional(obj, "params", {})
-    if not isinstance(params, dict):
+    params = obj.get("params")
+    if params is None:
+        params = {}
+    elif type(params) is not dict:
         raise _bad(rid, "'params' must be a JSON object")
 
     # Integrity last: the hash is the costliest check and meaningless on a malformed frame.
-    if not hmac.compare_digest(sha256_hex(body), digest):
+    # A digest equal to the real one is well-formed by construction, so its format
+    # is only examined when they differ (to tell bad_frame from integrity_mismatch).
+    if hashlib.sha256(body_bytes).hexdigest() != digest:
+        if len(digest) != 64 or not _HEX.issuperset(digest):
+            raise _bad(rid, "'sha256' must be 64 lowercase hex digits")
         raise FrameError(
             ErrorCode.INTEGRITY_MISMATCH,
             "body does not match its sha256 (corrupted in transit?)",
@@ -315,11 +337,25 @@ def encode_frame(frame: Mapping[str, Any]) -> bytes:
     cannot carry (NaN, a set, an arbitrary object): callers that relay a
     backend's result must be ready for that.
     """
-    return (
-        json.dumps(frame, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode(
-            "utf-8"
-        )
-        + b"\n"
+    return _ENCODER.encode(frame).encode("utf-8") + b"\n"
+
+
+def encode_yield(
+    request_id: str,
+    *,
+    retry_hint_ms: int,
+    inflight: int,
+    max_inflight: int,
+    reason: YieldReason | str,
+) -> bytes:
+    """``encode_frame(yield_frame(...))``, built from a template: the saturated
+    server's hottest path. The bytes are identical."""
+    return _YIELD_TEMPLATE % (
+        encode_basestring(request_id).encode("utf-8"),
+        max(0, int(retry_hint_ms)),
+        inflight,
+        max_inflight,
+        encode_basestring(str(reason)).encode("utf-8"),
     )
 
 

@@ -49,9 +49,9 @@ class BackendError(Exception):
         self.retryable = retryable
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(slots=True, kw_only=True)
 class Work:
-    """One admitted submit, as a backend sees it."""
+    """One submit, as a backend sees it (built per submit: slotted, treat as read-only)."""
 
     id: str
     body: str

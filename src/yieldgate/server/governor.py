@@ -129,9 +129,13 @@ class Rejection:
 AdmissionHook = Callable[[AdmissionRequest], Rejection | None]
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(slots=True, kw_only=True)
 class Yield:
-    """A submit that was not admitted; send it back at once."""
+    """A submit that was not admitted; send it back at once.
+
+    Built for every refused submit, so a plain slotted record (cheaper than a
+    frozen one); treat it as read-only.
+    """
 
     retry_hint_ms: int
     reason: YieldReason
@@ -226,6 +230,9 @@ class Governor:
         clock: Clock = time.monotonic,
     ) -> None:
         self.config = config or GovernorConfig()
+        self._policy = self.config.priority
+        self._min_hint = self.config.min_hint_ms
+        self._max_hint = self.config.max_hint_ms
         self.admission_hook = admission_hook
         self._clock = clock
         self._capacity = self.config.max_inflight
@@ -313,7 +320,11 @@ class Governor:
         inflight = len(self._slots)
         if self._cold_until is not None:
             return self._yield(YieldReason.COLD_START, self._cold_hint(now), inflight)
-        limit = self.config.priority.limit(priority, self._capacity)
+        limit = (
+            self._capacity
+            if priority is Priority.HIGH
+            else self._policy.limit(priority, self._capacity)
+        )
         if inflight >= limit:
             need = inflight - limit + 1
             return self._yield(YieldReason.SATURATED, self._saturated_hint(now, need), inflight)
@@ -337,8 +348,13 @@ class Governor:
         return slot
 
     def _yield(self, reason: YieldReason, hint_ms: float, inflight: int) -> Yield:
-        self._yields[reason] += 1
-        hint = min(self.config.max_hint_ms, max(self.config.min_hint_ms, round(hint_ms)))
+        # Keyed by the plain string: an enum member hashes through Python code.
+        self._yields[reason.value] += 1
+        hint = round(hint_ms)
+        if hint < self._min_hint:
+            hint = self._min_hint
+        elif hint > self._max_hint:
+            hint = self._max_hint
         # The limit in force: lower than configured while capacity ramps up.
         return Yield(
             retry_hint_ms=hint,
@@ -358,15 +374,24 @@ class Governor:
     def _saturated_hint(self, now: float, need: int) -> float:
         mean = self._ewma if self._ewma is not None else self.config.initial_exec_ms
         residual = max(self._ewma_dev, mean * _MIN_RESIDUAL_SHARE)
+        if need == 1:
+            # The common case, on every yield of a saturated server: the soonest end.
+            soonest = math.inf
+            for slot in self._slots:
+                expected = mean if slot.expected_ms is None else slot.expected_ms
+                left = expected - (now - slot.started_at) * 1000.0
+                if left <= 0:
+                    left = residual
+                if left < soonest:
+                    soonest = left
+            return soonest
         remaining = []
         for slot in self._slots:
-            expected = slot.expected_ms if slot.expected_ms is not None else mean
+            expected = mean if slot.expected_ms is None else slot.expected_ms
             left = expected - (now - slot.started_at) * 1000.0
             remaining.append(left if left > 0 else residual)
-        if need > len(remaining):
-            # Capacity was lowered below what is in flight; wait for enough to end.
-            need = len(remaining)
-        return heapq.nsmallest(need, remaining)[-1]
+        # Capacity may have been lowered below what is in flight: wait for enough to end.
+        return heapq.nsmallest(min(need, len(remaining)), remaining)[-1]
 
     # -- release ------------------------------------------------------------
 
