@@ -155,7 +155,10 @@ class Breaker:
         """A ticket to attempt, or ``CircuitOpenError`` when the breaker says no."""
         if not self.policy.enabled:
             return BreakerTicket(self._generation, probe=False)
-        state = self.state
+        current = self._cb.current_state
+        if current == "closed":
+            return BreakerTicket(self._generation, probe=False)
+        state = BreakerState(current)
         if state is BreakerState.OPEN:
             wait = self.retry_after_s()
             if wait > 0:
@@ -183,7 +186,9 @@ class Breaker:
         if ticket.probe:
             self._probe_out = False
         if verdict is Verdict.SUCCESS:
-            self._cb.call(_succeed)
+            # A success in a closed breaker with no failures counted changes nothing.
+            if ticket.probe or self._cb.fail_counter:
+                self._cb.call(_succeed)
         elif verdict is Verdict.FAILURE:
             with contextlib.suppress(_Failure, pybreaker.CircuitBreakerError):
                 self._cb.call(_fail)

@@ -58,9 +58,9 @@ class RetryBudget:
     def _bucket_epoch(self, now: float) -> int:
         return int(now // self._width)
 
-    def _roll(self) -> int:
+    def _roll(self, now: float | None = None) -> int:
         """Clear buckets that fell out of the window; return the current bucket index."""
-        epoch = self._bucket_epoch(self._clock())
+        epoch = self._bucket_epoch(self._clock() if now is None else now)
         gap = epoch - self._epoch
         if gap > 0:
             for i in range(1, min(gap, _BUCKETS) + 1):
@@ -70,9 +70,9 @@ class RetryBudget:
             self._epoch = epoch
         return epoch % _BUCKETS
 
-    def deposit(self) -> None:
-        """Count one request (a call's first attempt)."""
-        self._requests[self._roll()] += 1
+    def deposit(self, now: float | None = None) -> None:
+        """Count one request (a call's first attempt); ``now`` saves a clock read."""
+        self._requests[self._roll(now)] += 1
 
     def allowance(self) -> float:
         """Retries still allowed in the current window."""

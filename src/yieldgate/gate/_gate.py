@@ -42,6 +42,7 @@ from yieldgate.gate._outcome import Classifier, Outcome, OutcomeKind, default_cl
 from yieldgate.gate._ratecap import RateCap, RatePolicy
 from yieldgate.gate._retry import RetryPolicy, TimeoutPolicy, backoff_s, hinted_wait_s
 from yieldgate.gate._telemetry import (
+    NULL_OBSERVER,
     AttemptDetails,
     BreakerChange,
     CallDetails,
@@ -160,7 +161,8 @@ class AttemptInfo:
         return max(0.0, self.deadline - anyio.current_time())
 
 
-_current: contextvars.ContextVar[AttemptInfo | None] = contextvars.ContextVar(
+# Holds the running call; the AttemptInfo record is only built when asked for.
+_current: contextvars.ContextVar[_Call | None] = contextvars.ContextVar(
     "yieldgate_attempt", default=None
 )
 
@@ -170,7 +172,15 @@ def current_attempt() -> AttemptInfo | None:
 
     Transports read it to send the remaining budget upstream (``deadline_ms``).
     """
-    return _current.get()
+    call = _current.get()
+    if call is None:
+        return None
+    return AttemptInfo(
+        gate=call.gate.name,
+        number=call.attempts,
+        priority=call.priority,
+        deadline=call.attempt_deadline,
+    )
 
 
 @dataclass
@@ -370,7 +380,7 @@ class Gate:
     ) -> _Call:
         if self._closed:
             raise GateClosedError(f"gate {self.name!r} is closed")
-        prio = Priority(priority)
+        prio = priority if type(priority) is Priority else Priority(priority)
         total = self.policy.timeouts.total_s if isinstance(timeout, _Unset) else timeout
         if total is not None and not total > 0:
             raise ValueError(f"timeout must be a positive number or None, got {total}")
@@ -381,10 +391,10 @@ class Gate:
         return call
 
     async def _run(self, call: _Call) -> Any:
-        observer = self._instr.start_call(self.name, str(call.priority))
+        observer = self._instr.start_call(self.name, call.priority.value)
         call.observer = observer
         self._counters.calls += 1
-        self._budget.deposit()
+        self._budget.deposit(call.started)
         outcome_name = "ok"
         try:
             with observer.scope():
@@ -394,15 +404,16 @@ class Gate:
             self._counters.calls_failed += 1
             raise
         finally:
-            observer.on_end(
-                CallDetails(
-                    gate=self.name,
-                    priority=str(call.priority),
-                    attempts=call.attempts,
-                    outcome=outcome_name,
-                    duration_s=anyio.current_time() - call.started,
+            if observer is not NULL_OBSERVER:
+                observer.on_end(
+                    CallDetails(
+                        gate=self.name,
+                        priority=call.priority.value,
+                        attempts=call.attempts,
+                        outcome=outcome_name,
+                        duration_s=anyio.current_time() - call.started,
+                    )
                 )
-            )
         self._counters.calls_ok += 1
         return value
 
@@ -516,6 +527,7 @@ class _Call:
         self.last: Outcome | None = None
         self.last_hint_s: float | None = None
         self.stop_error: YieldgateError | None = None
+        self.attempt_deadline: float | None = None
 
     def _error(self, cls: type[YieldgateError], message: str) -> YieldgateError:
         return cls(
@@ -526,16 +538,13 @@ class _Call:
         )
 
     async def run(self) -> Any:
-        with anyio.CancelScope(deadline=math.inf if self.deadline is None else self.deadline):
-            outcome = await self.attempt()
-            if outcome.kind is not OutcomeKind.OK and outcome.kind is not OutcomeKind.FATAL:
-                outcome = await self.retry_loop(outcome)
-            return self.finish(outcome)
-        # Only the deadline scope gets here: it cancelled an attempt or a wait.
-        raise self._error(
-            DeadlineExceededError,
-            f"call exceeded its total timeout after {self.attempts} attempt(s)",
-        )
+        # No scope spans the whole call: attempts carry the deadline in their own
+        # scope, waits for the window or rate cap get one only when they must
+        # wait, and a retry wait that would pass the deadline is never started.
+        outcome = await self.attempt()
+        if outcome.kind is not OutcomeKind.OK and outcome.kind is not OutcomeKind.FATAL:
+            outcome = await self.retry_loop(outcome)
+        return self.finish(outcome)
 
     def finish(self, outcome: Outcome) -> Any:
         if outcome.kind is OutcomeKind.OK:
@@ -543,6 +552,12 @@ class _Call:
         if self.stop_error is not None:
             raise self.stop_error from outcome.error
         raise self._error(CallFailedError, f"call failed: {outcome.describe()}") from outcome.error
+
+    def _deadline_error(self, while_: str) -> YieldgateError:
+        return self._error(
+            DeadlineExceededError,
+            f"call exceeded its total timeout {while_} after {self.attempts} attempt(s)",
+        )
 
     # -- one attempt --------------------------------------------------------
 
@@ -563,16 +578,28 @@ class _Call:
         number = self.attempts
         gate._counters.attempts += 1
         verdict = Verdict.NEUTRAL
-        started = anyio.current_time()
         try:
             rate = gate._rate_cap()
             if rate is not None:
-                await rate.acquire()
-            permit = await gate._window.acquire(self.priority)
+                await self._wait(rate.acquire, "waiting for the rate cap")
+            permit = gate._window.try_acquire(self.priority)
+            if permit is None:
+                permit = await self._wait(
+                    functools.partial(gate._window.acquire, self.priority),
+                    "waiting for a window slot",
+                )
+                started = anyio.current_time()
+            elif number == 1 and rate is None:
+                started = self.started  # nothing was awaited since the call began
+            else:
+                started = anyio.current_time()
             signal = Signal.CANCELLED
             try:
-                outcome = await self._invoke(number)
-                signal, verdict = _SIGNALS[outcome.kind]
+                outcome = await self._invoke(number, started)
+                if outcome.kind is OutcomeKind.OK:
+                    signal, verdict = Signal.SUCCESS, Verdict.SUCCESS
+                else:
+                    signal, verdict = _SIGNALS[outcome.kind]
             finally:
                 if self.hold and signal is Signal.SUCCESS:
                     self.held = permit  # released by Gate.hold when its block exits
@@ -580,38 +607,42 @@ class _Call:
                     gate._window.release(permit, signal)
         finally:
             gate._breaker.record(ticket, verdict)
-        self._note(outcome, number, anyio.current_time() - started)
+        self._note(outcome, number, started)
         return outcome
 
-    async def _invoke(self, number: int) -> Outcome:
+    async def _wait(self, fn: Callable[[], Awaitable[T]], while_: str) -> T:
+        """Await ``fn()`` within the call's deadline."""
+        if self.deadline is None:
+            return await fn()
+        with anyio.CancelScope(deadline=self.deadline):
+            return await fn()
+        raise self._deadline_error(while_)
+
+    async def _invoke(self, number: int, now: float) -> Outcome:
         attempt_s = self.gate.policy.timeouts.attempt_s
-        now = anyio.current_time()
         limit = math.inf if attempt_s is None else now + attempt_s
-        if self.deadline is not None:
-            limit = min(limit, self.deadline)
-        info = AttemptInfo(
-            gate=self.gate.name,
-            number=number,
-            priority=self.priority,
-            deadline=None if math.isinf(limit) else limit,
-        )
-        token = _current.set(info)
+        if self.deadline is not None and self.deadline < limit:
+            limit = self.deadline
+        self.attempt_deadline = None if limit == math.inf else limit
+        token = _current.set(self)
         try:
-            with anyio.CancelScope(deadline=now + attempt_s if attempt_s else math.inf) as scope:
+            # One scope bounds the attempt by whichever ends first: its own
+            # timeout or the call's deadline.
+            with anyio.CancelScope(deadline=limit):
                 try:
                     value = await self.fn(*self.args)
                 except Exception as exc:
                     return self.classify(None, exc)
                 return self.classify(value, None)
-            # The attempt's own timeout fired (the call's deadline would have propagated).
-            assert scope.cancelled_caught
-            return Outcome.retryable(
-                AttemptTimeoutError(f"attempt {number} ran past {attempt_s} s", attempts=number)
-            )
         finally:
             _current.reset(token)
+        if self.deadline is not None and limit == self.deadline:
+            raise self._deadline_error("during an attempt")
+        return Outcome.retryable(
+            AttemptTimeoutError(f"attempt {number} ran past {attempt_s} s", attempts=number)
+        )
 
-    def _note(self, outcome: Outcome, number: int, duration_s: float) -> None:
+    def _note(self, outcome: Outcome, number: int, started: float) -> None:
         gate = self.gate
         self.last = outcome
         if outcome.hint_s is not None:
@@ -625,16 +656,17 @@ class _Call:
             gate._counters.failures += 1
         if outcome.reason == "cold_start" and gate._rate is not None:
             gate._rate.restart_ramp()
-        self.observer.on_attempt(
-            AttemptDetails(
-                gate=gate.name,
-                attempt=number,
-                outcome=kind,
-                reason=outcome.reason,
-                hint_s=outcome.hint_s,
-                duration_s=duration_s,
+        if self.observer is not NULL_OBSERVER:
+            self.observer.on_attempt(
+                AttemptDetails(
+                    gate=gate.name,
+                    attempt=number,
+                    outcome=kind,
+                    reason=outcome.reason,
+                    hint_s=outcome.hint_s,
+                    duration_s=anyio.current_time() - started,
+                )
             )
-        )
 
     # -- retrying -----------------------------------------------------------
 

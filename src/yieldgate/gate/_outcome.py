@@ -64,7 +64,15 @@ class Outcome:
 
     @classmethod
     def ok(cls, value: Any = None) -> Outcome:
-        return cls(OutcomeKind.OK, value)
+        # Built for every successful attempt: skip the dataclass __init__ and
+        # its hint check (an ok carries no hint).
+        outcome = object.__new__(cls)
+        object.__setattr__(outcome, "kind", OutcomeKind.OK)
+        object.__setattr__(outcome, "value", value)
+        object.__setattr__(outcome, "hint_s", None)
+        object.__setattr__(outcome, "reason", None)
+        object.__setattr__(outcome, "error", None)
+        return outcome
 
     @classmethod
     def yielded(

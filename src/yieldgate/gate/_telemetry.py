@@ -25,11 +25,14 @@ Every instrument carries the ``yieldgate.gate`` attribute (the Gate's name).
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from yieldgate.gate._outcome import OutcomeKind
+
+_RECHECK_S = 1.0
 
 __all__ = [
     "AttemptDetails",
@@ -132,14 +135,15 @@ class _NullObserver:
         pass
 
 
-_NULL_OBSERVER = _NullObserver()
+NULL_OBSERVER: CallObserver = _NullObserver()
+"""The observer that hears nothing: the Gate skips building details for it."""
 
 
 class NullInstrumentation:
     """Reports nowhere."""
 
     def start_call(self, gate: str, priority: str) -> CallObserver:
-        return _NULL_OBSERVER
+        return NULL_OBSERVER
 
     def on_breaker_change(self, details: BreakerChange) -> None:
         pass
@@ -149,7 +153,7 @@ class NullInstrumentation:
 
 
 class _OtelObserver:
-    __slots__ = ("_attempts", "_owner", "_span")
+    __slots__ = ("_owner", "_span")
 
     def __init__(self, owner: OtelInstrumentation, span: Any) -> None:
         self._owner = owner
@@ -201,6 +205,32 @@ class _OtelObserver:
         self._owner.calls.record(d.duration_s, {"yieldgate.gate": d.gate, "outcome": d.outcome})
 
 
+class _OtelMetricsObserver:
+    """Records the metrics of a call whose span is not recording."""
+
+    __slots__ = ("_owner",)
+
+    def __init__(self, owner: OtelInstrumentation) -> None:
+        self._owner = owner
+
+    def scope(self) -> contextlib.AbstractContextManager[None]:
+        return contextlib.nullcontext()
+
+    def on_attempt(self, d: AttemptDetails) -> None:
+        o = self._owner
+        o.attempts.add(1, {"yieldgate.gate": d.gate, "outcome": str(d.outcome)})
+        if d.outcome is OutcomeKind.YIELD:
+            o.yields.add(1, {"yieldgate.gate": d.gate, "reason": d.reason or "unknown"})
+
+    def on_wait(self, d: WaitDetails) -> None:
+        labels = {"yieldgate.gate": d.gate, "cause": str(d.cause)}
+        self._owner.retries.add(1, labels)
+        self._owner.waits.record(d.wait_s, labels)
+
+    def on_end(self, d: CallDetails) -> None:
+        self._owner.calls.record(d.duration_s, {"yieldgate.gate": d.gate, "outcome": d.outcome})
+
+
 class OtelInstrumentation:
     """Spans and metrics through ``opentelemetry-api``.
 
@@ -214,6 +244,11 @@ class OtelInstrumentation:
         from yieldgate import __version__
 
         self._trace = trace
+        self._metrics = metrics
+        self._explicit_meter = meter_provider is not None
+        self._explicit_tracer = tracer_provider is not None
+        self._recheck_at = 0.0
+        self._live = (True, True)
         self._tracer = trace.get_tracer("yieldgate", __version__, tracer_provider=tracer_provider)
         meter = metrics.get_meter("yieldgate", __version__, meter_provider=meter_provider)
         self.attempts = meter.create_counter("yieldgate.attempts", "{attempt}", "Attempts made")
@@ -229,10 +264,46 @@ class OtelInstrumentation:
         self.window = meter.create_gauge("yieldgate.window.limit", "{slot}", "Window limit")
 
     def start_call(self, gate: str, priority: str) -> CallObserver:
-        span = self._tracer.start_span(
-            "yieldgate.call", attributes={"yieldgate.gate": gate, "yieldgate.priority": priority}
+        tracing, metering = self._liveness()
+        if tracing:
+            span = self._tracer.start_span(
+                "yieldgate.call",
+                attributes={"yieldgate.gate": gate, "yieldgate.priority": priority},
+            )
+            if span.is_recording():
+                return _OtelObserver(self, span)
+        # No tracing SDK (or a sampler said no): skip the span's work, and the
+        # metrics too while no metrics SDK is installed either.
+        return _OtelMetricsObserver(self) if metering else NULL_OBSERVER
+
+    # The API's own providers (a proxy until an SDK is set, or a no-op) drop
+    # everything; once an SDK is installed, the get_*_provider() calls return
+    # it. Each call reads os.environ, so the answer is kept for a second: an
+    # SDK set up after the Gate was made is picked up within that.
+
+    def _liveness(self) -> tuple[bool, bool]:
+        now = time.monotonic()
+        if now >= self._recheck_at:
+            self._live = (self._tracing_live(), self._metrics_live())
+            self._recheck_at = now + _RECHECK_S
+        return self._live
+
+    def _tracing_live(self) -> bool:
+        if self._explicit_tracer:
+            return True
+        provider = self._trace.get_tracer_provider()
+        return not isinstance(
+            provider, self._trace.ProxyTracerProvider | self._trace.NoOpTracerProvider
         )
-        return _OtelObserver(self, span)
+
+    def _metrics_live(self) -> bool:
+        if self._explicit_meter:
+            return True
+        provider = self._metrics.get_meter_provider()
+        return not (
+            isinstance(provider, self._metrics.NoOpMeterProvider)
+            or type(provider).__name__ == "_ProxyMeterProvider"
+        )
 
     def on_breaker_change(self, d: BreakerChange) -> None:
         self.transitions.add(1, {"yieldgate.gate": d.gate, "from": d.old, "to": d.new})

@@ -29,7 +29,6 @@ from enum import StrEnum
 from typing import Final
 
 import anyio
-import anyio.lowlevel
 
 from yieldgate.protocol import Priority
 
@@ -124,6 +123,7 @@ class Window:
         self.policy = policy or WindowPolicy()
         self._cwnd = float(self.policy.initial)
         self._ssthresh = float(self.policy.max)
+        self._limit = self.policy.initial
         self._inflight = 0
         self._seq = 0
         self._recovery_seq = 0
@@ -136,7 +136,11 @@ class Window:
 
     @property
     def limit(self) -> int:
-        return max(self.policy.min, min(self.policy.max, int(self._cwnd)))
+        return self._limit
+
+    def _set_cwnd(self, cwnd: float) -> None:
+        self._cwnd = cwnd
+        self._limit = max(self.policy.min, min(self.policy.max, int(cwnd)))
 
     @property
     def inflight(self) -> int:
@@ -161,13 +165,15 @@ class Window:
     def _grant(self, priority: Priority) -> Permit:
         self._inflight += 1
         self._seq += 1
-        if self._inflight >= self.limit:
+        if self._inflight >= self._limit:
             self._full_seq = self._seq
         return Permit(self._seq, priority)
 
     def try_acquire(self, priority: Priority = Priority.NORMAL) -> Permit | None:
         """A permit now if one is free and nobody of equal or higher priority waits."""
-        if self._inflight < self.limit and not self._has_waiters_at_or_above(priority):
+        if self._inflight < self._limit and (
+            not self._waiting or not self._has_waiters_at_or_above(priority)
+        ):
             return self._grant(priority)
         return None
 
@@ -181,11 +187,10 @@ class Window:
 
     async def acquire(self, priority: Priority = Priority.NORMAL) -> Permit:
         """Wait for a permit. Cancellation while waiting takes nothing."""
-        await anyio.lowlevel.checkpoint_if_cancelled()
         permit = self.try_acquire(priority)
         if permit is not None:
-            # Once granted, nothing may cancel us before the caller holds it.
-            await anyio.lowlevel.cancel_shielded_checkpoint()
+            # Granted without awaiting: nothing can cancel us between the grant
+            # and the caller holding the permit (and no event-loop trip is paid).
             return permit
         waiter = _Waiter(priority)
         self._queues[priority].append(waiter)
@@ -205,7 +210,7 @@ class Window:
         return waiter.permit
 
     def _wake(self) -> None:
-        while self._inflight < self.limit and self._waiting:
+        while self._inflight < self._limit and self._waiting:
             for p in _PRIORITY_ORDER:
                 if self._queues[p]:
                     waiter = self._queues[p].popleft()
@@ -224,28 +229,28 @@ class Window:
             return
         permit._released = True
         self._inflight -= 1
-        before = self.limit
+        before = self._limit
         if signal is Signal.SUCCESS and permit.seq <= self._full_seq:
             self._grow()
         elif signal is Signal.CONGESTION and permit.seq > self._recovery_seq:
             self._shrink()
-        after = self.limit
-        if after != before and self._on_change is not None:
-            self._on_change(before, after)
-        self._wake()
+        if self._limit != before and self._on_change is not None:
+            self._on_change(before, self._limit)
+        if self._waiting:
+            self._wake()
 
     def _grow(self) -> None:
         if self._cwnd >= self.policy.max:
             return
         if self._cwnd < self._ssthresh:
-            self._cwnd += 1.0
+            cwnd = self._cwnd + 1.0
         else:
-            self._cwnd += self.policy.increase / self._cwnd
-        self._cwnd = min(self._cwnd, float(self.policy.max))
+            cwnd = self._cwnd + self.policy.increase / self._cwnd
+        self._set_cwnd(min(cwnd, float(self.policy.max)))
         self._increases += 1
 
     def _shrink(self) -> None:
-        self._cwnd = max(float(self.policy.min), self._cwnd * self.policy.decrease)
+        self._set_cwnd(max(float(self.policy.min), self._cwnd * self.policy.decrease))
         self._ssthresh = max(float(self.policy.min), self._cwnd)
         # Signals from permits granted up to now belong to this same event.
         self._recovery_seq = self._seq
