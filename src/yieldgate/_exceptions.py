@@ -9,7 +9,7 @@ dependency's exception type escapes the public API::
      ├── RetriesExhaustedError      failures kept coming until max_attempts
      ├── YieldExhaustedError        the upstream kept yielding until max_yields
      ├── RetryBudgetExhaustedError  a retry was due, but the retry budget was spent
-     ├── CircuitOpenError           the breaker is open: the call was not attempted
+     ├── CircuitOpenError           the breaker is open: this attempt was not sent
      ├── DeadlineExceededError      the call's total time ran out (or would have)
      ├── AttemptTimeoutError        one attempt ran past its timeout (retryable)
      ├── TransportError             the connection failed or broke (retryable)
@@ -89,9 +89,11 @@ class RetryBudgetExhaustedError(YieldgateError):
 
 
 class CircuitOpenError(YieldgateError):
-    """The circuit breaker is open (or its single probe is out): nothing was sent.
+    """The circuit breaker is open (or its single probe is out): the attempt was not sent.
 
-    ``retry_after_s`` says when the breaker will let a probe through.
+    Raised before the first attempt, or in place of a retry (``attempts`` then
+    counts the attempts made before). ``retry_after_s`` says when the breaker
+    will let a probe through (``None`` while another caller's probe is out).
     """
 
     def __init__(self, message: str, *, retry_after_s: float | None = None, **kw: Any) -> None:

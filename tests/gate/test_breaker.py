@@ -132,3 +132,19 @@ def test_policy_validation() -> None:
     for kwargs in ({"fail_max": 0}, {"reset_timeout_s": -1}, {"success_threshold": 0}):
         with pytest.raises(ValueError, match="breaker"):
             BreakerPolicy(**kwargs)  # type: ignore[arg-type]
+
+
+def test_check_raises_like_acquire_but_changes_nothing() -> None:
+    breaker, clock, changes = make(fail_max=1, reset_timeout_s=10)
+    breaker.check()  # closed: fine
+    fail_times(breaker, 1)
+    with pytest.raises(CircuitOpenError):
+        breaker.check()
+    clock.now += 10
+    breaker.check()  # due: would let a probe through...
+    assert breaker.state is BreakerState.OPEN  # ...but did not claim it
+    probe = breaker.acquire()
+    with pytest.raises(CircuitOpenError, match="probe"):
+        breaker.check()
+    breaker.record(probe, Verdict.SUCCESS)
+    assert changes == [("closed", "open"), ("open", "half-open"), ("half-open", "closed")]

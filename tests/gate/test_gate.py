@@ -528,3 +528,148 @@ async def test_a_hundred_callers_with_the_same_hint_spread_out() -> None:
     assert min(returns) >= 1.0
     assert spread > 0.4
     assert len({round(t, 4) for t in returns}) > 90
+
+
+# -- fixes found by review: each pinned ------------------------------------------------
+
+
+def test_gates_can_be_built_outside_an_event_loop() -> None:
+    # Module-level Gates (and @gate.wrap at import time) must work.
+    g = Gate(GatePolicy(rate=RatePolicy(per_s=100)), name="module-level")
+
+    @g.wrap
+    async def one() -> int:
+        return 1
+
+    async def use() -> int:
+        return await one()
+
+    assert anyio.run(use) == 1
+
+
+async def test_a_probe_is_chosen_when_it_can_send_not_while_it_queues() -> None:
+    g = gate(window=WindowPolicy.fixed(1), breaker=BreakerPolicy(fail_max=1, reset_timeout_s=5))
+    results: dict[str, Any] = {}
+
+    async def ok() -> str:
+        return "ok"
+
+    async def caller(tag: str) -> None:
+        try:
+            results[tag] = await g.call(ok)
+        except CircuitOpenError as exc:
+            results[tag] = exc
+
+    async with anyio.create_task_group() as tg, g.hold(ok):  # the only slot is busy...
+        g._breaker._cb.open()  # ...when failures elsewhere open the breaker
+        await anyio.sleep(5)  # a probe is now due
+        tg.start_soon(caller, "first")
+        await anyio.sleep(0.1)
+        tg.start_soon(caller, "second")
+        await anyio.sleep(0.9)
+        # Neither claimed the probe while queued, so neither was turned away.
+        assert results == {}
+        assert g.statistics().breaker == "open"
+        # The slot is free: the first sends, probes and closes the breaker.
+    assert results == {"first": "ok", "second": "ok"}
+    assert g.statistics().breaker == "closed"
+
+
+async def test_fail_fast_judges_the_hint_not_its_jitter() -> None:
+    for seed in range(20):
+        g = Gate(GatePolicy(), instrumentation=NullInstrumentation(), rng=random.Random(seed))
+        # An 8 s hint with 10 s left fits; jitter up to 12 s is trimmed, not fatal.
+        assert await g.call(Script(Outcome.yielded(8.0), "ok"), timeout=10) == "ok"
+
+
+async def test_no_sleeping_into_a_breaker_that_opened() -> None:
+    g = gate(
+        breaker=BreakerPolicy(fail_max=2, reset_timeout_s=60),
+        retry=RetryPolicy(max_attempts=5),
+    )
+    start = anyio.current_time()
+    with pytest.raises(CircuitOpenError, match="opened while retrying") as info:
+        await g.call(Script(TransportError("down")))
+    assert info.value.attempts == 2
+    assert anyio.current_time() - start < 1  # did not wait for nothing...
+    assert g.statistics().retries == 1  # ...nor spend budget: only the first retry did
+
+
+async def test_attempts_count_only_what_was_sent() -> None:
+    g = gate(window=WindowPolicy.fixed(1))
+
+    async def ok() -> str:
+        return "ok"
+
+    async with g.hold(ok):
+        with pytest.raises(DeadlineExceededError, match="waiting for a window slot") as info:
+            await g.call(ok, timeout=1)
+    assert info.value.attempts == 0
+    assert g.statistics().attempts == 1  # the held call only
+
+
+async def test_calls_refused_by_the_breaker_do_not_feed_the_budget() -> None:
+    g = gate(
+        breaker=BreakerPolicy(fail_max=1, reset_timeout_s=600),
+        retry=RetryPolicy(max_attempts=1),
+        budget=RetryBudgetPolicy(ratio=0.5, min_per_s=0, window_s=60),
+    )
+    with pytest.raises(RetriesExhaustedError):
+        await g.call(Script(TransportError("down")))
+    before = g.statistics().retry_allowance
+    for _ in range(50):
+        with pytest.raises(CircuitOpenError):
+            await g.call(Script("never sent"))
+    assert g.statistics().retry_allowance == before
+
+
+async def test_waited_time_is_what_was_waited() -> None:
+    g = gate()
+    with anyio.move_on_after(1.0):
+        await g.call(Script(Outcome.yielded(30.0), "ok"))
+    assert g.statistics().waited_s == pytest.approx(1.0, abs=0.01)
+
+
+async def test_attempt_timeouts_narrow_the_window() -> None:
+    g = gate(
+        window=WindowPolicy(initial=10, max=10, decrease=0.5),
+        timeouts=TimeoutPolicy(attempt_s=1.0, total_s=60),
+    )
+    script = Script("slow", duration_s=5.0)
+
+    async def attempt() -> str:
+        if script.calls == 0:
+            return str(await script())
+        return "fast"
+
+    assert await g.call(attempt) == "fast"
+    assert g.statistics().window.limit == 5
+
+
+async def test_timeout_none_means_no_limit_and_default_means_the_policy() -> None:
+    g = gate(timeouts=TimeoutPolicy(attempt_s=None, total_s=2.0))
+    with pytest.raises(DeadlineExceededError):
+        await g.call(Script("slow", duration_s=10))
+    assert await g.call(Script("slow", duration_s=10), timeout=None) == "slow"
+
+
+async def test_wrap_and_map_take_classify_and_timeout() -> None:
+    def always_ok(value: Any, error: BaseException | None) -> Outcome:
+        return Outcome.ok("classified")
+
+    g = gate()
+
+    @g.wrap(classify=always_ok, timeout=5)
+    async def boom() -> None:
+        raise ValueError("hidden by the classifier")
+
+    assert await boom() == "classified"
+
+    async def item(x: int) -> int:
+        await anyio.sleep(x)
+        return x
+
+    results = await g.map(item, [0, 10], timeout=5, return_exceptions=True)
+    assert results[0] == 0
+    assert isinstance(results[1], DeadlineExceededError)
+    assert await g.map(item, [1], classify=always_ok) == ["classified"]

@@ -50,3 +50,61 @@ def test_policy_validation() -> None:
     ):
         with pytest.raises(ValueError, match="rate"):
             RatePolicy(**kwargs)  # type: ignore[arg-type]
+
+
+async def test_a_concurrent_burst_follows_the_ramp() -> None:
+    cap = RateCap(RatePolicy(per_s=10, ramp_from_per_s=1, ramp_s=30), anyio.current_time)
+    starts: list[float] = []
+    t0 = anyio.current_time()
+
+    async def one() -> None:
+        await cap.acquire()
+        starts.append(anyio.current_time() - t0)
+
+    async with anyio.create_task_group() as tg:
+        for _ in range(300):
+            tg.start_soon(one)
+    per_window = [sum(1 for t in starts if w <= t < w + 10) for w in (0, 10, 20)]
+    # The ramp allows about 1->4, 4->7 and 7->10 starts per second in these windows.
+    assert 15 <= per_window[0] <= 35
+    assert 45 <= per_window[1] <= 65
+    assert 75 <= per_window[2] <= 95
+    assert max(starts) < 45  # and it did ramp: 300 starts, not 300 s at 1/s
+
+
+async def test_steady_arrivals_never_exceed_the_cap() -> None:
+    cap = RateCap(RatePolicy(per_s=10, ramp_from_per_s=1, ramp_s=30), anyio.current_time)
+    starts: list[float] = []
+    t0 = anyio.current_time()
+
+    async def one() -> None:
+        await cap.acquire()
+        starts.append(anyio.current_time() - t0)
+
+    async with anyio.create_task_group() as tg:
+        for _ in range(800):  # 20 per second offered, for 40 s
+            tg.start_soon(one)
+            await anyio.sleep(0.05)
+    for window in range(0, 40, 5):
+        count = sum(1 for t in starts if window <= t < window + 5)
+        allowed = 5 * min(10, 1 + 9 * (window + 5) / 30) + 1
+        assert count <= allowed, (window, count, allowed)
+
+
+async def test_restart_slows_callers_already_queued() -> None:
+    cap = RateCap(RatePolicy(per_s=20, ramp_from_per_s=1, ramp_s=10), anyio.current_time)
+    await anyio.sleep(20)
+    starts: list[float] = []
+
+    async def one() -> None:
+        await cap.acquire()
+        starts.append(anyio.current_time())
+
+    async with anyio.create_task_group() as tg:
+        for _ in range(40):
+            tg.start_soon(one)
+        await anyio.sleep(0.5)  # about ten have started at 20/s
+        restart_at = anyio.current_time()
+        cap.restart_ramp()
+    after = [t - restart_at for t in starts if t > restart_at]
+    assert sum(1 for t in after if t < 2) <= 5  # not 40 more at full speed

@@ -265,3 +265,14 @@ async def test_burst_of_400_through_one_gate(serve: Any) -> None:
     assert stats["executed_total"] == 400
     assert stats["inflight_peak"] <= 8
     assert attempts / 400 <= 2.0
+
+
+def test_a_client_can_be_built_outside_an_event_loop(serve: Any) -> None:
+    server = serve("--exec-ms", "1")
+    client = GovernedClient(url(server))  # at import time, say
+
+    async def use() -> Any:
+        async with client:
+            return await client.submit("x", timeout=None)
+
+    assert anyio.run(use) == {"text": "x"}

@@ -6,7 +6,15 @@ implementation, one concept per private module.
 
 from yieldgate.gate._breaker import BreakerPolicy, BreakerState
 from yieldgate.gate._budget import RetryBudgetPolicy
-from yieldgate.gate._gate import AttemptInfo, Gate, GatePolicy, GateStatistics, current_attempt
+from yieldgate.gate._gate import (
+    USE_POLICY,
+    AttemptInfo,
+    Gate,
+    GatePolicy,
+    GateStatistics,
+    UsePolicy,
+    current_attempt,
+)
 from yieldgate.gate._outcome import Classifier, Outcome, OutcomeKind, default_classify
 from yieldgate.gate._ratecap import RatePolicy
 from yieldgate.gate._retry import RetryPolicy, TimeoutPolicy
@@ -24,6 +32,7 @@ from yieldgate.gate._telemetry import (
 from yieldgate.gate._window import WindowPolicy, WindowStatistics
 
 __all__ = [
+    "USE_POLICY",
     "AttemptDetails",
     "AttemptInfo",
     "BreakerChange",
@@ -44,6 +53,7 @@ __all__ = [
     "RetryBudgetPolicy",
     "RetryPolicy",
     "TimeoutPolicy",
+    "UsePolicy",
     "WaitDetails",
     "WindowChange",
     "WindowPolicy",

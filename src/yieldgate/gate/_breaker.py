@@ -13,8 +13,8 @@ and adds what asyncio needs:
   breaker that has moved on.
 - **One probe.** In half-open state exactly one ticket is out at a time; other
   callers get ``CircuitOpenError`` until the probe reports.
-- **Neutral endings.** Yields, cancellations and fatal (caller-side) errors
-  report ``neutral``: they count neither way, and a neutral probe frees the
+- **Neutral endings.** Yields, overloads, cancellations and fatal (caller-side)
+  errors report ``neutral``: they count neither way, and a neutral probe frees the
   probe slot for the next caller without a verdict.
 - **Our clock.** The open -> half-open timeout runs on the Gate's clock
   (pybreaker's own uses the wall clock), so it can be tested without sleeping.
@@ -151,6 +151,38 @@ class Breaker:
         if self._on_change is not None and old is not None and old != new:
             self._on_change(old, new)
 
+    def check(self) -> None:
+        """Raise ``CircuitOpenError`` if ``acquire`` would, without changing any state.
+
+        The Gate checks before it queues for the window, so that an open breaker
+        fails fast, and takes the ticket only once it can send: a half-open probe
+        never waits in a queue while every other caller is turned away.
+        """
+        if not self.policy.enabled:
+            return
+        current = self._cb.current_state
+        if current == "closed":
+            return
+        if current == "open":
+            wait = self.retry_after_s()
+            if wait > 0:
+                raise self._open_error(wait)
+        elif self._probe_out:
+            raise self._probe_error()
+
+    def _open_error(self, wait: float) -> CircuitOpenError:
+        return CircuitOpenError(
+            f"circuit open after {self.policy.fail_max} consecutive failures; "
+            f"next probe in {wait:.2f} s",
+            retry_after_s=wait,
+        )
+
+    @staticmethod
+    def _probe_error() -> CircuitOpenError:
+        return CircuitOpenError(
+            "circuit half-open: a probe is already testing the upstream", retry_after_s=None
+        )
+
     def acquire(self) -> BreakerTicket:
         """A ticket to attempt, or ``CircuitOpenError`` when the breaker says no."""
         if not self.policy.enabled:
@@ -162,19 +194,12 @@ class Breaker:
         if state is BreakerState.OPEN:
             wait = self.retry_after_s()
             if wait > 0:
-                raise CircuitOpenError(
-                    f"circuit open after {self.policy.fail_max} consecutive failures; "
-                    f"next probe in {wait:.2f} s",
-                    retry_after_s=wait,
-                )
+                raise self._open_error(wait)
             self._cb.half_open()  # bumps the generation through the listener
             state = BreakerState.HALF_OPEN
         if state is BreakerState.HALF_OPEN:
             if self._probe_out:
-                raise CircuitOpenError(
-                    "circuit half-open: a probe is already testing the upstream",
-                    retry_after_s=None,
-                )
+                raise self._probe_error()
             self._probe_out = True
             return BreakerTicket(self._generation, probe=True)
         return BreakerTicket(self._generation, probe=False)

@@ -53,7 +53,8 @@ class RetryBudget:
         self._width = policy.window_s / _BUCKETS
         self._requests = [0] * _BUCKETS
         self._retries = [0] * _BUCKETS
-        self._epoch = self._bucket_epoch(clock())
+        # Set on first use: the clock may need a running event loop.
+        self._epoch: int | None = None
 
     def _bucket_epoch(self, now: float) -> int:
         return int(now // self._width)
@@ -61,6 +62,8 @@ class RetryBudget:
     def _roll(self, now: float | None = None) -> int:
         """Clear buckets that fell out of the window; return the current bucket index."""
         epoch = self._bucket_epoch(self._clock() if now is None else now)
+        if self._epoch is None:
+            self._epoch = epoch
         gap = epoch - self._epoch
         if gap > 0:
             for i in range(1, min(gap, _BUCKETS) + 1):

@@ -40,7 +40,13 @@ from yieldgate.gate._breaker import Breaker, BreakerPolicy, BreakerState, Verdic
 from yieldgate.gate._budget import RetryBudget, RetryBudgetPolicy
 from yieldgate.gate._outcome import Classifier, Outcome, OutcomeKind, default_classify
 from yieldgate.gate._ratecap import RateCap, RatePolicy
-from yieldgate.gate._retry import RetryPolicy, TimeoutPolicy, backoff_s, hinted_wait_s
+from yieldgate.gate._retry import (
+    RetryPolicy,
+    TimeoutPolicy,
+    backoff_floor_s,
+    backoff_s,
+    hinted_wait_s,
+)
 from yieldgate.gate._telemetry import (
     NULL_OBSERVER,
     AttemptDetails,
@@ -55,7 +61,15 @@ from yieldgate.gate._telemetry import (
 from yieldgate.gate._window import Permit, Signal, Window, WindowPolicy, WindowStatistics
 from yieldgate.protocol import Priority
 
-__all__ = ["AttemptInfo", "Gate", "GatePolicy", "GateStatistics", "current_attempt"]
+__all__ = [
+    "USE_POLICY",
+    "AttemptInfo",
+    "Gate",
+    "GatePolicy",
+    "GateStatistics",
+    "UsePolicy",
+    "current_attempt",
+]
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -63,11 +77,15 @@ P = ParamSpec("P")
 Ts = TypeVarTuple("Ts")
 
 
-class _Unset:
-    pass
+class UsePolicy:
+    """The type of ``USE_POLICY``."""
+
+    def __repr__(self) -> str:
+        return "USE_POLICY"
 
 
-_UNSET: Final = _Unset()
+USE_POLICY: Final = UsePolicy()
+"""``timeout=USE_POLICY`` (the default): the policy's total time; ``None``: no limit."""
 
 _SIGNALS: Final = {
     OutcomeKind.OK: (Signal.SUCCESS, Verdict.SUCCESS),
@@ -295,7 +313,7 @@ class Gate:
         /,
         *args: *Ts,
         priority: Priority | str = ...,
-        timeout: float | _Unset | None = ...,
+        timeout: float | UsePolicy | None = ...,
         classify: Classifier | None = ...,
     ) -> Any: ...
 
@@ -306,7 +324,7 @@ class Gate:
         /,
         *args: *Ts,
         priority: Priority | str = ...,
-        timeout: float | _Unset | None = ...,
+        timeout: float | UsePolicy | None = ...,
         classify: Classifier | None = ...,
     ) -> T: ...
 
@@ -316,7 +334,7 @@ class Gate:
         /,
         *args: *Ts,
         priority: Priority | str = Priority.NORMAL,
-        timeout: float | _Unset | None = _UNSET,
+        timeout: float | UsePolicy | None = USE_POLICY,
         classify: Classifier | None = None,
     ) -> Any:
         """Call ``fn(*args)`` under the Gate and return its value.
@@ -343,7 +361,7 @@ class Gate:
         /,
         *args: *Ts,
         priority: Priority | str = Priority.NORMAL,
-        timeout: float | _Unset | None = _UNSET,
+        timeout: float | UsePolicy | None = USE_POLICY,
         classify: Classifier | None = None,
     ) -> AsyncIterator[Any]:
         """Like ``call``, but keep the window slot until the ``async with`` block exits.
@@ -373,7 +391,7 @@ class Gate:
         fn: Callable[..., Awaitable[Any]],
         args: tuple[Any, ...],
         priority: Priority | str,
-        timeout: float | _Unset | None,
+        timeout: float | UsePolicy | None,
         classify: Classifier | None,
         *,
         hold: bool,
@@ -381,7 +399,7 @@ class Gate:
         if self._closed:
             raise GateClosedError(f"gate {self.name!r} is closed")
         prio = priority if type(priority) is Priority else Priority(priority)
-        total = self.policy.timeouts.total_s if isinstance(timeout, _Unset) else timeout
+        total = self.policy.timeouts.total_s if isinstance(timeout, UsePolicy) else timeout
         if total is not None and not total > 0:
             raise ValueError(f"timeout must be a positive number or None, got {total}")
         started = anyio.current_time()
@@ -394,7 +412,6 @@ class Gate:
         observer = self._instr.start_call(self.name, call.priority.value)
         call.observer = observer
         self._counters.calls += 1
-        self._budget.deposit(call.started)
         outcome_name = "ok"
         try:
             with observer.scope():
@@ -427,7 +444,8 @@ class Gate:
         /,
         *,
         priority: Priority | str = ...,
-        timeout: float | _Unset | None = ...,
+        timeout: float | UsePolicy | None = ...,
+        classify: Classifier | None = ...,
     ) -> Callable[[Callable[P, Awaitable[R]]], Callable[P, Awaitable[R]]]: ...
 
     def wrap(
@@ -436,19 +454,24 @@ class Gate:
         /,
         *,
         priority: Priority | str = Priority.NORMAL,
-        timeout: float | _Unset | None = _UNSET,
+        timeout: float | UsePolicy | None = USE_POLICY,
+        classify: Classifier | None = None,
     ) -> Any:
         """Decorate an async function so that every call goes through this Gate.
 
-        ``@gate.wrap`` or ``@gate.wrap(priority="high")``.
+        ``@gate.wrap`` or ``@gate.wrap(priority="high", timeout=10, classify=...)``.
         """
 
         def decorate(f: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
             @functools.wraps(f)
             async def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
-                return await self.call(
-                    functools.partial(f, *args, **kwargs), priority=priority, timeout=timeout
+                result: R = await self.call(
+                    functools.partial(f, *args, **kwargs),
+                    priority=priority,
+                    timeout=timeout,
+                    classify=classify,
                 )
+                return result
 
             return wrapper
 
@@ -463,6 +486,8 @@ class Gate:
         priority: Priority | str = Priority.NORMAL,
         concurrency: int | None = None,
         return_exceptions: bool = False,
+        timeout: float | UsePolicy | None = USE_POLICY,
+        classify: Classifier | None = None,
     ) -> list[R | BaseException]:
         """Call ``fn(item)`` for each item through the Gate; results in input order.
 
@@ -470,7 +495,7 @@ class Gate:
         maximum), so a million items cost that many tasks, not a million; the
         window then decides how many attempts actually run. The first failure
         cancels the rest and is raised, unless ``return_exceptions`` puts each
-        failure in its item's place.
+        failure in its item's place. ``timeout`` and ``classify`` apply to each call.
         """
         work = list(items)
         limit = concurrency if concurrency is not None else self.policy.window.max
@@ -483,7 +508,9 @@ class Gate:
         async def worker(scope: anyio.CancelScope) -> None:
             for index, item in pending:
                 try:
-                    results[index] = await self.call(fn, item, priority=priority)
+                    results[index] = await self.call(
+                        fn, item, priority=priority, timeout=timeout, classify=classify
+                    )
                 except Exception as exc:
                     if not return_exceptions:
                         failure.append(exc)
@@ -563,52 +590,64 @@ class _Call:
 
     async def attempt(self) -> Outcome:
         gate = self.gate
+        breaker = gate._breaker
         try:
-            ticket = gate._breaker.acquire()
+            breaker.check()  # fail fast before queueing for anything
         except CircuitOpenError as exc:
-            gate._counters.rejected_open += 1
-            raise CircuitOpenError(
-                exc.message,
-                retry_after_s=exc.retry_after_s,
-                attempts=self.attempts,
-                last_hint_s=self.last_hint_s,
-                last_outcome=self.last,
-            ) from None
+            raise self._circuit_error(exc) from None
+        rate = gate._rate_cap()
+        if rate is not None:
+            await self._wait(rate.acquire, "waiting for the rate cap")
+        permit = gate._window.try_acquire(self.priority)
+        waited = permit is None or rate is not None
+        if permit is None:
+            permit = await self._wait(
+                functools.partial(gate._window.acquire, self.priority),
+                "waiting for a window slot",
+            )
+        try:
+            # Claimed only now that we can send: a half-open probe never queues.
+            ticket = breaker.acquire()
+        except CircuitOpenError as exc:
+            gate._window.release(permit, Signal.CANCELLED)
+            raise self._circuit_error(exc) from None
         self.attempts += 1
         number = self.attempts
         gate._counters.attempts += 1
+        if number == 1:
+            # A request, for the retry budget, is a call that sent something.
+            gate._budget.deposit(self.started)
+        started = anyio.current_time() if waited or number > 1 else self.started
+        signal = Signal.CANCELLED
         verdict = Verdict.NEUTRAL
         try:
-            rate = gate._rate_cap()
-            if rate is not None:
-                await self._wait(rate.acquire, "waiting for the rate cap")
-            permit = gate._window.try_acquire(self.priority)
-            if permit is None:
-                permit = await self._wait(
-                    functools.partial(gate._window.acquire, self.priority),
-                    "waiting for a window slot",
-                )
-                started = anyio.current_time()
-            elif number == 1 and rate is None:
-                started = self.started  # nothing was awaited since the call began
+            outcome = await self._invoke(number, started)
+            if outcome.kind is OutcomeKind.OK:
+                signal, verdict = Signal.SUCCESS, Verdict.SUCCESS
             else:
-                started = anyio.current_time()
-            signal = Signal.CANCELLED
-            try:
-                outcome = await self._invoke(number, started)
-                if outcome.kind is OutcomeKind.OK:
-                    signal, verdict = Signal.SUCCESS, Verdict.SUCCESS
-                else:
-                    signal, verdict = _SIGNALS[outcome.kind]
-            finally:
-                if self.hold and signal is Signal.SUCCESS:
-                    self.held = permit  # released by Gate.hold when its block exits
-                else:
-                    gate._window.release(permit, signal)
+                signal, verdict = _SIGNALS[outcome.kind]
+                if isinstance(outcome.error, AttemptTimeoutError):
+                    # A timeout is what a backend that buffers instead of yielding
+                    # shows under overload: narrow the window as for a yield.
+                    signal = Signal.CONGESTION
         finally:
-            gate._breaker.record(ticket, verdict)
+            if self.hold and signal is Signal.SUCCESS:
+                self.held = permit  # released by Gate.hold when its block exits
+            else:
+                gate._window.release(permit, signal)
+            breaker.record(ticket, verdict)
         self._note(outcome, number, started)
         return outcome
+
+    def _circuit_error(self, exc: CircuitOpenError) -> CircuitOpenError:
+        self.gate._counters.rejected_open += 1
+        return CircuitOpenError(
+            exc.message,
+            retry_after_s=exc.retry_after_s,
+            attempts=self.attempts,
+            last_hint_s=self.last_hint_s,
+            last_outcome=self.last,
+        )
 
     async def _wait(self, fn: Callable[[], Awaitable[T]], while_: str) -> T:
         """Await ``fn()`` within the call's deadline."""
@@ -693,8 +732,11 @@ class _Call:
         return outcome
 
     async def _sleep(self, seconds: float) -> None:
-        self.gate._counters.waited_s += seconds
-        await anyio.sleep(seconds)
+        started = anyio.current_time()
+        try:
+            await anyio.sleep(seconds)
+        finally:
+            self.gate._counters.waited_s += anyio.current_time() - started
 
     def _decide(self, state: RetryCallState) -> float:
         """Decide whether to try again and, if so, after how long (0 when stopping)."""
@@ -702,7 +744,6 @@ class _Call:
         outcome: Outcome = state.outcome.result()
         gate = self.gate
         policy = gate.policy.retry
-        use_hint = policy.honour_hints and outcome.hint_s is not None
         if outcome.is_congestion:
             self.congestion += 1
             if self.congestion > policy.max_yields:
@@ -719,17 +760,31 @@ class _Call:
                     RetriesExhaustedError,
                     f"gave up after {n} failed attempt(s): {outcome.describe()}",
                 )
-        assert outcome.hint_s is not None or not use_hint
-        wait = (
-            hinted_wait_s(policy, outcome.hint_s, gate._rng)  # type: ignore[arg-type]
-            if use_hint
-            else backoff_s(policy, n, gate._rng)
-        )
-        if self.deadline is not None and anyio.current_time() + wait > self.deadline:
+        hint = outcome.hint_s if policy.honour_hints else None
+        if hint is not None:
+            wait = hinted_wait_s(policy, hint, gate._rng)
+            floor = min(hint, policy.max_hint_s)
+        else:
+            wait = backoff_s(policy, n, gate._rng)
+            floor = backoff_floor_s(policy, n)
+        if self.deadline is not None:
+            # Give up only when even the least wait would overrun the deadline;
+            # the jitter above it is trimmed to fit.
+            left = self.deadline - anyio.current_time()
+            if floor > left:
+                return self._stop(
+                    DeadlineExceededError,
+                    f"the next wait ({floor:.3f} s at least) would pass the call's deadline "
+                    f"({left:.3f} s left) after {self.attempts} attempt(s): {outcome.describe()}",
+                )
+            wait = min(wait, left)
+        retry_after = gate._breaker.retry_after_s()
+        if retry_after > wait:
+            # The breaker opened meanwhile and will still be open when we wake.
             return self._stop(
-                DeadlineExceededError,
-                f"the next wait ({wait:.3f} s) would pass the call's deadline "
-                f"after {self.attempts} attempt(s): {outcome.describe()}",
+                CircuitOpenError,
+                f"circuit opened while retrying; next probe in {retry_after:.2f} s: "
+                f"{outcome.describe()}",
             )
         if outcome.kind is not OutcomeKind.YIELD and not gate._budget.try_withdraw():
             return self._stop(
@@ -737,15 +792,16 @@ class _Call:
                 f"retry budget spent (too many retries recently): {outcome.describe()}",
             )
         gate._counters.retries += 1
-        self.observer.on_wait(
-            WaitDetails(
-                gate=gate.name,
-                next_attempt=self.attempts + 1,
-                wait_s=wait,
-                cause=outcome.kind,
-                hint_s=outcome.hint_s,
+        if self.observer is not NULL_OBSERVER:
+            self.observer.on_wait(
+                WaitDetails(
+                    gate=gate.name,
+                    next_attempt=self.attempts + 1,
+                    wait_s=wait,
+                    cause=outcome.kind,
+                    hint_s=outcome.hint_s,
+                )
             )
-        )
         return wait
 
     def _stop(self, cls: type[YieldgateError], message: str) -> float:

@@ -3,7 +3,8 @@
 aiolimiter paces the starts; it fixes its leak rate at construction, so a ramp
 swaps in a new limiter whenever the target rate has moved by a tenth, primed
 with what the old one still held (from the time of the last start), so a swap
-never grants a burst the old limiter would not have. A cold
+never grants a burst the old limiter would not have. (With ``burst > 1`` the
+carried level is a lower bound: a swap may allow up to ``burst - 1`` extra.) A cold
 start signal from the upstream (a ``cold_start`` yield, HF's
 ``estimated_time``) restarts the ramp: a backend that has just loaded is
 eased into, not hit with the full rate.
@@ -15,6 +16,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import anyio
 from aiolimiter import AsyncLimiter
 
 __all__ = ["RateCap", "RatePolicy"]
@@ -47,7 +49,13 @@ class RatePolicy:
 
 
 class RateCap:
-    """Paces attempt starts; ``acquire`` waits for the next allowed start."""
+    """Paces attempt starts; ``acquire`` waits for the next allowed start.
+
+    Callers queue, in arrival order, behind one lock, and only the caller at
+    the head waits on the limiter: so when the ramp moves (or restarts) the
+    new rate applies to the very next start, and an old limiter never keeps
+    admitting beside a new one. Build it inside a running event loop.
+    """
 
     def __init__(self, policy: RatePolicy, clock: Callable[[], float]) -> None:
         self.policy = policy
@@ -56,6 +64,7 @@ class RateCap:
         self._rate = self.rate_now()
         self._limiter = self._make(self._rate)
         self._last_start: float | None = None
+        self._lock = anyio.Lock()
 
     def _make(self, rate: float) -> AsyncLimiter:
         burst = self.policy.burst
@@ -71,23 +80,33 @@ class RateCap:
         return start + (p.per_s - start) * progress
 
     def restart_ramp(self) -> None:
-        """Begin the ramp again (the upstream said it was cold)."""
+        """Begin the ramp again (the upstream said it was cold); the next start obeys."""
         if self.policy.ramp_s > 0:
             self._ramp_start = self._clock()
-            self._rate = self.rate_now()
-            self._limiter = self._make(self._rate)
 
-    async def acquire(self) -> None:
+    async def _retarget(self) -> None:
         rate = self.rate_now()
-        if abs(rate - self._rate) >= _RESTEP * self._rate or (
+        if abs(rate - self._rate) < _RESTEP * self._rate and not (
             rate == self.policy.per_s and self._rate != rate
         ):
-            self._rate = rate
-            self._limiter = self._make(rate)
-            if self._last_start is not None:
-                # Carry the bucket over: what has not leaked since the last start.
-                leaked = (self._clock() - self._last_start) * rate
-                held = max(0.0, min(float(self.policy.burst), 1.0 - leaked))
-                await self._limiter.acquire(held)
-        await self._limiter.acquire()
-        self._last_start = self._clock()
+            return
+        self._rate = rate
+        self._limiter = self._make(rate)
+        if self._last_start is not None:
+            # Carry the bucket over: what has not leaked since the last start.
+            leaked = (self._clock() - self._last_start) * rate
+            held = max(0.0, min(float(self.policy.burst), 1.0 - leaked))
+            await self._limiter.acquire(held)  # an empty bucket: never waits
+
+    async def acquire(self) -> None:
+        lock = self._lock
+        try:
+            lock.acquire_nowait()
+        except anyio.WouldBlock:
+            await lock.acquire()
+        try:
+            await self._retarget()
+            await self._limiter.acquire()
+            self._last_start = self._clock()
+        finally:
+            lock.release()

@@ -15,7 +15,7 @@ import math
 import random
 from dataclasses import dataclass
 
-__all__ = ["RetryPolicy", "TimeoutPolicy", "backoff_s", "hinted_wait_s"]
+__all__ = ["RetryPolicy", "TimeoutPolicy", "backoff_floor_s", "backoff_s", "hinted_wait_s"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -71,10 +71,19 @@ class TimeoutPolicy:
                 raise ValueError(f"{name} must be a positive number or None")
 
 
+def _step(policy: RetryPolicy, n: int) -> float:
+    return float(min(policy.max_backoff_s, policy.base_s * policy.multiplier ** max(0, n - 1)))
+
+
 def backoff_s(policy: RetryPolicy, n: int, rng: random.Random) -> float:
     """The wait before retry ``n`` (1-based) when the upstream gave no hint."""
-    step = min(policy.max_backoff_s, policy.base_s * policy.multiplier ** max(0, n - 1))
+    step = _step(policy, n)
     return step / 2 + rng.uniform(0, step / 2)
+
+
+def backoff_floor_s(policy: RetryPolicy, n: int) -> float:
+    """The least ``backoff_s`` can return for retry ``n``."""
+    return _step(policy, n) / 2
 
 
 def hinted_wait_s(policy: RetryPolicy, hint_s: float, rng: random.Random) -> float:

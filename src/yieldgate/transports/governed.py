@@ -31,7 +31,7 @@ from yieldgate._exceptions import (
     TransportError,
     YieldgateError,
 )
-from yieldgate.gate import Gate, Outcome, current_attempt
+from yieldgate.gate import USE_POLICY, Gate, Outcome, UsePolicy, current_attempt
 from yieldgate.protocol import (
     DEFAULT_MAX_FRAME_BYTES,
     ChunkReply,
@@ -318,17 +318,16 @@ class GovernedClient:
         *,
         priority: Priority | str = Priority.NORMAL,
         params: Mapping[str, Any] | None = None,
-        timeout: float | None = None,
+        timeout: float | UsePolicy | None = USE_POLICY,
     ) -> Any:
         """Submit ``body`` and return the server's result (any JSON value).
 
-        ``timeout`` bounds the whole call, retries included (default: the
-        Gate's policy). Raises a ``YieldgateError`` when it cannot succeed.
+        ``timeout`` bounds the whole call, retries included: by default the
+        Gate's policy, ``None`` for no limit. Raises a ``YieldgateError`` when
+        it cannot succeed.
         """
         self._check_open()
         prio = Priority(priority)
-        if timeout is None:
-            return await self.gate.call(self._submit_attempt, body, prio, params, priority=prio)
         return await self.gate.call(
             self._submit_attempt, body, prio, params, priority=prio, timeout=timeout
         )
@@ -340,7 +339,7 @@ class GovernedClient:
         *,
         priority: Priority | str = Priority.NORMAL,
         params: Mapping[str, Any] | None = None,
-        timeout: float | None = None,
+        timeout: float | UsePolicy | None = USE_POLICY,
     ) -> AsyncIterator[GovernedStream]:
         """Submit ``body`` as a stream; iterate the chunks' ``data`` as they come.
 
@@ -355,10 +354,9 @@ class GovernedClient:
         """
         self._check_open()
         prio = Priority(priority)
-        kwargs: dict[str, Any] = {"priority": prio}
-        if timeout is not None:
-            kwargs["timeout"] = timeout
-        async with self.gate.hold(self._stream_attempt, body, prio, params, **kwargs) as opened:
+        async with self.gate.hold(
+            self._stream_attempt, body, prio, params, priority=prio, timeout=timeout
+        ) as opened:
             conn, rid, receive, first = opened
             chunks = GovernedStream(self, conn, rid, receive, first)
             try:
