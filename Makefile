@@ -30,8 +30,11 @@ pytest: $(STAMP)
 
 test: lint typecheck pytest
 
+# Benchmarks are not part of `make test`: they measure, they do not assert.
 bench: $(STAMP)
 	$(PY) bench/governor.py
+	$(PY) bench/overhead.py
+	$(PY) bench/burst_efficiency.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -673,3 +673,45 @@ async def test_wrap_and_map_take_classify_and_timeout() -> None:
     assert results[0] == 0
     assert isinstance(results[1], DeadlineExceededError)
     assert await g.map(item, [1], classify=always_ok) == ["classified"]
+
+
+async def test_a_call_nested_in_an_attempt_of_the_same_gate_runs_inside_it() -> None:
+    g = gate(window=WindowPolicy.fixed(1))
+    inner = Script(Outcome.yielded(0.5), "done")
+
+    @g.wrap
+    async def through_the_gate() -> Any:
+        return await g.call(inner)  # e.g. GovernedClient.submit on a shared Gate
+
+    # map -> wrap -> call: three layers of the same Gate, one slot, no deadlock.
+    assert await g.map(lambda _: through_the_gate(), range(3)) == ["done"] * 3
+    stats = g.statistics()
+    assert stats.calls == 3  # the outer calls only; the inner ones ran within them
+    assert stats.yields == 1  # the inner yield reached the outer attempt...
+    assert stats.retries == 1  # ...which waited it out
+
+
+async def test_a_nested_fatal_failure_keeps_its_cause() -> None:
+    g = gate()
+
+    async def inner() -> None:
+        raise ValueError("bad request")
+
+    async def outer() -> None:
+        await g.call(inner)
+
+    with pytest.raises(CallFailedError) as info:
+        await g.call(outer)
+    assert isinstance(info.value.__cause__, ValueError)
+
+
+async def test_another_gate_inside_an_attempt_is_a_separate_call() -> None:
+    outer_gate, inner_gate = gate(), gate()
+
+    async def outer() -> Any:
+        return await inner_gate.call(Script(Outcome.yielded(0.1), "ok"))
+
+    assert await outer_gate.call(outer) == "ok"
+    assert inner_gate.statistics().calls == 1
+    assert inner_gate.statistics().retries == 1
+    assert outer_gate.statistics().retries == 0

@@ -276,3 +276,15 @@ def test_a_client_can_be_built_outside_an_event_loop(serve: Any) -> None:
             return await client.submit("x", timeout=None)
 
     assert anyio.run(use) == {"text": "x"}
+
+
+async def test_gate_map_over_client_submit(serve: Any) -> None:
+    """The natural batch idiom: the client's own Gate maps its own submit."""
+    server = serve("--max-inflight", "2", "--exec-ms", "30")
+    gate = Gate(GatePolicy.cold_start(max_concurrency=8))
+    async with GovernedClient(url(server), gate=gate) as client:
+        with anyio.fail_after(30):
+            results = await gate.map(client.submit, [f"p{i}" for i in range(20)])
+        stats = await client.stats()
+    assert [r["text"] for r in results] == [f"p{i}" for i in range(20)]
+    assert stats["executed_total"] == 20

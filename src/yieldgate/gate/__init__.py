@@ -15,7 +15,13 @@ from yieldgate.gate._gate import (
     UsePolicy,
     current_attempt,
 )
-from yieldgate.gate._outcome import Classifier, Outcome, OutcomeKind, default_classify
+from yieldgate.gate._outcome import (
+    Classifier,
+    Outcome,
+    OutcomeKind,
+    OutcomeSignal,
+    default_classify,
+)
 from yieldgate.gate._ratecap import RatePolicy
 from yieldgate.gate._retry import RetryPolicy, TimeoutPolicy
 from yieldgate.gate._telemetry import (
@@ -49,6 +55,7 @@ __all__ = [
     "OtelInstrumentation",
     "Outcome",
     "OutcomeKind",
+    "OutcomeSignal",
     "RatePolicy",
     "RetryBudgetPolicy",
     "RetryPolicy",

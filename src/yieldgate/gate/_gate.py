@@ -38,7 +38,13 @@ from yieldgate._exceptions import (
 )
 from yieldgate.gate._breaker import Breaker, BreakerPolicy, BreakerState, Verdict
 from yieldgate.gate._budget import RetryBudget, RetryBudgetPolicy
-from yieldgate.gate._outcome import Classifier, Outcome, OutcomeKind, default_classify
+from yieldgate.gate._outcome import (
+    Classifier,
+    Outcome,
+    OutcomeKind,
+    OutcomeSignal,
+    default_classify,
+)
 from yieldgate.gate._ratecap import RateCap, RatePolicy
 from yieldgate.gate._retry import (
     RetryPolicy,
@@ -350,9 +356,29 @@ class Gate:
         stopped trying (retries, yields or budget exhausted, deadline, open
         circuit).
         """
+        outer = _current.get()
+        if outer is not None and outer.gate is self:
+            return await self._nested(fn, args, classify)
         call = self._new_call(fn, args, priority, timeout, classify, hold=False)
         value: Any = await self._run(call)
         return value
+
+    async def _nested(
+        self, fn: Callable[..., Awaitable[Any]], args: tuple[Any, ...], classify: Classifier | None
+    ) -> Any:
+        # Called from inside one of our own attempts: the outer call already
+        # holds a window slot and will retry, so this runs once, as part of it
+        # (a second slot from the same window could deadlock a small window).
+        classify = classify or self._classify
+        try:
+            value = await fn(*args)
+        except Exception as exc:
+            outcome = classify(None, exc)
+        else:
+            outcome = classify(value, None)
+        if outcome.kind is OutcomeKind.OK:
+            return outcome.value
+        raise OutcomeSignal(outcome) from outcome.error
 
     @contextlib.asynccontextmanager
     async def hold(

@@ -31,7 +31,7 @@ from yieldgate._exceptions import (
     TransportError,
 )
 
-__all__ = ["Classifier", "Outcome", "OutcomeKind", "default_classify"]
+__all__ = ["Classifier", "Outcome", "OutcomeKind", "OutcomeSignal", "default_classify"]
 
 
 class OutcomeKind(StrEnum):
@@ -124,6 +124,21 @@ class Outcome:
         return ", ".join(parts)
 
 
+class OutcomeSignal(Exception):
+    """Carries a non-ok Outcome out of a call nested in an attempt of the same Gate.
+
+    When ``fn`` itself calls through the Gate that is running it (say,
+    ``gate.map(client.submit, ...)``, where ``submit`` already uses ``gate``),
+    the inner call runs as part of the outer attempt, and its yield or failure
+    is raised as this signal for the outer attempt to classify. A custom
+    classifier should hand exceptions it does not know to ``default_classify``.
+    """
+
+    def __init__(self, outcome: Outcome) -> None:
+        super().__init__(outcome.describe())
+        self.outcome = outcome
+
+
 Classifier = Callable[[Any, BaseException | None], Outcome]
 """``classify(value, error)``: exactly one of the two is meaningful (``error`` is
 ``None`` when the attempt returned)."""
@@ -142,7 +157,8 @@ def _is_httpx_transport_error(error: BaseException) -> bool:
 def default_classify(value: Any, error: BaseException | None) -> Outcome:
     """The classification used when a call names none.
 
-    A returned ``Outcome`` is taken as is, any other value is ``ok``. Errors:
+    A returned ``Outcome`` is taken as is, any other value is ``ok``; an
+    ``OutcomeSignal`` gives its outcome. Errors:
     yieldgate's own transport and timeout errors, ``OSError`` (connection
     refused, reset), ``TimeoutError`` and httpx transport errors are
     ``retryable``; a ``RemoteError`` is as retryable as the server said;
@@ -150,6 +166,8 @@ def default_classify(value: Any, error: BaseException | None) -> Outcome:
     """
     if error is None:
         return value if isinstance(value, Outcome) else Outcome.ok(value)
+    if isinstance(error, OutcomeSignal):
+        return error.outcome
     if isinstance(error, TransportError | AttemptTimeoutError | OSError | TimeoutError):
         return Outcome.retryable(error)
     if isinstance(error, RemoteError):
