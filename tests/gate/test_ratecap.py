@@ -52,8 +52,8 @@ def test_policy_validation() -> None:
             RatePolicy(**kwargs)  # type: ignore[arg-type]
 
 
-async def test_a_concurrent_burst_follows_the_ramp() -> None:
-    cap = RateCap(RatePolicy(per_s=10, ramp_from_per_s=1, ramp_s=30), anyio.current_time)
+async def start_times(cap: RateCap, callers: int, every_s: float = 0.0) -> list[float]:
+    """Start ``callers`` callers, one every ``every_s``; when each got through, from now."""
     starts: list[float] = []
     t0 = anyio.current_time()
 
@@ -62,8 +62,16 @@ async def test_a_concurrent_burst_follows_the_ramp() -> None:
         starts.append(anyio.current_time() - t0)
 
     async with anyio.create_task_group() as tg:
-        for _ in range(300):
+        for _ in range(callers):
             tg.start_soon(one)
+            if every_s:
+                await anyio.sleep(every_s)
+    return starts
+
+
+async def test_a_concurrent_burst_follows_the_ramp() -> None:
+    cap = RateCap(RatePolicy(per_s=10, ramp_from_per_s=1, ramp_s=30), anyio.current_time)
+    starts = await start_times(cap, 300)
     per_window = [sum(1 for t in starts if w <= t < w + 10) for w in (0, 10, 20)]
     # The ramp allows about 1->4, 4->7 and 7->10 starts per second in these windows.
     assert 15 <= per_window[0] <= 35
@@ -74,17 +82,7 @@ async def test_a_concurrent_burst_follows_the_ramp() -> None:
 
 async def test_steady_arrivals_never_exceed_the_cap() -> None:
     cap = RateCap(RatePolicy(per_s=10, ramp_from_per_s=1, ramp_s=30), anyio.current_time)
-    starts: list[float] = []
-    t0 = anyio.current_time()
-
-    async def one() -> None:
-        await cap.acquire()
-        starts.append(anyio.current_time() - t0)
-
-    async with anyio.create_task_group() as tg:
-        for _ in range(800):  # 20 per second offered, for 40 s
-            tg.start_soon(one)
-            await anyio.sleep(0.05)
+    starts = await start_times(cap, 800, every_s=0.05)  # 20 per second offered, for 40 s
     for window in range(0, 40, 5):
         count = sum(1 for t in starts if window <= t < window + 5)
         allowed = 5 * min(10, 1 + 9 * (window + 5) / 30) + 1
