@@ -371,3 +371,21 @@ class GovernorMachine(RuleBasedStateMachine):
 
 GovernorMachine.TestCase.settings = settings(max_examples=150, stateful_step_count=40)
 test_governor_state_machine = GovernorMachine.TestCase
+
+
+def test_refuse_is_the_cheap_check_before_admission() -> None:
+    clock = FakeClock()
+    gov = make(
+        clock, max_inflight=2, initial_exec_ms=100, priority=PriorityPolicy(reserved_for_high=1)
+    )
+    assert gov.refuse(Priority.NORMAL) is None
+    admit(gov)
+    refusal = gov.refuse(Priority.NORMAL)  # normal may hold one slot
+    assert refusal is not None
+    assert (refusal.reason, refusal.retry_hint_ms) == (YieldReason.SATURATED, 100)
+    assert gov.refuse(Priority.HIGH) is None  # high may still take the reserved one
+    gov.begin_cold_start(1.0)
+    cold = gov.refuse(Priority.HIGH)
+    assert cold is not None
+    assert cold.reason is YieldReason.COLD_START
+    assert gov.stats().yielded_total == 2

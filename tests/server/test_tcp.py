@@ -459,3 +459,15 @@ async def test_second_signal_stops_at_once(serve: Any, connect: Any) -> None:
     reply = await c.recv_for("forever")
     assert reply["code"] == "shutting_down"
     assert await anyio.to_thread.run_sync(server.wait) == 0
+
+
+async def test_a_full_server_yields_before_it_looks_at_params(serve: Any, connect: Any) -> None:
+    server = serve("--max-inflight", "1", "--exec-ms", "400")
+    c = await connect(server)
+    await c.send(submit("busy"))
+    await wait_for(c, lambda s: s["inflight"] == 1)
+    # Refusing is the cheap path: a full server yields without validating params...
+    assert (await c.submit("x", params={"exec_ms": -1}))["status"] == "yield"
+    await c.recv_for("busy")
+    # ...which are still checked before any slot is taken.
+    assert (await c.submit("x", params={"exec_ms": -1}))["code"] == "backend_error"

@@ -236,6 +236,7 @@ class Governor:
         self.admission_hook = admission_hook
         self._clock = clock
         self._capacity = self.config.max_inflight
+        self._saturated_total = 0
         self._slots: set[Slot] = set()
         self._peak = 0
         self._admitted = 0
@@ -250,6 +251,7 @@ class Governor:
         self._cold_expected_s = 0.0
         self._shutting_down = False
         self._idle_waiters: list[Callable[[], None]] = []
+        self._set_limits()
 
     # -- state --------------------------------------------------------------
 
@@ -278,6 +280,19 @@ class Governor:
         if not 1 <= capacity <= self.config.max_inflight:
             raise ValueError(f"capacity must be in [1, {self.config.max_inflight}], got {capacity}")
         self._capacity = capacity
+        self._set_limits()
+
+    def _set_limits(self) -> None:
+        # Each priority's limit, worked out once per capacity change, not per submit.
+        self._limit_normal = self._policy.limit(Priority.NORMAL, self._capacity)
+        self._limit_low = self._policy.limit(Priority.LOW, self._capacity)
+
+    def _limit(self, priority: Priority) -> int:
+        if priority is Priority.NORMAL:
+            return self._limit_normal
+        if priority is Priority.HIGH:
+            return self._capacity
+        return self._limit_low
 
     def begin_cold_start(self, expected_s: float) -> None:
         """Yield every submit with ``cold_start`` until ``mark_warm``.
@@ -303,6 +318,23 @@ class Governor:
 
     # -- admission ----------------------------------------------------------
 
+    def refuse(self, priority: Priority = Priority.NORMAL) -> Yield | None:
+        """The yield for a submit that cannot be admitted now whatever it is, else ``None``.
+
+        Cold, or every slot this priority may use is busy: the cheap check a
+        front makes before it looks at the submit any further. ``None`` does
+        not admit anything; ``try_acquire`` still decides (and consults the
+        admission hook).
+        """
+        inflight = len(self._slots)
+        if self._cold_until is not None:
+            return self._yield(YieldReason.COLD_START, self._cold_hint(self._clock()), inflight)
+        limit = self._limit(priority)
+        if inflight >= limit:
+            hint = self._saturated_hint(self._clock(), inflight - limit + 1)
+            return self._yield(YieldReason.SATURATED, hint, inflight)
+        return None
+
     def try_acquire(
         self,
         priority: Priority = Priority.NORMAL,
@@ -320,11 +352,7 @@ class Governor:
         inflight = len(self._slots)
         if self._cold_until is not None:
             return self._yield(YieldReason.COLD_START, self._cold_hint(now), inflight)
-        limit = (
-            self._capacity
-            if priority is Priority.HIGH
-            else self._policy.limit(priority, self._capacity)
-        )
+        limit = self._limit(priority)
         if inflight >= limit:
             need = inflight - limit + 1
             return self._yield(YieldReason.SATURATED, self._saturated_hint(now, need), inflight)
@@ -348,8 +376,10 @@ class Governor:
         return slot
 
     def _yield(self, reason: YieldReason, hint_ms: float, inflight: int) -> Yield:
-        # Keyed by the plain string: an enum member hashes through Python code.
-        self._yields[reason.value] += 1
+        if reason is YieldReason.SATURATED:
+            self._saturated_total += 1  # the hot case: no hashing of an enum member
+        else:
+            self._yields[reason.value] += 1
         hint = round(hint_ms)
         if hint < self._min_hint:
             hint = self._min_hint
@@ -428,6 +458,12 @@ class Governor:
         else:
             self._idle_waiters.append(callback)
 
+    def _yields_by_reason(self) -> dict[str, int]:
+        counts = dict(self._yields)
+        if self._saturated_total:
+            counts[YieldReason.SATURATED.value] = self._saturated_total
+        return counts
+
     def stats(self) -> GovernorStats:
         return GovernorStats(
             inflight=len(self._slots),
@@ -438,9 +474,9 @@ class Governor:
             executed_total=self._executed,
             failed_total=self._failed,
             cancelled_total=self._cancelled,
-            yielded_total=sum(self._yields.values()),
+            yielded_total=sum(self._yields.values()) + self._saturated_total,
             errors_total=sum(self._errors.values()),
-            yielded_by_reason=dict(self._yields),
+            yielded_by_reason=self._yields_by_reason(),
             errors_by_code=dict(self._errors),
             exec_ms_ewma=self._ewma,
             cold=self.is_cold,

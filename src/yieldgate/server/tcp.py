@@ -43,8 +43,9 @@ from yieldgate.protocol import (
     pong_frame,
     stats_reply_frame,
 )
+from yieldgate.server._fastframe import fast_submit_decoder
 from yieldgate.server.backends import Backend, BackendError, Emit, Work
-from yieldgate.server.governor import Governor, Slot, Yield
+from yieldgate.server.governor import Governor, Slot
 
 __all__ = ["TcpConfig", "TcpFront"]
 
@@ -119,6 +120,8 @@ class TcpFront:
         self._connections_total = 0
         self._active = 0
         self._drained: anyio.Event | None = None
+        # Well-formed submits skip the reference decoder when msgspec is installed.
+        self._fast_submit = fast_submit_decoder(self.config.secret)
         self._hard_stop = False
 
     # -- lifecycle ----------------------------------------------------------
@@ -236,6 +239,10 @@ class TcpFront:
     def _on_line(
         self, conn: _Connection, line: bytes, work: anyio.abc.TaskGroup, out: list[bytes]
     ) -> None:
+        fast = self._fast_submit(line) if self._fast_submit is not None else None
+        if fast is not None:
+            self._on_submit(conn, fast, work, out)
+            return
         try:
             req = decode_request(line, secret=self.config.secret)
         except FrameError as exc:
@@ -265,34 +272,44 @@ class TcpFront:
             message = "deadline_ms <= 0: the client's budget was spent before arrival"
             out.append(self._error(req.id, ErrorCode.DEADLINE_EXCEEDED, message))
             return
-        job = Work(
-            id=req.id, body=req.body, params=req.params, priority=req.priority, stream=req.stream
-        )
-        try:
-            expected_ms = self.backend.estimate_ms(job)
-        except BackendError as exc:
-            # Refused before admission: no slot taken, nothing measured.
-            out.append(
-                self._error(req.id, ErrorCode.BACKEND_ERROR, exc.message, retryable=exc.retryable)
+        # A full (or cold) server refuses before looking any further at the submit.
+        refusal = gov.refuse(req.priority)
+        if refusal is None:
+            job = Work(
+                id=req.id,
+                body=req.body,
+                params=req.params,
+                priority=req.priority,
+                stream=req.stream,
             )
-            return
-        decision = gov.try_acquire(
-            req.priority, body=req.body, params=req.params, expected_ms=expected_ms
-        )
-        if isinstance(decision, Yield):
-            out.append(
-                encode_yield(
-                    req.id,
-                    retry_hint_ms=decision.retry_hint_ms,
-                    inflight=decision.inflight,
-                    max_inflight=decision.max_inflight,
-                    reason=decision.reason,
+            try:
+                expected_ms = self.backend.estimate_ms(job)
+            except BackendError as exc:
+                # Refused before admission: no slot taken, nothing measured.
+                out.append(
+                    self._error(
+                        req.id, ErrorCode.BACKEND_ERROR, exc.message, retryable=exc.retryable
+                    )
                 )
+                return
+            decision = gov.try_acquire(
+                req.priority, body=req.body, params=req.params, expected_ms=expected_ms
             )
-            return
-        conn.inflight.add(req.id)
-        self._active += 1
-        work.start_soon(self._run, conn, req, job, decision)
+            if isinstance(decision, Slot):
+                conn.inflight.add(req.id)
+                self._active += 1
+                work.start_soon(self._run, conn, req, job, decision)
+                return
+            refusal = decision
+        out.append(
+            encode_yield(
+                req.id,
+                retry_hint_ms=refusal.retry_hint_ms,
+                inflight=refusal.inflight,
+                max_inflight=refusal.max_inflight,
+                reason=refusal.reason,
+            )
+        )
 
     # -- one admitted submit ------------------------------------------------
 

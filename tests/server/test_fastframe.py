@@ -1,0 +1,112 @@
+"""The msgspec fast path for submits: it may only accept what the reference decoder accepts."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from yieldgate import FrameError
+from yieldgate.protocol import decode_request, encode_frame, sha256_hex, submit_frame
+from yieldgate.server._fastframe import fast_submit_decoder
+
+SECRETS = [None, "s3cret"]
+
+values = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**70), max_value=2**70)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=12),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3)
+    ),
+    max_leaves=8,
+)
+fields = {
+    "op": st.sampled_from(["submit", "ping", "stats", "Submit", 3]),
+    "id": st.text(max_size=8) | st.integers(),
+    "body": st.text(max_size=20) | st.none() | st.integers(),
+    "priority": st.sampled_from(["high", "normal", "low", "urgent", None, 1]),
+    "deadline_ms": st.integers(min_value=-(2**60), max_value=2**60)
+    | st.sampled_from([None, 1.5, True]),
+    "stream": st.sampled_from([True, False, None, 0, "yes"]),
+    "params": st.dictionaries(st.text(max_size=5), values, max_size=3)
+    | st.sampled_from([None, [1]]),
+    "auth": st.sampled_from(["s3cret", "wrong", None, 7]),
+}
+
+
+@st.composite
+def frames(draw: st.DrawFn) -> bytes:
+    obj: dict[str, Any] = {}
+    for name, strategy in fields.items():
+        if draw(st.booleans()):
+            obj[name] = draw(strategy)
+    body = obj.get("body")
+    digest = draw(st.sampled_from(["right", "wrong", "missing", "upper"]))
+    if digest != "missing":
+        text = body if isinstance(body, str) else ""
+        real = sha256_hex(text)
+        obj["sha256"] = {"right": real, "wrong": sha256_hex(text + "!"), "upper": real.upper()}[
+            digest
+        ]
+    if draw(st.booleans()):
+        obj["extra"] = draw(values)
+    return encode_frame(obj)[:-1]
+
+
+@pytest.mark.parametrize("secret", SECRETS)
+@given(line=frames())
+@settings(max_examples=600)
+def test_fast_path_accepts_only_what_the_reference_accepts(secret: str | None, line: bytes) -> None:
+    fast = fast_submit_decoder(secret)
+    assert fast is not None
+    accepted = fast(line)
+    try:
+        reference = decode_request(line, secret=secret)
+    except FrameError:
+        assert accepted is None
+        return
+    assert accepted is None or accepted == reference
+
+
+@pytest.mark.parametrize("secret", SECRETS)
+@given(
+    body=st.text(max_size=50),
+    priority=st.sampled_from(["high", "normal", "low"]),
+    deadline=st.none() | st.integers(min_value=-(10**9), max_value=10**9),
+    stream=st.booleans(),
+)
+def test_well_formed_submits_take_the_fast_path(
+    secret: str | None, body: str, priority: str, deadline: int | None, stream: bool
+) -> None:
+    line = encode_frame(
+        submit_frame(
+            "id", body, priority=priority, deadline_ms=deadline, stream=stream, auth=secret
+        )
+    )[:-1]
+    fast = fast_submit_decoder(secret)
+    assert fast is not None
+    accepted = fast(line)
+    assert accepted is not None
+    assert accepted == decode_request(line, secret=secret)
+
+
+def test_everything_else_falls_back() -> None:
+    fast = fast_submit_decoder(None)
+    assert fast is not None
+    for line in (
+        b'{"op":"ping","id":"p"}',
+        b"not json",
+        b'{"op":"submit","id":"\\ud800","body":"","sha256":"' + sha256_hex("").encode() + b'"}',
+        b'{"op":"submit","id":"a","body":"x","sha256":"' + sha256_hex("y").encode() + b'"}',
+        b'{"op":"submit","id":"a","body":"x","sha256":"'
+        + sha256_hex("x").encode()
+        + b'","deadline_ms":'
+        + str(2**53).encode()
+        + b"}",
+    ):
+        assert fast(line) is None
