@@ -124,3 +124,15 @@ def test_format_url() -> None:
 def test_grace_must_not_be_negative() -> None:
     with pytest.raises(ValueError, match="grace_s"):
         Server(Governor(), OddBackend(), grace_s=-1)
+
+
+async def test_submits_without_the_fast_path(running: Any) -> None:
+    server, _, client = running
+    server.tcp._fast_submit = None  # as when msgspec is not installed
+    assert (await client.submit("plain"))["result"] == "plain"
+    await client.send(submit("hang", "hang"))
+    await client.send(submit("hang2", "hang"))
+    stats = await client.stats()
+    assert stats["inflight"] == 2
+    refused = await client.submit("third")
+    assert (refused["status"], refused["reason"]) == ("yield", "saturated")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import pytest
@@ -110,3 +111,8 @@ def test_everything_else_falls_back() -> None:
         + b"}",
     ):
         assert fast(line) is None
+
+
+def test_without_msgspec_there_is_no_fast_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "msgspec", None)
+    assert fast_submit_decoder(None) is None
