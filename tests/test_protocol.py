@@ -224,6 +224,13 @@ def test_auth_is_checked_before_anything_else_about_the_request() -> None:
     rejects(wire(tampered), ErrorCode.UNAUTHORIZED, secret="k")
 
 
+def test_a_lone_surrogate_auth_is_unauthorized_not_a_crash() -> None:
+    err = rejects(
+        b'{"op": "ping", "id": "p", "auth": "\\ud800"}', ErrorCode.UNAUTHORIZED, secret="k"
+    )
+    assert err.request_id == "p"
+
+
 def test_auth_is_ignored_without_a_secret() -> None:
     assert isinstance(decode_request(wire(ping_frame("p", auth="anything"))), PingRequest)
 

@@ -228,8 +228,10 @@ def decode_request(line: bytes | str, *, secret: str | None = None) -> Request:
 
     if secret is not None:
         auth = obj.get("auth")
-        if not isinstance(auth, str) or not hmac.compare_digest(
-            auth.encode("utf-8"), secret.encode("utf-8")
+        if (
+            not isinstance(auth, str)
+            or not _is_utf8(auth)
+            or not hmac.compare_digest(auth.encode("utf-8"), secret.encode("utf-8"))
         ):
             raise FrameError(ErrorCode.UNAUTHORIZED, "missing or wrong auth", request_id=rid)
 

@@ -103,6 +103,8 @@ def test_listening_line_reports_the_real_port() -> None:
         (["--secret-file", "/nonexistent/secret"], "cannot read --secret-file"),
         (["--max-frame-bytes", "10"], "max_frame_bytes"),
         (["--grace-s", "-1"], "grace_s"),
+        (["--grace-s", "nan"], "grace_s"),
+        (["--log-level", "bogus"], "--log-level"),
     ],
 )
 def test_bad_flags_are_one_clear_line_and_exit_2(args: list[str], message: str) -> None:

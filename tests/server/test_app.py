@@ -9,9 +9,10 @@ import anyio
 import pytest
 
 from tests.conftest import RawClient, submit
+from yieldgate.protocol import sha256_hex
 from yieldgate.server import Governor, GovernorConfig, Server, TcpConfig, Work
 from yieldgate.server.app import format_url
-from yieldgate.server.backends import Emit
+from yieldgate.server.backends import BackendError, Emit
 
 pytestmark = pytest.mark.anyio
 
@@ -29,6 +30,8 @@ class OddBackend:
         self.started.set()
 
     def estimate_ms(self, work: Work) -> float | None:
+        if work.body == "bad-estimate":
+            raise RuntimeError("estimator bug")
         return None
 
     async def execute(self, work: Work, emit: Emit | None) -> Any:
@@ -45,6 +48,13 @@ class OddBackend:
                 await emit(object())
             case "hang":
                 await anyio.sleep_forever()
+            case "surrogate-error":
+                raise BackendError(f"unknown model {work.params.get('model')}")
+            case "deep":
+                deep: list[Any] = []
+                for _ in range(100_000):
+                    deep = [deep]
+                return deep
         return work.body
 
     async def aclose(self) -> None:
@@ -136,3 +146,34 @@ async def test_submits_without_the_fast_path(running: Any) -> None:
     assert stats["inflight"] == 2
     refused = await client.submit("third")
     assert (refused["status"], refused["reason"]) == ("yield", "saturated")
+
+
+async def test_an_unencodable_backend_error_is_still_answered(running: Any) -> None:
+    _, _, client = running
+    frame = (
+        b'{"op":"submit","id":"s","body":"surrogate-error","sha256":"'
+        + sha256_hex("surrogate-error").encode()
+        + b'","params":{"model":"\\ud800"}}\n'
+    )
+    await client.send(frame)
+    reply = await client.recv_for("s")
+    assert (reply["code"], reply["retryable"]) == ("backend_error", True)
+    assert "unknown model" in reply["message"]
+    assert (await client.submit("alive"))["result"] == "alive"
+
+
+async def test_a_result_too_deep_to_encode_is_a_backend_error(running: Any) -> None:
+    _, _, client = running
+    reply = await client.submit("deep")
+    assert (reply["code"], reply["retryable"]) == ("backend_error", False)
+    stats = await client.stats()
+    assert (stats["failed_total"], stats["cancelled_total"], stats["inflight"]) == (1, 0, 0)
+    assert (await client.submit("alive"))["result"] == "alive"
+
+
+async def test_an_estimator_that_raises_is_answered_with_the_id(running: Any) -> None:
+    _, _, client = running
+    reply = await client.submit("bad-estimate")
+    assert (reply["id"], reply["code"]) == (reply["id"], "backend_error")
+    assert reply["id"] is not None
+    assert "estimator bug" in reply["message"]

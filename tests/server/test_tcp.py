@@ -471,3 +471,112 @@ async def test_a_full_server_yields_before_it_looks_at_params(serve: Any, connec
     await c.recv_for("busy")
     # ...which are still checked before any slot is taken.
     assert (await c.submit("x", params={"exec_ms": -1}))["code"] == "backend_error"
+
+
+def big_submits(n: int, size: int) -> bytes:
+    """n submits whose ok replies are large enough to fill the socket buffers."""
+    return b"".join(
+        encode_frame(submit(f"b{i}", "x" * size, params={"exec_ms": 0})) for i in range(n)
+    )
+
+
+async def test_an_id_is_in_flight_until_its_reply_is_sent(serve: Any, connect: Any) -> None:
+    server = serve("--max-inflight", "64", "--exec-ms", "0")
+    slow_reader = await connect(server)
+    # Replies pile up unread, so the server cannot finish sending them.
+    await slow_reader.send(big_submits(30, 500_000))
+    await slow_reader.send(submit("a", params={"exec_ms": 0}))
+    await anyio.sleep(0.5)
+    await slow_reader.send(submit("a", params={"exec_ms": 0}))
+    replies = [await slow_reader.recv(timeout=30) for _ in range(32)]
+    for_a = sorted(r.get("code", r["status"]) for r in replies if r["id"] == "a")
+    assert for_a == ["duplicate_id", "ok"]
+
+
+async def test_shutdown_never_sends_a_second_terminal_reply(serve: Any, connect: Any) -> None:
+    server: ServerProcess = serve("--max-inflight", "64", "--exec-ms", "0", "--grace-s", "0.5")
+    slow_reader, monitor = await connect(server), await connect(server)
+    await slow_reader.send(big_submits(30, 500_000))
+    stats = await wait_for(monitor, lambda s: s["executed_total"] == 30)
+    assert stats["inflight"] == 0
+    server.signal(signal.SIGTERM)
+    terminal: dict[str, list[str]] = {}
+    with anyio.move_on_after(30):
+        while True:
+            try:
+                reply = await slow_reader.recv(timeout=30)
+            except (anyio.EndOfStream, anyio.BrokenResourceError, ConnectionError):
+                break
+            terminal.setdefault(reply["id"], []).append(reply.get("code", reply["status"]))
+    # Everything had executed: nobody may be told it did not finish, nor hear twice.
+    assert all(len(kinds) == 1 for kinds in terminal.values()), terminal
+    assert "shutting_down" not in {kind for kinds in terminal.values() for kind in kinds}
+    assert await anyio.to_thread.run_sync(server.wait) == 0
+
+
+async def test_leaving_after_frame_too_large_still_frees_the_slots(
+    serve: Any, connect: Any
+) -> None:
+    server = serve("--max-inflight", "1", "--max-frame-bytes", "1024", "--exec-ms", "10000")
+    victim, monitor = await connect(server), await connect(server)
+    await victim.send(submit("work"))
+    await wait_for(monitor, lambda s: s["inflight"] == 1)
+    await victim.send(b"{" + b" " * 2000)  # too large: the server stops reading frames
+    assert (await victim.recv())["code"] == "frame_too_large"
+    await victim.aclose()  # ...but still notices the client leave
+    stats = await wait_for(monitor, lambda s: s["inflight"] == 0, timeout=3)
+    assert stats["cancelled_total"] == 1
+
+
+async def test_a_lone_surrogate_auth_is_unauthorized(
+    serve: Any, connect: Any, tmp_path: Path
+) -> None:
+    secret = tmp_path / "secret"
+    secret.write_text("k")
+    c = await connect(serve("--secret-file", str(secret)))
+    await c.send(b'{"op":"ping","id":"p1","auth":"\\ud800"}\n')
+    reply = await c.recv()
+    assert (reply["id"], reply["code"]) == ("p1", "unauthorized")
+
+
+def test_running_out_of_descriptors_does_not_kill_the_server() -> None:
+    import resource
+    import socket
+    import subprocess
+    import sys
+
+    def low_limit() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (40, 40))
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "yieldgate", "serve", "--port", "0", "--exec-ms", "1"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        preexec_fn=low_limit,
+    )
+    socks: list[socket.socket] = []
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline().strip()
+        port = int(line.rpartition(":")[2])
+        for _ in range(60):  # more than the server has descriptors for
+            try:
+                socks.append(socket.create_connection(("127.0.0.1", port), timeout=2))
+            except OSError:
+                break
+        time.sleep(0.5)
+        assert proc.poll() is None, "the server died"
+        for sock in socks:
+            sock.close()
+        socks.clear()
+        time.sleep(0.5)
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+            sock.sendall(b'{"op":"ping","id":"after"}\n')
+            sock.settimeout(5)
+            assert b'"pong"' in sock.recv(4096)
+    finally:
+        for sock in socks:
+            sock.close()
+        proc.kill()
+        proc.wait()

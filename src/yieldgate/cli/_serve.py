@@ -87,7 +87,13 @@ def add_parser(sub: Any) -> None:
     )
     sim.add_argument("--seed", type=int, default=0, help="seed for every random draw")
 
-    p.add_argument("--log-level", default="warning", help="logging level (default: warning)")
+    p.add_argument(
+        "--log-level",
+        default="warning",
+        type=str.lower,
+        choices=["debug", "info", "warning", "error", "critical"],
+        help="logging level (default: warning)",
+    )
     p.set_defaults(run=run)
 
 

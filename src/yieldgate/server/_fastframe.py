@@ -53,8 +53,8 @@ def fast_submit_decoder(secret: str | None) -> FastDecode | None:
     def fast(line: bytes) -> SubmitRequest | None:
         try:
             frame = decode(line)
-        except errors:
-            return None
+        except (*errors, RecursionError):
+            return None  # the reference decoder gives the precise reply
         body = frame.body
         digest = frame.sha256
         if frame.op != "submit" or body is None or digest is None:

@@ -10,6 +10,7 @@ let admitted work finish for up to ``grace_s``, then cancel what is left
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -43,8 +44,8 @@ class Server:
         tcp: TcpConfig | None = None,
         grace_s: float = 10.0,
     ) -> None:
-        if grace_s < 0:
-            raise ValueError("grace_s must be >= 0")
+        if not (grace_s >= 0 and math.isfinite(grace_s)):
+            raise ValueError(f"grace_s must be a finite number >= 0, got {grace_s}")
         self.governor = governor
         self.backend = backend
         self.tcp = TcpFront(governor, backend, tcp)

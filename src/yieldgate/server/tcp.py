@@ -52,6 +52,7 @@ __all__ = ["TcpConfig", "TcpFront"]
 log = logging.getLogger("yieldgate.server")
 
 _READ_SIZE = 65536
+_ACCEPT_BACKOFF_S = 0.1
 _BROKEN = (anyio.BrokenResourceError, anyio.ClosedResourceError, anyio.EndOfStream, OSError)
 
 
@@ -74,13 +75,14 @@ class TcpConfig:
 
 
 class _Connection:
-    __slots__ = ("closed", "inflight", "send_lock", "stream")
+    __slots__ = ("closed", "idle", "inflight", "send_lock", "stream")
 
     def __init__(self, stream: anyio.abc.SocketStream) -> None:
         self.stream = stream
         self.send_lock = anyio.Lock()
         self.inflight: set[str] = set()
         self.closed = False
+        self.idle: anyio.Event | None = None  # set when inflight empties, while draining
 
     async def send(self, data: bytes) -> None:
         if self.closed:
@@ -140,10 +142,28 @@ class TcpFront:
             task_status.started(self.address)
             with anyio.CancelScope() as self._accept_scope:
                 if self._accepting:
-                    await listener.serve(self._handle, task_group=conns)
+                    # One socket per address the host resolved to (e.g. v4 and v6).
+                    async with anyio.create_task_group() as accepting:
+                        for one in listener.listeners:
+                            accepting.start_soon(self._accept_loop, one, conns)
             await listener.aclose()
             # No longer accepting; open connections are served until close().
             await anyio.sleep_forever()
+
+    async def _accept_loop(
+        self, listener: anyio.abc.Listener[anyio.abc.SocketStream], conns: anyio.abc.TaskGroup
+    ) -> None:
+        assert isinstance(listener, anyio.abc.SocketListener)
+        while True:
+            try:
+                stream = await listener.accept()
+            except OSError as exc:
+                # Out of descriptors (or memory): refuse for a moment, do not die.
+                # Connections already open keep being served meanwhile.
+                log.warning("accept failed (%s); pausing new connections for 100 ms", exc)
+                await anyio.sleep(_ACCEPT_BACKOFF_S)
+                continue
+            conns.start_soon(self._handle, stream)
 
     def stop_accepting(self) -> None:
         self._accepting = False
@@ -180,13 +200,41 @@ class TcpFront:
         try:
             async with stream, anyio.create_task_group() as work:
                 peer_gone = await self._read_loop(conn, work)
+                if not peer_gone:
+                    # frame_too_large: answer the admitted work, but still notice
+                    # (by reading and discarding) a peer that leaves meanwhile.
+                    peer_gone = await self._drain(conn)
                 if peer_gone:
                     # Nobody is left to answer: cancel the connection's work now.
                     conn.closed = True
                     work.cancel_scope.cancel()
-                # Otherwise (frame_too_large) admitted work finishes and is answered.
         finally:
             self._connections.discard(conn)
+
+    async def _drain(self, conn: _Connection) -> bool:
+        """Discard input until the connection's work is answered (False) or the peer leaves."""
+        if not conn.inflight:
+            return False
+        conn.idle = idle = anyio.Event()
+        gone = False
+        async with anyio.create_task_group() as tg:
+
+            async def discard() -> None:
+                nonlocal gone
+                try:
+                    while True:
+                        await conn.stream.receive(_READ_SIZE)
+                except _BROKEN:
+                    gone = True
+                tg.cancel_scope.cancel()
+
+            async def answered() -> None:
+                await idle.wait()
+                tg.cancel_scope.cancel()
+
+            tg.start_soon(discard)
+            tg.start_soon(answered)
+        return gone
 
     async def _read_loop(self, conn: _Connection, work: anyio.abc.TaskGroup) -> bool:
         """Read and answer frames; True when the peer went away, False after frame_too_large."""
@@ -225,6 +273,8 @@ class TcpFront:
         self, rid: str | None, code: ErrorCode, message: str, *, retryable: bool | None = None
     ) -> bytes:
         self.governor.record_error(code)
+        # A message quoting client or backend text may hold lone surrogates.
+        message = message.encode("utf-8", "backslashreplace").decode("utf-8")
         return encode_frame(error_frame(rid, code, message, retryable=retryable))
 
     def _on_line_safely(
@@ -284,6 +334,9 @@ class TcpFront:
             )
             try:
                 expected_ms = self.backend.estimate_ms(job)
+                decision = gov.try_acquire(
+                    req.priority, body=req.body, params=req.params, expected_ms=expected_ms
+                )
             except BackendError as exc:
                 # Refused before admission: no slot taken, nothing measured.
                 out.append(
@@ -292,9 +345,11 @@ class TcpFront:
                     )
                 )
                 return
-            decision = gov.try_acquire(
-                req.priority, body=req.body, params=req.params, expected_ms=expected_ms
-            )
+            except Exception as exc:
+                log.exception("admitting %r failed", req.id)
+                message = f"admission failed: {type(exc).__name__}: {exc}"[:512]
+                out.append(self._error(req.id, ErrorCode.BACKEND_ERROR, message, retryable=False))
+                return
             if isinstance(decision, Slot):
                 conn.inflight.add(req.id)
                 self._active += 1
@@ -314,21 +369,34 @@ class TcpFront:
     # -- one admitted submit ------------------------------------------------
 
     async def _run(self, conn: _Connection, req: SubmitRequest, job: Work, slot: Slot) -> None:
+        finished = False
         try:
             try:
                 reply = await self._execute(conn, req, job, slot)
+            except Exception:
+                # _execute answers everything it expects; this is a bug, not a crash.
+                log.exception("handling %r failed", req.id)
+                slot.release("failed")
+                reply = self._error(
+                    req.id, ErrorCode.BACKEND_ERROR, "internal error", retryable=False
+                )
             finally:
                 slot.release("cancelled")  # a no-op unless execution was cancelled
-                conn.inflight.discard(req.id)
+            # From here the terminal reply exists: a shutdown must not send another.
+            finished = True
             await conn.send(reply)
         except anyio.get_cancelled_exc_class():
-            if self._hard_stop and not conn.closed:
+            if not finished and self._hard_stop and not conn.closed:
                 message = "server shut down before this submit finished"
                 data = self._error(req.id, ErrorCode.SHUTTING_DOWN, message, retryable=True)
                 with anyio.move_on_after(1.0, shield=True):
                     await conn.send(data)
             raise
         finally:
+            # The id stays in flight until its terminal reply is out (duplicate_id).
+            conn.inflight.discard(req.id)
+            if not conn.inflight and conn.idle is not None:
+                conn.idle.set()
             self._active -= 1
             if self._active == 0 and self._drained is not None:
                 self._drained.set()
@@ -352,7 +420,7 @@ class TcpFront:
                 return self._error(req.id, ErrorCode.BACKEND_ERROR, message, retryable=False)
             try:
                 reply = encode_frame(ok_frame(req.id, result, slot.elapsed_ms()))
-            except (TypeError, ValueError) as exc:
+            except Exception as exc:  # TypeError, ValueError, RecursionError, ...
                 slot.release("failed")
                 message = f"backend result is not JSON-serialisable: {exc}"[:512]
                 return self._error(req.id, ErrorCode.BACKEND_ERROR, message, retryable=False)
