@@ -454,3 +454,8 @@ def test_the_yield_template_matches_the_generic_encoder(
     frame = yield_frame(rid, retry_hint_ms=hint, inflight=inflight, max_inflight=cap, reason=reason)
     fast = encode_yield(rid, retry_hint_ms=hint, inflight=inflight, max_inflight=cap, reason=reason)
     assert fast == encode_frame(frame)
+
+
+def test_a_huge_exec_ms_is_a_protocol_error() -> None:
+    with pytest.raises(ProtocolError, match="exec_ms"):
+        decode_reply(b'{"id":"a","status":"ok","result":1,"exec_ms":' + b"9" * 400 + b"}")

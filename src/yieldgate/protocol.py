@@ -589,9 +589,13 @@ def decode_reply(line: bytes | str) -> Reply:
         if "result" not in obj:
             raise ProtocolError("ok reply without 'result'")
         exec_ms = _field(obj, "exec_ms", (int, float))
+        try:
+            exec_ms = float(exec_ms)
+        except OverflowError:
+            raise ProtocolError("reply field 'exec_ms' is out of range") from None
         if not math.isfinite(exec_ms):
             raise ProtocolError("reply field 'exec_ms' must be finite")
-        return OkReply(id=rid, result=obj["result"], exec_ms=float(exec_ms))
+        return OkReply(id=rid, result=obj["result"], exec_ms=exec_ms)
     if status == "yield":
         hint = _field(obj, "retry_hint_ms", int)
         if hint < 0:

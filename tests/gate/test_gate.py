@@ -7,6 +7,7 @@ anyio waits that complete instantly.
 from __future__ import annotations
 
 import functools
+import itertools
 import random
 from typing import Any
 
@@ -715,3 +716,40 @@ async def test_another_gate_inside_an_attempt_is_a_separate_call() -> None:
     assert inner_gate.statistics().calls == 1
     assert inner_gate.statistics().retries == 1
     assert outer_gate.statistics().retries == 0
+
+
+async def test_hold_nested_in_an_attempt_of_the_same_gate_does_not_deadlock() -> None:
+    g = gate(window=WindowPolicy.fixed(1))
+
+    async def inner() -> str:
+        return "value"
+
+    async def outer() -> str:
+        async with g.hold(inner) as value:  # e.g. GovernedClient.stream on a shared Gate
+            return str(value)
+
+    with anyio.fail_after(5):
+        assert await g.call(outer) == "value"
+
+
+async def test_a_circuit_open_between_attempts_says_when_to_come_back() -> None:
+    g = gate(breaker=BreakerPolicy(fail_max=1, reset_timeout_s=10))
+    with pytest.raises(CircuitOpenError) as info:
+        await g.call(Script(ConnectionResetError()))
+    assert info.value.retry_after_s == pytest.approx(10, abs=0.5)
+
+
+async def test_the_rate_cap_caps_starts_even_behind_the_window() -> None:
+    g = gate(rate=RatePolicy(per_s=1), window=WindowPolicy.fixed(5))
+    starts: list[float] = []
+
+    async def work() -> None:
+        starts.append(anyio.current_time())
+        await anyio.sleep(20)
+
+    async with anyio.create_task_group() as tg:
+        for _ in range(10):
+            tg.start_soon(g.call, work)
+    starts.sort()
+    gaps = [b - a for a, b in itertools.pairwise(starts)]
+    assert min(gaps) >= 0.99  # never two starts in the same instant

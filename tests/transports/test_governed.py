@@ -288,3 +288,92 @@ async def test_gate_map_over_client_submit(serve: Any) -> None:
         stats = await client.stats()
     assert [r["text"] for r in results] == [f"p{i}" for i in range(20)]
     assert stats["executed_total"] == 20
+
+
+async def test_an_oversized_body_fails_once_and_harms_nobody(serve: Any) -> None:
+    server = serve("--max-frame-bytes", "1000", "--exec-ms", "200")
+    gate = Gate()
+    async with GovernedClient(url(server), gate=gate, max_frame_bytes=1000) as client:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(client.submit, "small and fine")
+            await anyio.sleep(0.05)
+            with pytest.raises(CallFailedError, match="exceeds max_frame_bytes") as info:
+                await client.submit("x" * 2000)
+        assert info.value.attempts == 1
+        stats = gate.statistics()
+        assert (stats.breaker, stats.failures) == ("closed", 1)
+        assert await client.submit("still fine") == {"text": "still fine"}
+
+
+async def test_a_frame_too_large_reply_drains_the_connection(serve: Any) -> None:
+    """If the server's limit is lower than the client's, the connection drains, nothing breaks."""
+    server = serve("--max-frame-bytes", "1000", "--exec-ms", "200")
+    policy = GatePolicy(retry=RetryPolicy(max_attempts=2, base_s=0.01))
+    async with GovernedClient(url(server), gate=Gate(policy)) as client:
+        results: list[Any] = []
+
+        async def small() -> None:
+            results.append(await client.submit("small"))
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(small)
+            await anyio.sleep(0.05)
+            with pytest.raises((RetriesExhaustedError, TransportError)):
+                await client.submit("x" * 2000)
+        assert results == [{"text": "small"}]  # the admitted one was still answered
+        assert await client.submit("after") == {"text": "after"}  # on a new connection
+
+
+async def test_a_reply_the_decoder_chokes_on_stays_inside_the_client() -> None:
+    async def handle(stream: anyio.abc.SocketStream) -> None:
+        async with stream:
+            line = await stream.receive()
+            rid = line.split(b'"id":"')[1].split(b'"')[0]
+            await stream.send(
+                b'{"id":"' + rid + b'","status":"ok","result":1,"exec_ms":' + b"9" * 400 + b"}\n"
+            )
+            await anyio.sleep(1)
+
+    listener = await anyio.create_tcp_listener(local_host="127.0.0.1", local_port=0)
+    port = listener.extra(anyio.abc.SocketAttribute.local_port)
+    policy = GatePolicy(retry=RetryPolicy(max_attempts=1))
+    async with listener, anyio.create_task_group() as tg:
+        tg.start_soon(listener.serve, handle)
+        async with GovernedClient(f"tcp://127.0.0.1:{port}", gate=Gate(policy)) as client:
+            with anyio.fail_after(10), pytest.raises(RetriesExhaustedError) as info:
+                await client.submit("x")
+        tg.cancel_scope.cancel()
+    assert isinstance(info.value.__cause__, ProtocolError)
+
+
+async def test_aclose_from_another_task(serve: Any) -> None:
+    server = serve("--exec-ms", "1")
+    async with GovernedClient(url(server)) as client:
+        assert await client.submit("x") == {"text": "x"}
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(client.aclose)
+        with pytest.raises(GateClosedError):
+            await client.submit("y")
+
+
+async def test_a_stream_outlives_the_attempt_timeout(serve: Any) -> None:
+    server = serve("--exec-ms", "3000")
+    policy = GatePolicy(timeouts=TimeoutPolicy(attempt_s=1.0, total_s=None))
+    async with (
+        GovernedClient(url(server), gate=Gate(policy)) as client,
+        client.stream("abcd", params={"chunks": 4}) as chunks,
+    ):
+        pieces = [piece["text"] async for piece in chunks]
+    assert "".join(pieces) == "abcd"
+
+
+def test_remote_errors_keep_the_servers_flag() -> None:
+    from yieldgate.protocol import ErrorReply
+    from yieldgate.transports.governed import _classify_error
+
+    outcome = _classify_error(
+        ErrorReply(id="a", code="deadline_exceeded", message="late", retryable=False)
+    )
+    assert outcome.kind == "retryable"  # the client may try again...
+    assert isinstance(outcome.error, RemoteError)
+    assert outcome.error.retryable is False  # ...but the error says what the server said

@@ -397,6 +397,11 @@ class Gate:
         getting the value; what the block then does is bounded by the caller.
         A block that raises tells the window its attempt failed.
         """
+        outer = _current.get()
+        if outer is not None and outer.gate is self:
+            # Inside one of our own attempts: it holds the slot already.
+            yield await self._nested(fn, args, classify)
+            return
         call = self._new_call(fn, args, priority, timeout, classify, hold=True)
         value = await self._run(call)
         permit = call.held
@@ -582,12 +587,13 @@ class _Call:
         self.stop_error: YieldgateError | None = None
         self.attempt_deadline: float | None = None
 
-    def _error(self, cls: type[YieldgateError], message: str) -> YieldgateError:
+    def _error(self, cls: type[YieldgateError], message: str, **extra: Any) -> YieldgateError:
         return cls(
             message,
             attempts=self.attempts,
             last_hint_s=self.last_hint_s,
             last_outcome=self.last,
+            **extra,
         )
 
     async def run(self) -> Any:
@@ -621,22 +627,28 @@ class _Call:
             breaker.check()  # fail fast before queueing for anything
         except CircuitOpenError as exc:
             raise self._circuit_error(exc) from None
-        rate = gate._rate_cap()
-        if rate is not None:
-            await self._wait(rate.acquire, "waiting for the rate cap")
         permit = gate._window.try_acquire(self.priority)
-        waited = permit is None or rate is not None
+        waited = permit is None
         if permit is None:
             permit = await self._wait(
                 functools.partial(gate._window.acquire, self.priority),
                 "waiting for a window slot",
             )
         try:
+            # The rate token is taken last, by a caller that can start at once:
+            # taken before the window, tokens would pile up in its queue and
+            # be spent together when slots free.
+            rate = gate._rate_cap()
+            if rate is not None:
+                waited = True
+                await self._wait(rate.acquire, "waiting for the rate cap")
             # Claimed only now that we can send: a half-open probe never queues.
             ticket = breaker.acquire()
-        except CircuitOpenError as exc:
+        except BaseException as exc:
             gate._window.release(permit, Signal.CANCELLED)
-            raise self._circuit_error(exc) from None
+            if isinstance(exc, CircuitOpenError):
+                raise self._circuit_error(exc) from None
+            raise
         self.attempts += 1
         number = self.attempts
         gate._counters.attempts += 1
@@ -811,6 +823,7 @@ class _Call:
                 CircuitOpenError,
                 f"circuit opened while retrying; next probe in {retry_after:.2f} s: "
                 f"{outcome.describe()}",
+                retry_after_s=retry_after,
             )
         if outcome.kind is not OutcomeKind.YIELD and not gate._budget.try_withdraw():
             return self._stop(
@@ -830,8 +843,8 @@ class _Call:
             )
         return wait
 
-    def _stop(self, cls: type[YieldgateError], message: str) -> float:
-        self.stop_error = self._error(cls, message)
+    def _stop(self, cls: type[YieldgateError], message: str, **extra: Any) -> float:
+        self.stop_error = self._error(cls, message, **extra)
         return 0.0
 
 

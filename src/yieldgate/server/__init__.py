@@ -1,7 +1,8 @@
-"""The reference governed server (extra ``server`` for the HTTP fronts).
+"""The reference governed server.
 
 A ``Governor`` caps work in execution and yields past the cap; fronts speak
-wire protocols over it; backends execute what it admits.
+wire protocols over it (the governed TCP front today); backends execute what
+it admits. The ``server`` extra adds msgspec, a fast path for decoding submits.
 """
 
 from yieldgate.server.app import Server

@@ -164,7 +164,7 @@ class GovernorStats:
     shutting_down: bool
 
     def as_dict(self) -> dict[str, Any]:
-        """The counters as the ``stats`` op and ``/stats`` report them."""
+        """The counters as the ``stats`` op reports them."""
         return {
             "inflight": self.inflight,
             "max_inflight": self.max_inflight,

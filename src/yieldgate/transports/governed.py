@@ -63,6 +63,10 @@ _FATAL_CODES = frozenset(
 )
 
 
+class _FrameTooLargeError(ProtocolError):
+    """A request that the server's frame limit would refuse: not worth retrying."""
+
+
 def _parse_url(url: str) -> tuple[str, int]:
     parts = urlsplit(url if "://" in url else f"tcp://{url}")
     if parts.scheme != "tcp":
@@ -81,10 +85,12 @@ class _Connection:
         self.waiters: dict[str, MemoryObjectSendStream[Reply]] = {}
         self.send_lock = anyio.Lock()
         self.failure: YieldgateError | None = None
+        self.draining = False
 
     @property
     def broken(self) -> bool:
-        return self.failure is not None
+        """No new request may use it (it failed, or the server stopped reading it)."""
+        return self.failure is not None or self.draining
 
     async def send(self, data: bytes) -> None:
         try:
@@ -119,6 +125,9 @@ class _Connection:
             self.fail(ProtocolError(f"server sent an invalid reply: {exc.message}"))
         except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
             self.fail(TransportError("connection closed by the server"))
+        except Exception as exc:
+            # Whatever a reply does to the decoder, it must not reach the user's task group.
+            self.fail(ProtocolError(f"server sent a reply that could not be read: {exc!r}"))
         finally:
             self.fail(TransportError("connection closed"))
             with anyio.CancelScope(shield=True):
@@ -130,9 +139,12 @@ class _Connection:
 
     def _dispatch(self, reply: Reply) -> None:
         if reply.id is None:
-            # An error the server could not tie to a request poisons the connection.
             assert isinstance(reply, ErrorReply)
-            raise ProtocolError(f"server error without id: {reply.code}: {reply.message}")
+            if reply.code == ErrorCode.FRAME_TOO_LARGE:
+                # The server reads no more from this connection but answers what
+                # it admitted; new requests go to a new connection.
+                self.draining = True
+            return
         waiter = self.waiters.get(reply.id)
         if waiter is None:
             return  # a request we stopped waiting for (timed out, stream abandoned)
@@ -186,20 +198,25 @@ class GovernedClient:
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self.aclose()
+        if self._exit is not None:
+            exit_stack, self._exit = self._exit, None
+            await exit_stack.aclose()
 
     async def aclose(self) -> None:
-        """Close the connection; pending requests fail with ``TransportError``."""
+        """Close the connection; pending requests fail with ``TransportError``.
+
+        Safe from any task; the client's own tasks end when its ``async with``
+        block does.
+        """
         if self._state == "closed":
             return
         self._state = "closed"
         if self._conn is not None:
             self._conn.fail(TransportError("client closed"))
+            # Closing the stream ends the reader task. (The task group's scope
+            # wraps the user's own block: cancelling it would cancel them too.)
             with anyio.CancelScope(shield=True):
                 await self._conn.stream.aclose()
-        if self._tasks is not None:
-            self._tasks.cancel_scope.cancel()
-        if self._exit is not None:
-            await self._exit.aclose()
 
     def _check_open(self) -> None:
         if self._state != "open":
@@ -238,12 +255,18 @@ class GovernedClient:
     async def _open_request(
         self, frame: dict[str, Any]
     ) -> tuple[_Connection, str, MemoryObjectReceiveStream[Reply]]:
+        data = encode_frame(frame)
+        if len(data) - 1 > self._max_frame_bytes:
+            raise _FrameTooLargeError(
+                f"a {len(data) - 1}-byte frame exceeds max_frame_bytes={self._max_frame_bytes} "
+                "(the server's limit, 1 MiB unless configured otherwise)"
+            )
         conn = await self._connection()
         rid = frame["id"]
         send, receive = anyio.create_memory_object_stream[Reply](math.inf)
         conn.waiters[rid] = send
         try:
-            await conn.send(encode_frame(frame))
+            await conn.send(data)
         except BaseException:
             conn.waiters.pop(rid, None)
             send.close()
@@ -277,7 +300,9 @@ class GovernedClient:
     def _submit_frame(
         self, body: str, priority: Priority, params: Mapping[str, Any] | None, stream: bool
     ) -> dict[str, Any]:
-        attempt = current_attempt()
+        # A plain submit's budget is the attempt's; a stream goes on after its
+        # attempt (its first chunk), bounded by the caller, so it carries none.
+        attempt = None if stream else current_attempt()
         remaining = attempt.remaining_s() if attempt is not None else None
         deadline_ms = None if remaining is None else max(1, int(remaining * 1000))
         return submit_frame(
@@ -304,6 +329,8 @@ class GovernedClient:
     ) -> Outcome:
         try:
             reply = await self._ask(self._submit_frame(body, priority, params, stream=False))
+        except _FrameTooLargeError as exc:
+            return Outcome.fatal(exc)
         except (TransportError, ProtocolError) as exc:
             return Outcome.retryable(exc)
         if isinstance(reply, ChunkReply):
@@ -370,6 +397,8 @@ class GovernedClient:
         frame = self._submit_frame(body, priority, params, stream=True)
         try:
             conn, rid, receive = await self._open_request(frame)
+        except _FrameTooLargeError as exc:
+            return Outcome.fatal(exc)
         except (TransportError, ProtocolError) as exc:
             return Outcome.retryable(exc)
         try:
@@ -464,9 +493,11 @@ def _classify_error(reply: ErrorReply) -> Outcome:
         return Outcome.retryable(IntegrityError(message), value=reply)
     if code in _FATAL_CODES:
         return Outcome.fatal(RemoteError(message, code=code, retryable=False), value=reply)
-    retryable = reply.retryable or code in (ErrorCode.SHUTTING_DOWN, ErrorCode.DEADLINE_EXCEEDED)
-    error = RemoteError(message, code=code, retryable=retryable)
-    if retryable:
+    # The error keeps the server's own flag; whether to try again is the
+    # client's call: a server shutting down will be replaced, and a deadline
+    # that passed on the server was this attempt's, not necessarily the call's.
+    error = RemoteError(message, code=code, retryable=reply.retryable)
+    if reply.retryable or code in (ErrorCode.SHUTTING_DOWN, ErrorCode.DEADLINE_EXCEEDED):
         return Outcome.retryable(error, value=reply)
     return Outcome.fatal(error, value=reply)
 
