@@ -652,10 +652,11 @@ class _Call:
         self.attempts += 1
         number = self.attempts
         gate._counters.attempts += 1
-        if number == 1:
-            # A request, for the retry budget, is a call that sent something.
-            gate._budget.deposit(self.started)
         started = anyio.current_time() if waited or number > 1 else self.started
+        if number == 1:
+            # A request, for the retry budget, is a call that sent something; it
+            # counts from when it was sent.
+            gate._budget.deposit(started)
         signal = Signal.CANCELLED
         verdict = Verdict.NEUTRAL
         try:

@@ -99,7 +99,10 @@ class _Connection:
         except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError) as exc:
             error = self.failure or TransportError(f"connection lost while sending: {exc!r}")
             self.fail(error)
-            raise error from exc
+            # Closing it also ends the reader, instead of waiting for the server to.
+            with anyio.CancelScope(shield=True):
+                await self.stream.aclose()
+            raise _fresh(error) from exc
 
     def fail(self, error: YieldgateError) -> None:
         """Mark the connection dead and end every pending request's reply stream."""
@@ -279,7 +282,8 @@ class GovernedClient:
         try:
             return await receive.receive()
         except anyio.EndOfStream:
-            raise conn.failure or TransportError("connection closed") from None
+            failure = conn.failure or TransportError("connection closed")
+            raise _fresh(failure) from failure
 
     @staticmethod
     def _finish_request(
@@ -484,6 +488,13 @@ class GovernedStream:
         if isinstance(error, YieldgateError):
             raise error
         raise ProtocolError(f"stream ended with an unexpected {type(reply).__name__}")
+
+
+def _fresh(error: YieldgateError) -> YieldgateError:
+    """A new exception per waiter: one shared instance would mix their tracebacks."""
+    if isinstance(error, TransportError | ProtocolError):
+        return type(error)(error.message)
+    return error
 
 
 def _classify_error(reply: ErrorReply) -> Outcome:
