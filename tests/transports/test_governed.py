@@ -25,6 +25,7 @@ from yieldgate import (
     TimeoutPolicy,
     TransportError,
     WindowPolicy,
+    YieldgateError,
 )
 
 pytestmark = [pytest.mark.anyio, pytest.mark.e2e]
@@ -39,6 +40,19 @@ async def eventually(predicate: Any, timeout: float = 5.0) -> None:
     with anyio.fail_after(timeout):
         while not await predicate():  # noqa: ASYNC110
             await anyio.sleep(0.02)
+
+
+async def submit_to_fake_peer(handle: Any, policy: GatePolicy) -> BaseException:
+    """Submit once through a client whose 'server' is ``handle``; return what was raised."""
+    listener = await anyio.create_tcp_listener(local_host="127.0.0.1", local_port=0)
+    port = listener.extra(anyio.abc.SocketAttribute.local_port)
+    async with listener, anyio.create_task_group() as tg:
+        tg.start_soon(listener.serve, handle)
+        async with GovernedClient(f"tcp://127.0.0.1:{port}", gate=Gate(policy)) as client:
+            with anyio.fail_after(10), pytest.raises(YieldgateError) as info:
+                await client.submit("x")
+        tg.cancel_scope.cancel()
+    return info.value
 
 
 async def test_submit_stats_and_ping(serve: Any) -> None:
@@ -225,16 +239,10 @@ async def test_a_garbling_server_is_a_protocol_error() -> None:
             await stream.send(b"this is not json\n")
             replies.append(b"sent")
 
-    listener = await anyio.create_tcp_listener(local_host="127.0.0.1", local_port=0)
-    port = listener.extra(anyio.abc.SocketAttribute.local_port)
     policy = GatePolicy(retry=RetryPolicy(max_attempts=3, base_s=0.01))
-    async with listener, anyio.create_task_group() as tg:
-        tg.start_soon(listener.serve, handle)
-        async with GovernedClient(f"tcp://127.0.0.1:{port}", gate=Gate(policy)) as client:
-            with anyio.fail_after(10), pytest.raises(RetriesExhaustedError) as info:
-                await client.submit("x")
-        tg.cancel_scope.cancel()
-    assert isinstance(info.value.__cause__, ProtocolError)
+    error = await submit_to_fake_peer(handle, policy)
+    assert isinstance(error, RetriesExhaustedError)
+    assert isinstance(error.__cause__, ProtocolError)
     assert len(replies) == 3
 
 
@@ -334,16 +342,9 @@ async def test_a_reply_the_decoder_chokes_on_stays_inside_the_client() -> None:
             )
             await anyio.sleep(1)
 
-    listener = await anyio.create_tcp_listener(local_host="127.0.0.1", local_port=0)
-    port = listener.extra(anyio.abc.SocketAttribute.local_port)
-    policy = GatePolicy(retry=RetryPolicy(max_attempts=1))
-    async with listener, anyio.create_task_group() as tg:
-        tg.start_soon(listener.serve, handle)
-        async with GovernedClient(f"tcp://127.0.0.1:{port}", gate=Gate(policy)) as client:
-            with anyio.fail_after(10), pytest.raises(RetriesExhaustedError) as info:
-                await client.submit("x")
-        tg.cancel_scope.cancel()
-    assert isinstance(info.value.__cause__, ProtocolError)
+    error = await submit_to_fake_peer(handle, GatePolicy(retry=RetryPolicy(max_attempts=1)))
+    assert isinstance(error, RetriesExhaustedError)
+    assert isinstance(error.__cause__, ProtocolError)
 
 
 async def test_aclose_from_another_task(serve: Any) -> None:

@@ -19,6 +19,8 @@ from dataclasses import dataclass
 import anyio
 from aiolimiter import AsyncLimiter
 
+from yieldgate._locks import acquire
+
 __all__ = ["RateCap", "RatePolicy"]
 
 _RESTEP = 0.1
@@ -99,14 +101,10 @@ class RateCap:
             await self._limiter.acquire(held)  # an empty bucket: never waits
 
     async def acquire(self) -> None:
-        lock = self._lock
-        try:
-            lock.acquire_nowait()
-        except anyio.WouldBlock:
-            await lock.acquire()
+        await acquire(self._lock)
         try:
             await self._retarget()
             await self._limiter.acquire()
             self._last_start = self._clock()
         finally:
-            lock.release()
+            self._lock.release()

@@ -28,6 +28,7 @@ import anyio.abc
 from anyio.abc import SocketAttribute
 
 from yieldgate._exceptions import FrameError
+from yieldgate._locks import acquire
 from yieldgate.protocol import (
     DEFAULT_MAX_FRAME_BYTES,
     ErrorCode,
@@ -87,19 +88,13 @@ class _Connection:
     async def send(self, data: bytes) -> None:
         if self.closed:
             return
-        lock = self.send_lock
-        # Usually nobody else is writing: take the lock without a trip through
-        # the event loop (an awaited acquire costs several microseconds per reply).
-        try:
-            lock.acquire_nowait()
-        except anyio.WouldBlock:
-            await lock.acquire()
+        await acquire(self.send_lock)  # usually nobody else is writing
         try:
             await self.stream.send(data)
         except _BROKEN:
             self.closed = True
         finally:
-            lock.release()
+            self.send_lock.release()
 
 
 class TcpFront:
