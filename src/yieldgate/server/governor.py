@@ -348,14 +348,11 @@ class Governor:
         ``expected_ms`` is the backend's estimate of this work's duration, used
         for hints while it runs; without it the measured average is used.
         """
+        refusal = self.refuse(priority)
+        if refusal is not None:
+            return refusal
         now = self._clock()
         inflight = len(self._slots)
-        if self._cold_until is not None:
-            return self._yield(YieldReason.COLD_START, self._cold_hint(now), inflight)
-        limit = self._limit(priority)
-        if inflight >= limit:
-            need = inflight - limit + 1
-            return self._yield(YieldReason.SATURATED, self._saturated_hint(now, need), inflight)
         if self.admission_hook is not None:
             rejection = self.admission_hook(
                 AdmissionRequest(

@@ -8,9 +8,10 @@ burst that is mostly yielded costs no task per request.
 A connection's end (EOF or reset) cancels every submit still executing for
 it, and their slots return to the Governor at once. A half-closed connection
 counts as ended: a client must keep its write side open until its replies
-have arrived. After a ``frame_too_large`` the server reads nothing more from
-that connection, but submits it already admitted run to their terminal reply
-before the connection is closed: every admitted submit is answered once.
+have arrived. After a ``frame_too_large`` the server handles no more frames
+from that connection (it reads and discards, only to notice the peer leave),
+and submits it already admitted run to their terminal reply before the
+connection is closed: every admitted submit is answered once.
 
 No single line can take the server down: whatever handling a line raises is
 logged and answered ``bad_frame``.
