@@ -13,7 +13,7 @@ def test_all_is_sorted_and_complete() -> None:
     exported = [name for name in yieldgate.__all__ if name != "__version__"]
     assert exported == sorted(exported)
     # Every public attribute is exported (submodules aside).
-    modules = {"protocol", "server", "cli", "gate", "transports"}
+    modules = {"protocol", "server", "cli", "gate", "transports", "dialects"}
     assert [n for n in public if n not in modules] == exported
 
 
@@ -25,7 +25,8 @@ def test_errors_share_one_root() -> None:
 def test_importing_yieldgate_pulls_in_no_extra() -> None:
     code = (
         "import sys, yieldgate, yieldgate.protocol, yieldgate.server; "
-        "heavy = {'torch', 'starlette', 'uvicorn', 'rich', 'matplotlib', 'prometheus_client'}; "
+        "heavy = {'torch', 'starlette', 'uvicorn', 'rich', 'matplotlib', 'prometheus_client', "
+        "'httpx2', 'openai', 'huggingface_hub'}; "
         "print(sorted(heavy & set(sys.modules)))"
     )
     result = subprocess.run(

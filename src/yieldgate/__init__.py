@@ -25,6 +25,7 @@ from yieldgate._exceptions import (
     IntegrityError,
     ProtocolError,
     RemoteError,
+    ResponseFormatError,
     RetriesExhaustedError,
     RetryBudgetExhaustedError,
     TransportError,
@@ -44,7 +45,7 @@ from yieldgate.gate import (
     current_attempt,
 )
 from yieldgate.protocol import Priority
-from yieldgate.transports import GovernedClient
+from yieldgate.transports import GovernedClient, gate_transport, http_client
 
 try:
     __version__ = _metadata.version("yieldgate")
@@ -68,6 +69,7 @@ __all__ = [
     "ProtocolError",
     "RatePolicy",
     "RemoteError",
+    "ResponseFormatError",
     "RetriesExhaustedError",
     "RetryBudgetExhaustedError",
     "RetryBudgetPolicy",
@@ -79,4 +81,6 @@ __all__ = [
     "YieldgateError",
     "__version__",
     "current_attempt",
+    "gate_transport",
+    "http_client",
 ]

@@ -14,9 +14,10 @@ dependency's exception type escapes the public API::
      ├── AttemptTimeoutError        one attempt ran past its timeout (retryable)
      ├── TransportError             the connection failed or broke (retryable)
      ├── RemoteError                the server answered an error (.code, .retryable)
-     └── ProtocolError              a peer broke the governed protocol (PROTOCOL.md)
-          ├── FrameError            one frame could not be decoded or failed validation
-          └── IntegrityError        a body kept failing its SHA-256 check
+     ├── ProtocolError              a peer broke the governed protocol (PROTOCOL.md)
+     │    ├── FrameError            one frame could not be decoded or failed validation
+     │    └── IntegrityError        a body kept failing its SHA-256 check
+     └── ResponseFormatError        an HTTP body had none of the shapes its dialect knows
 
 This module imports only the standard library, so that the protocol module
 (shared by the server and the client) can raise these types.
@@ -36,6 +37,7 @@ __all__ = [
     "IntegrityError",
     "ProtocolError",
     "RemoteError",
+    "ResponseFormatError",
     "RetriesExhaustedError",
     "RetryBudgetExhaustedError",
     "TransportError",
@@ -145,3 +147,15 @@ class FrameError(ProtocolError):
 
 class IntegrityError(ProtocolError):
     """A body's SHA-256 did not match on arrival, again and again."""
+
+
+class ResponseFormatError(YieldgateError):
+    """An HTTP response body had none of the shapes its dialect knows.
+
+    ``excerpt`` holds the start of the body (at most 200 characters), for the
+    log line that will be written about it.
+    """
+
+    def __init__(self, message: str, *, excerpt: str = "", **kwargs: Any) -> None:
+        super().__init__(message, **kwargs)
+        self.excerpt = excerpt

@@ -7,8 +7,10 @@ anyio waits that complete instantly.
 from __future__ import annotations
 
 import functools
+import gc
 import itertools
 import random
+import weakref
 from typing import Any
 
 import anyio
@@ -35,7 +37,7 @@ from yieldgate import (
     YieldExhaustedError,
     current_attempt,
 )
-from yieldgate.gate import NullInstrumentation
+from yieldgate.gate import NullInstrumentation, Signal
 
 pytestmark = pytest.mark.anyio
 
@@ -437,6 +439,63 @@ async def test_hold_after_retries() -> None:
         assert value == "value"
         assert g.statistics().window.inflight == 1
     assert g.statistics().window.inflight == 0
+
+
+async def test_call_and_hold_returns_a_lease_released_once() -> None:
+    g = gate(window=WindowPolicy(initial=1, min=1, max=4))
+    value, lease = await g.call_and_hold(Script("value"))
+    assert value == "value"
+    assert not lease.released
+    assert g.statistics().window.inflight == 1
+    lease.release(Signal.SUCCESS)
+    lease.release(Signal.FAILURE)  # only the first release counts
+    assert lease.released
+    stats = g.statistics().window
+    assert (stats.inflight, stats.increases, stats.decreases) == (0, 1, 0)
+
+
+async def test_a_lease_released_as_a_failure_does_not_grow_the_window() -> None:
+    g = gate(window=WindowPolicy(initial=1, min=1, max=4))
+    _, lease = await g.call_and_hold(Script("value"))
+    lease.release(Signal.FAILURE)
+    assert g.statistics().window.increases == 0
+
+
+async def test_call_and_hold_nested_in_an_attempt_gets_an_empty_lease() -> None:
+    g = gate(window=WindowPolicy.fixed(1))
+
+    async def inner() -> str:
+        return "value"
+
+    async def outer() -> str:
+        value, lease = await g.call_and_hold(inner)
+        assert lease.released  # the outer attempt owns the slot
+        lease.release()
+        return str(value)
+
+    with anyio.fail_after(5):
+        assert await g.call(outer) == "value"
+    assert g.statistics().window.inflight == 0
+
+
+async def test_a_finished_call_keeps_no_reference_to_its_value() -> None:
+    # Timers armed during an attempt hold a copy of its context (and so the
+    # call) for a while: the call must let go of what it carried.
+    class Big:
+        pass
+
+    big = Big()
+    ref = weakref.ref(big)
+    g = gate(timeouts=TimeoutPolicy(attempt_s=600.0, total_s=None))
+
+    async def fn(payload: Big) -> Big:
+        return payload
+
+    result = await g.call(fn, big)
+    assert result is big
+    del result, big
+    gc.collect()
+    assert ref() is None
 
 
 # -- the rate cap through the Gate ------------------------------------------------

@@ -12,6 +12,7 @@ from yieldgate.gate._gate import (
     Gate,
     GatePolicy,
     GateStatistics,
+    Lease,
     UsePolicy,
     current_attempt,
 )
@@ -35,7 +36,7 @@ from yieldgate.gate._telemetry import (
     WaitDetails,
     WindowChange,
 )
-from yieldgate.gate._window import WindowPolicy, WindowStatistics
+from yieldgate.gate._window import Signal, WindowPolicy, WindowStatistics
 
 __all__ = [
     "USE_POLICY",
@@ -51,6 +52,7 @@ __all__ = [
     "GatePolicy",
     "GateStatistics",
     "Instrumentation",
+    "Lease",
     "NullInstrumentation",
     "OtelInstrumentation",
     "Outcome",
@@ -59,6 +61,7 @@ __all__ = [
     "RatePolicy",
     "RetryBudgetPolicy",
     "RetryPolicy",
+    "Signal",
     "TimeoutPolicy",
     "UsePolicy",
     "WaitDetails",

@@ -73,6 +73,7 @@ __all__ = [
     "Gate",
     "GatePolicy",
     "GateStatistics",
+    "Lease",
     "UsePolicy",
     "current_attempt",
 ]
@@ -397,25 +398,45 @@ class Gate:
         getting the value; what the block then does is bounded by the caller.
         A block that raises tells the window its attempt failed.
         """
+        value, lease = await self.call_and_hold(
+            fn, *args, priority=priority, timeout=timeout, classify=classify
+        )
+        outcome = Signal.FAILURE
+        try:
+            yield value
+            outcome = Signal.SUCCESS
+        except BaseException as exc:
+            if isinstance(exc, anyio.get_cancelled_exc_class()):
+                outcome = Signal.CANCELLED
+            raise
+        finally:
+            lease.release(outcome)
+
+    async def call_and_hold(
+        self,
+        fn: Callable[[*Ts], Awaitable[Any]],
+        /,
+        *args: *Ts,
+        priority: Priority | str = Priority.NORMAL,
+        timeout: float | UsePolicy | None = USE_POLICY,
+        classify: Classifier | None = None,
+    ) -> tuple[Any, Lease]:
+        """``call``, returning the value and a ``Lease`` on the window slot it used.
+
+        The slot stays taken until ``lease.release()``: the building block of
+        ``hold`` for code that cannot keep an ``async with`` open, such as an
+        HTTP transport whose response body is closed later by someone else.
+        A lease that is never released keeps its slot; release it in a
+        ``finally``.
+        """
         outer = _current.get()
         if outer is not None and outer.gate is self:
             # Inside one of our own attempts: it holds the slot already.
-            yield await self._nested(fn, args, classify)
-            return
+            return await self._nested(fn, args, classify), Lease(self._window, None)
         call = self._new_call(fn, args, priority, timeout, classify, hold=True)
         value = await self._run(call)
-        permit = call.held
-        assert permit is not None
-        signal = Signal.FAILURE
-        try:
-            yield value
-            signal = Signal.SUCCESS
-        except BaseException as exc:
-            if isinstance(exc, anyio.get_cancelled_exc_class()):
-                signal = Signal.CANCELLED
-            raise
-        finally:
-            self._window.release(permit, signal)
+        assert call.held is not None
+        return value, Lease(self._window, call.held)
 
     def _new_call(
         self,
@@ -452,6 +473,7 @@ class Gate:
             self._counters.calls_failed += 1
             raise
         finally:
+            call.forget()
             if observer is not NULL_OBSERVER:
                 observer.on_end(
                     CallDetails(
@@ -557,6 +579,29 @@ class Gate:
         return results
 
 
+class Lease:
+    """A window slot kept after a call returned (see ``Gate.call_and_hold``).
+
+    ``release`` gives it back and tells the window how the work that followed
+    went (``Signal.SUCCESS`` by default). Only the first release counts.
+    """
+
+    __slots__ = ("_permit", "_window")
+
+    def __init__(self, window: Window, permit: Permit | None) -> None:
+        self._window = window
+        self._permit = permit
+
+    @property
+    def released(self) -> bool:
+        return self._permit is None
+
+    def release(self, outcome: Signal = Signal.SUCCESS) -> None:
+        permit, self._permit = self._permit, None
+        if permit is not None:
+            self._window.release(permit, outcome)
+
+
 class _Call:
     """One call's state across its attempts."""
 
@@ -586,6 +631,17 @@ class _Call:
         self.last_hint_s: float | None = None
         self.stop_error: YieldgateError | None = None
         self.attempt_deadline: float | None = None
+
+    def forget(self) -> None:
+        """Drop what the call carried, once it is over.
+
+        Timers armed during an attempt keep a copy of its context, which holds
+        this call, until they fire or are purged: the request and its response
+        must not live that long with them.
+        """
+        self.fn = _done
+        self.args = ()
+        self.last = None
 
     def _error(self, cls: type[YieldgateError], message: str, **extra: Any) -> YieldgateError:
         return cls(
@@ -847,6 +903,10 @@ class _Call:
     def _stop(self, cls: type[YieldgateError], message: str, **extra: Any) -> float:
         self.stop_error = self._error(cls, message, **extra)
         return 0.0
+
+
+async def _done() -> Any:
+    raise RuntimeError("this call is over")
 
 
 def _needs_retry(outcome: Outcome) -> bool:

@@ -146,11 +146,13 @@ Classifier = Callable[[Any, BaseException | None], Outcome]
 
 def _is_httpx_transport_error(error: BaseException) -> bool:
     # httpx is a core dependency, but the gate never imports it eagerly: only
-    # when the caller's code already did is the check meaningful.
+    # when the caller's code already did is the check meaningful. A URL the
+    # library cannot send, or a request it refuses to write, fails the same
+    # way on every attempt: those are not retryable.
     for name in ("httpx", "httpx2"):
         module = sys.modules.get(name)
         if module is not None and isinstance(error, module.TransportError):
-            return True
+            return not isinstance(error, module.UnsupportedProtocol | module.LocalProtocolError)
     return False
 
 
@@ -160,8 +162,9 @@ def default_classify(value: Any, error: BaseException | None) -> Outcome:
     A returned ``Outcome`` is taken as is, any other value is ``ok``; an
     ``OutcomeSignal`` gives its outcome. Errors:
     yieldgate's own transport and timeout errors, ``OSError`` (connection
-    refused, reset), ``TimeoutError`` and httpx transport errors are
-    ``retryable``; a ``RemoteError`` is as retryable as the server said;
+    refused, reset), ``TimeoutError`` and httpx (or httpx2) transport errors
+    are ``retryable``, except an unsupported protocol or a request the library
+    refuses to write; a ``RemoteError`` is as retryable as the server said;
     anything else is ``fatal``.
     """
     if error is None:

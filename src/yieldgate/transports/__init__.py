@@ -1,5 +1,25 @@
-"""Transports: how a Gate reaches an upstream (the governed protocol; HTTP clients later)."""
+"""Transports: how a Gate reaches an upstream.
+
+``GovernedClient`` speaks the governed protocol over TCP; ``http_client`` and
+``gate_transport`` put a Gate under httpx and httpx2 clients (the official
+openai and huggingface_hub clients among them).
+"""
 
 from yieldgate.transports.governed import GovernedClient, GovernedStream
+from yieldgate.transports.http import (
+    DEADLINE_HEADER,
+    PRIORITY_HEADER,
+    Flavor,
+    gate_transport,
+    http_client,
+)
 
-__all__ = ["GovernedClient", "GovernedStream"]
+__all__ = [
+    "DEADLINE_HEADER",
+    "PRIORITY_HEADER",
+    "Flavor",
+    "GovernedClient",
+    "GovernedStream",
+    "gate_transport",
+    "http_client",
+]

@@ -1,0 +1,77 @@
+"""Reading retry hints and retry advice out of HTTP headers.
+
+The headers, in the order a hint is looked for (openai-python's order):
+
+- ``retry-after-ms``: milliseconds, a decimal number.
+- ``retry-after``: seconds (a decimal number, as RFC 9110 allows only an
+  integer but servers send fractions), or an HTTP date.
+- ``x-should-retry``: ``true`` or ``false``, the server's verdict on whether a
+  retry can succeed, which overrides what the status alone would say.
+
+A header that cannot be read gives no hint rather than an error: a bad hint
+must never turn a retryable answer into a crash.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Mapping
+from datetime import UTC
+from email.utils import parsedate_to_datetime
+
+__all__ = ["retry_hint_s", "should_retry"]
+
+
+def _seconds(text: str) -> float | None:
+    try:
+        value = float(text.strip())
+    except ValueError:
+        return None
+    return value if value >= 0 and math.isfinite(value) else None
+
+
+def _date_delay_s(text: str, now: Callable[[], float]) -> float | None:
+    try:
+        when = parsedate_to_datetime(text.strip())
+    except (TypeError, ValueError, IndexError, OverflowError):
+        return None
+    if when.tzinfo is None:  # an HTTP date is always GMT
+        when = when.replace(tzinfo=UTC)
+    return max(0.0, when.timestamp() - now())
+
+
+def retry_hint_s(
+    headers: Mapping[str, str], *, now: Callable[[], float] = time.time
+) -> float | None:
+    """The server's retry hint in seconds, from ``retry-after-ms`` or ``retry-after``.
+
+    ``headers`` must look names up case-insensitively (httpx's ``Headers``
+    does). An HTTP date in the past gives 0. ``now`` is the wall clock the
+    date is measured against.
+    """
+    millis = headers.get("retry-after-ms")
+    if millis is not None:
+        value = _seconds(millis)
+        if value is not None:
+            return value / 1000.0
+    after = headers.get("retry-after")
+    if after is None:
+        return None
+    value = _seconds(after)
+    if value is not None:
+        return value
+    return _date_delay_s(after, now)
+
+
+def should_retry(headers: Mapping[str, str]) -> bool | None:
+    """``x-should-retry`` as a verdict: ``True``, ``False`` or ``None`` (absent or unreadable)."""
+    value = headers.get("x-should-retry")
+    if value is None:
+        return None
+    value = value.strip().lower()
+    if value == "true":
+        return True
+    if value == "false":
+        return False
+    return None

@@ -1,0 +1,334 @@
+"""The Gate under httpx and httpx2 clients: retries, held slots, give-up answers.
+
+httpx2 requests go to ``httpx2.MockTransport`` (respx does not intercept
+httpx2); httpx requests go through the real ``httpx.AsyncHTTPTransport``,
+intercepted by respx. Time is virtual: hinted waits pass at once.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import Any
+
+import anyio
+import httpx
+import httpx2
+import pytest
+import respx
+
+from tests.vtime import VirtualTimeLoop
+from yieldgate import (
+    CallFailedError,
+    Gate,
+    GatePolicy,
+    RetriesExhaustedError,
+    RetryPolicy,
+    WindowPolicy,
+    YieldExhaustedError,
+    current_attempt,
+    gate_transport,
+    http_client,
+)
+
+URL = "http://upstream.test/v1/chat/completions"
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def anyio_backend() -> tuple[str, dict[str, Any]]:
+    return ("asyncio", {"loop_factory": VirtualTimeLoop})
+
+
+def yield_body(hint_ms: int, reason: str = "saturated") -> dict[str, Any]:
+    return {
+        "error": {"message": "full", "type": "yield", "param": None, "code": reason},
+        "status": "yield",
+        "retry_hint_ms": hint_ms,
+        "inflight": 1,
+        "max_inflight": 1,
+        "reason": reason,
+    }
+
+
+class Script:
+    """Answers requests from a list of (status, body, headers); records what it saw."""
+
+    def __init__(self, *replies: tuple[int, Any, dict[str, str]]) -> None:
+        self.replies = list(replies)
+        self.requests: list[dict[str, Any]] = []
+
+    def record(self, request: Any) -> tuple[int, bytes, dict[str, str]]:
+        attempt = current_attempt()
+        self.requests.append(
+            {
+                "content": request.content,
+                "headers": dict(request.headers),
+                "priority": None if attempt is None else attempt.priority.value,
+            }
+        )
+        status, body, headers = self.replies.pop(0) if len(self.replies) > 1 else self.replies[0]
+        content = body if isinstance(body, bytes) else json.dumps(body).encode()
+        return status, content, headers
+
+
+Client = Callable[..., Any]
+
+
+class Body(httpx2.AsyncByteStream):
+    """A body not yet read, as a network transport returns it."""
+
+    def __init__(self, *chunks: bytes) -> None:
+        self.chunks = chunks
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        for chunk in self.chunks:
+            yield chunk
+
+
+def httpx2_client(script: Script, gate: Gate, dialect: str = "governed-http") -> Any:
+    def handler(request: httpx2.Request) -> httpx2.Response:
+        status, content, headers = script.record(request)
+        # A body not yet read, as a network transport returns it.
+        return httpx2.Response(status, headers=headers, stream=Body(content))
+
+    return http_client(gate, dialect=dialect, inner=httpx2.MockTransport(handler))
+
+
+@pytest.fixture
+def respx_router() -> Iterator[respx.MockRouter]:
+    with respx.mock(assert_all_called=False) as router:
+        yield router
+
+
+def httpx_client(
+    script: Script, gate: Gate, router: respx.MockRouter, dialect: str = "governed-http"
+) -> Any:
+    def handler(request: httpx.Request) -> httpx.Response:
+        status, content, headers = script.record(request)
+        return httpx.Response(status, content=content, headers=headers)
+
+    router.route(host="upstream.test").mock(side_effect=handler)
+    return http_client(gate, dialect=dialect, flavor="httpx")
+
+
+@pytest.fixture(params=["httpx2", "httpx"])
+def make_client(request: pytest.FixtureRequest, respx_router: respx.MockRouter) -> Client:
+    if request.param == "httpx2":
+        return httpx2_client
+    return lambda script, gate, dialect="governed-http": httpx_client(
+        script, gate, respx_router, dialect
+    )
+
+
+def one_slot_gate(**retry: Any) -> Gate:
+    return Gate(
+        GatePolicy(window=WindowPolicy.fixed(1), retry=RetryPolicy(**retry)), name="upstream"
+    )
+
+
+async def test_a_yield_is_waited_out_and_the_same_body_resent(make_client: Client) -> None:
+    script = Script((429, yield_body(250), {}), (200, {"ok": True}, {}))
+    gate = one_slot_gate()
+    async with make_client(script, gate) as client:
+        started = anyio.current_time()
+        response = await client.post(URL, json={"prompt": "hello"})
+        waited = anyio.current_time() - started
+    assert response.status_code == 200
+    assert response.json() == {"ok": True}
+    assert [r["content"] for r in script.requests] == [b'{"prompt":"hello"}'] * 2
+    assert 0.25 <= waited <= 0.25 * 1.5 + 0.01  # the hint, with at most 50% jitter
+    stats = gate.statistics()
+    assert (stats.yields, stats.attempts, stats.window.inflight) == (1, 2, 0)
+
+
+async def test_the_slot_is_held_until_the_body_is_closed(make_client: Client) -> None:
+    script = Script((200, b"data: 1\n\ndata: 2\n\n", {"content-type": "text/event-stream"}))
+    gate = one_slot_gate()
+    async with (
+        make_client(script, gate) as client,
+        client.stream("POST", URL, json={"stream": True}) as response,
+    ):
+        assert gate.statistics().window.inflight == 1
+        second_done = anyio.Event()
+
+        async def second() -> None:
+            await client.post(URL, json={})
+            second_done.set()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(second)
+            await anyio.sleep(5)
+            # The window has one slot and the stream holds it.
+            assert not second_done.is_set()
+            assert gate.statistics().window.waiting == 1
+            chunks = [chunk async for chunk in response.aiter_bytes()]
+            await response.aclose()
+            await second_done.wait()
+    assert b"".join(chunks) == b"data: 1\n\ndata: 2\n\n"
+    assert gate.statistics().window.inflight == 0
+    assert len(script.requests) == 2
+
+
+async def test_giving_up_returns_the_last_response_to_the_client(make_client: Client) -> None:
+    script = Script((429, yield_body(100), {"retry-after-ms": "100"}))
+    gate = one_slot_gate(max_yields=3)
+    async with make_client(script, gate) as client:
+        response = await client.post(URL, json={})
+    assert response.status_code == 429
+    assert response.json()["status"] == "yield"
+    error = response.extensions["yieldgate_error"]
+    assert isinstance(error, YieldExhaustedError)
+    assert error.attempts == 4
+    assert len(script.requests) == 4
+    assert gate.statistics().window.inflight == 0
+
+
+async def test_a_fatal_status_is_returned_at_once(make_client: Client) -> None:
+    script = Script((400, {"error": {"message": "bad model"}}, {}))
+    gate = one_slot_gate()
+    async with make_client(script, gate, "openai") as client:
+        response = await client.post(URL, json={})
+    assert response.status_code == 400
+    assert isinstance(response.extensions["yieldgate_error"], CallFailedError)
+    assert len(script.requests) == 1
+
+
+async def test_5xx_then_success(make_client: Client) -> None:
+    script = Script((502, b"bad gateway", {}), (500, b"", {}), (200, b"fine", {}))
+    gate = one_slot_gate(max_attempts=4)
+    async with make_client(script, gate, "openai") as client:
+        response = await client.get(URL)
+    assert (response.status_code, response.text) == (200, "fine")
+    assert gate.statistics().failures == 2
+
+
+async def test_connection_errors_exhaust_into_a_typed_error() -> None:
+    attempts = 0
+
+    def refuse(request: httpx2.Request) -> httpx2.Response:
+        nonlocal attempts
+        attempts += 1
+        raise httpx2.ConnectError("connection refused", request=request)
+
+    gate = one_slot_gate(max_attempts=3)
+    async with http_client(gate, inner=httpx2.MockTransport(refuse)) as client:
+        with pytest.raises(RetriesExhaustedError) as info:
+            await client.get(URL)
+    assert attempts == 3
+    assert isinstance(info.value.__cause__, httpx2.ConnectError)
+    assert gate.statistics().window.inflight == 0
+
+
+async def test_a_non_upstream_error_surfaces_as_the_library_raised_it() -> None:
+    gate = one_slot_gate()
+    async with http_client(gate, flavor="httpx") as client:
+        with pytest.raises(httpx.UnsupportedProtocol):
+            await client.get("ftp://upstream.test/")
+    assert gate.statistics().attempts == 1
+
+
+async def test_priority_header_sets_the_call_priority(make_client: Client) -> None:
+    script = Script((200, b"", {}))
+    gate = one_slot_gate()
+    async with make_client(script, gate) as client:
+        await client.get(URL, headers={"x-yieldgate-priority": "high"})
+        await client.get(URL)
+        with pytest.raises(ValueError, match="x-yieldgate-priority must be high, normal or low"):
+            await client.get(URL, headers={"x-yieldgate-priority": "urgent"})
+    assert [r["priority"] for r in script.requests] == ["high", "normal"]
+    # Sent on as well, for servers that read it.
+    assert script.requests[0]["headers"]["x-yieldgate-priority"] == "high"
+
+
+async def test_governed_http_sends_the_remaining_budget(make_client: Client) -> None:
+    script = Script((200, b"", {}))
+    gate = Gate(GatePolicy(window=WindowPolicy.fixed(1)), name="upstream")
+    async with make_client(script, gate) as client:
+        await client.get(URL)
+    async with make_client(script, gate, "openai") as client:
+        await client.get(URL)
+    sent = int(script.requests[0]["headers"]["x-yieldgate-deadline-ms"])
+    assert 0 < sent <= 60_000  # the policy's 60 s attempt timeout
+    assert "x-yieldgate-deadline-ms" not in script.requests[1]["headers"]
+
+
+async def test_a_streamed_upload_is_replayed_on_retry() -> None:
+    script = Script((503, {"error": "busy"}, {"retry-after": "1"}), (200, b"", {}))
+
+    def handler(request: httpx2.Request) -> httpx2.Response:
+        status, content, headers = script.record(request)
+        return httpx2.Response(status, content=content, headers=headers)
+
+    async def body() -> AsyncIterator[bytes]:
+        yield b"part one, "
+        yield b"part two"
+
+    gate = one_slot_gate()
+    async with http_client(gate, inner=httpx2.MockTransport(handler)) as client:
+        response = await client.post(URL, content=body())
+    assert response.status_code == 200
+    assert [r["content"] for r in script.requests] == [b"part one, part two"] * 2
+
+
+async def test_a_response_never_closed_returns_its_slot_when_collected() -> None:
+    def handler(request: httpx2.Request) -> httpx2.Response:
+        return httpx2.Response(200, stream=Body(b"x" * 10))
+
+    gate = one_slot_gate()
+    transport = gate_transport(gate, inner=httpx2.MockTransport(handler))
+    request = httpx2.Request("GET", URL)
+    response = await transport.handle_async_request(request)
+    assert gate.statistics().window.inflight == 1
+    del response
+    gc.collect()
+    assert gate.statistics().window.inflight == 0
+    await transport.aclose()
+
+
+async def test_a_body_that_breaks_mid_read_counts_as_a_failure() -> None:
+    class Broken(httpx2.AsyncByteStream):
+        async def __aiter__(self) -> AsyncIterator[bytes]:
+            yield b"partial"
+            raise httpx2.ReadError("connection reset")
+
+    def handler(request: httpx2.Request) -> httpx2.Response:
+        return httpx2.Response(200, stream=Broken())
+
+    gate = Gate(GatePolicy(window=WindowPolicy(initial=4, min=1, max=8)), name="upstream")
+    async with http_client(gate, inner=httpx2.MockTransport(handler)) as client:
+        with pytest.raises(httpx2.ReadError):
+            await client.get(URL)
+    stats = gate.statistics()
+    assert stats.window.inflight == 0
+    assert stats.window.increases == 0  # a failed body is no success
+
+
+def test_unknown_flavor_and_dialect_are_refused() -> None:
+    gate = one_slot_gate()
+    with pytest.raises(ValueError, match="flavor must be 'httpx' or 'httpx2'"):
+        http_client(gate, flavor="requests")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="unknown dialect"):
+        http_client(gate, dialect="soap")
+
+
+def test_client_kwargs_reach_the_client() -> None:
+    gate = one_slot_gate()
+    client = http_client(gate, base_url="http://upstream.test", timeout=7.0, flavor="httpx")
+    assert isinstance(client, httpx.AsyncClient)
+    assert str(client.base_url) == "http://upstream.test"
+    assert client.timeout.read == 7.0
+    assert isinstance(http_client(gate), httpx2.AsyncClient)
+
+
+async def test_a_response_the_inner_transport_already_read_frees_its_slot_at_once() -> None:
+    def handler(request: httpx2.Request) -> httpx2.Response:
+        return httpx2.Response(200, content=b"read already")  # loaded and closed
+
+    gate = one_slot_gate()
+    transport = gate_transport(gate, inner=httpx2.MockTransport(handler))
+    response = await transport.handle_async_request(httpx2.Request("GET", URL))
+    assert response.content == b"read already"
+    assert gate.statistics().window.inflight == 0
