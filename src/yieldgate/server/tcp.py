@@ -20,7 +20,7 @@ logged and answered ``bad_frame``.
 from __future__ import annotations
 
 import logging
-import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,7 +46,8 @@ from yieldgate.protocol import (
     stats_reply_frame,
 )
 from yieldgate.server._fastframe import fast_submit_decoder
-from yieldgate.server.backends import Backend, BackendError, Emit, Work
+from yieldgate.server.admission import Admission, Admitted, Failure
+from yieldgate.server.backends import Backend, Emit
 from yieldgate.server.governor import Governor, Slot
 
 __all__ = ["TcpConfig", "TcpFront"]
@@ -106,9 +107,13 @@ class TcpFront:
         governor: Governor,
         backend: Backend,
         config: TcpConfig | None = None,
+        *,
+        admission: Admission | None = None,
+        stats: Callable[[], dict[str, Any]] | None = None,
     ) -> None:
         self.governor = governor
         self.backend = backend
+        self.admission = admission or Admission(governor, backend)
         self.config = config or TcpConfig()
         self.address: tuple[str, int] | None = None
         self._accept_scope: anyio.CancelScope | None = None
@@ -121,6 +126,7 @@ class TcpFront:
         # Well-formed submits skip the reference decoder when msgspec is installed.
         self._fast_submit = fast_submit_decoder(self.config.secret)
         self._hard_stop = False
+        self._stats_source = stats
 
     # -- lifecycle ----------------------------------------------------------
 
@@ -305,79 +311,53 @@ class TcpFront:
     def _on_submit(
         self, conn: _Connection, req: SubmitRequest, work: anyio.abc.TaskGroup, out: list[bytes]
     ) -> None:
-        gov = self.governor
         if req.id in conn.inflight:
             message = f"id {req.id[:64]!r} is still in flight on this connection"
             out.append(self._error(req.id, ErrorCode.DUPLICATE_ID, message))
             return
-        if gov.shutting_down:
-            message = "server is shutting down; retry elsewhere or later"
-            out.append(self._error(req.id, ErrorCode.SHUTTING_DOWN, message))
-            return
-        if req.deadline_ms is not None and req.deadline_ms <= 0:
-            message = "deadline_ms <= 0: the client's budget was spent before arrival"
-            out.append(self._error(req.id, ErrorCode.DEADLINE_EXCEEDED, message))
-            return
-        # A full (or cold) server refuses before looking any further at the submit.
-        refusal = gov.refuse(req.priority)
-        if refusal is None:
-            job = Work(
-                id=req.id,
-                body=req.body,
-                params=req.params,
-                priority=req.priority,
-                stream=req.stream,
-            )
-            try:
-                expected_ms = self.backend.estimate_ms(job)
-                decision = gov.try_acquire(
-                    req.priority, body=req.body, params=req.params, expected_ms=expected_ms
-                )
-            except BackendError as exc:
-                # Refused before admission: no slot taken, nothing measured.
-                out.append(
-                    self._error(
-                        req.id, ErrorCode.BACKEND_ERROR, exc.message, retryable=exc.retryable
-                    )
-                )
-                return
-            except Exception as exc:
-                log.exception("admitting %r failed", req.id)
-                message = f"admission failed: {type(exc).__name__}: {exc}"[:512]
-                out.append(self._error(req.id, ErrorCode.BACKEND_ERROR, message, retryable=False))
-                return
-            if isinstance(decision, Slot):
-                conn.inflight.add(req.id)
-                self._active += 1
-                work.start_soon(self._run, conn, req, job, decision)
-                return
-            refusal = decision
-        out.append(
-            encode_yield(
-                req.id,
-                retry_hint_ms=refusal.retry_hint_ms,
-                inflight=refusal.inflight,
-                max_inflight=refusal.max_inflight,
-                reason=refusal.reason,
-            )
+        decision = self.admission.admit(
+            req.id,
+            req.body,
+            params=req.params,
+            priority=req.priority,
+            stream=req.stream,
+            deadline_ms=req.deadline_ms,
         )
+        if isinstance(decision, Admitted):
+            conn.inflight.add(req.id)
+            self._active += 1
+            work.start_soon(self._run, conn, req, decision)
+        elif isinstance(decision, Failure):
+            out.append(
+                self._error(req.id, decision.code, decision.message, retryable=decision.retryable)
+            )
+        else:
+            out.append(
+                encode_yield(
+                    req.id,
+                    retry_hint_ms=decision.retry_hint_ms,
+                    inflight=decision.inflight,
+                    max_inflight=decision.max_inflight,
+                    reason=decision.reason,
+                )
+            )
 
     # -- one admitted submit ------------------------------------------------
 
-    async def _run(self, conn: _Connection, req: SubmitRequest, job: Work, slot: Slot) -> None:
+    async def _run(self, conn: _Connection, req: SubmitRequest, admitted: Admitted) -> None:
         finished = False
         try:
             try:
-                reply = await self._execute(conn, req, job, slot)
+                reply = await self._execute(conn, req, admitted)
             except Exception:
                 # _execute answers everything it expects; this is a bug, not a crash.
                 log.exception("handling %r failed", req.id)
-                slot.release("failed")
+                admitted.slot.release("failed")
                 reply = self._error(
                     req.id, ErrorCode.BACKEND_ERROR, "internal error", retryable=False
                 )
             finally:
-                slot.release("cancelled")  # a no-op unless execution was cancelled
+                admitted.slot.release("cancelled")  # a no-op unless execution was cancelled
             # From here the terminal reply exists: a shutdown must not send another.
             finished = True
             await conn.send(reply)
@@ -398,35 +378,16 @@ class TcpFront:
                 self._drained.set()
                 self._drained = None
 
-    async def _execute(self, conn: _Connection, req: SubmitRequest, job: Work, slot: Slot) -> bytes:
+    async def _execute(self, conn: _Connection, req: SubmitRequest, admitted: Admitted) -> bytes:
         emit = self._emitter(conn, req.id) if req.stream else None
-        timeout = math.inf if req.deadline_ms is None else req.deadline_ms / 1000.0
-        with anyio.move_on_after(timeout):
-            try:
-                result = await self.backend.execute(job, emit)
-            except BackendError as exc:
-                slot.release("failed")
-                return self._error(
-                    req.id, ErrorCode.BACKEND_ERROR, exc.message, retryable=exc.retryable
-                )
-            except Exception as exc:
-                slot.release("failed")
-                log.exception("backend %s raised on %r", self.backend.name, req.id)
-                message = f"backend raised {type(exc).__name__}: {exc}"[:512]
-                return self._error(req.id, ErrorCode.BACKEND_ERROR, message, retryable=False)
-            try:
-                reply = encode_frame(ok_frame(req.id, result, slot.elapsed_ms()))
-            except Exception as exc:  # TypeError, ValueError, RecursionError, ...
-                slot.release("failed")
-                message = f"backend result is not JSON-serialisable: {exc}"[:512]
-                return self._error(req.id, ErrorCode.BACKEND_ERROR, message, retryable=False)
-            slot.release("executed")
-            return reply
-        # Only the deadline scope ends the block without a return; an outer
-        # cancellation (disconnect, shutdown) propagates as an exception.
-        slot.release("cancelled")
-        message = f"execution passed the client's deadline_ms={req.deadline_ms}"
-        return self._error(req.id, ErrorCode.DEADLINE_EXCEEDED, message, retryable=False)
+
+        async def finish(result: Any, slot: Slot) -> bytes:
+            return encode_frame(ok_frame(req.id, result, slot.elapsed_ms()))
+
+        outcome = await self.admission.execute(admitted, emit, finish)
+        if isinstance(outcome, Failure):
+            return self._error(req.id, outcome.code, outcome.message, retryable=outcome.retryable)
+        return outcome
 
     def _emitter(self, conn: _Connection, rid: str) -> Emit:
         seq = 0
@@ -440,6 +401,10 @@ class TcpFront:
         return emit
 
     def stats(self) -> dict[str, Any]:
+        """What the ``stats`` op reports: the ``stats`` callable given, else the
+        Governor's counters and this front's connections."""
+        if self._stats_source is not None:
+            return self._stats_source()
         counters = self.governor.stats().as_dict()
         counters.update(self.connection_stats())
         return counters
