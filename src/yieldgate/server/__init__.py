@@ -1,10 +1,14 @@
 """The reference governed server.
 
 A ``Governor`` caps work in execution and yields past the cap; fronts speak
-wire protocols over it (the governed TCP front today); backends execute what
-it admits. The ``server`` extra adds msgspec, a fast path for decoding submits.
+wire protocols over it (the governed TCP front, and HTTP fronts in the OpenAI,
+HuggingFace and TGI dialects) through one shared ``Admission``; backends
+execute what it admits. The ``server`` extra adds msgspec (a fast path for
+decoding submits) and starlette, uvicorn and prometheus_client for the HTTP
+fronts, which are imported only when an HTTP front starts serving.
 """
 
+from yieldgate.server.admission import Admission
 from yieldgate.server.app import Server
 from yieldgate.server.backends import (
     Backend,
@@ -23,15 +27,19 @@ from yieldgate.server.governor import (
     Slot,
     Yield,
 )
+from yieldgate.server.http import HttpConfig, HttpFront
 from yieldgate.server.tcp import TcpConfig, TcpFront
 
 __all__ = [
+    "Admission",
     "AdmissionRequest",
     "Backend",
     "BackendError",
     "Governor",
     "GovernorConfig",
     "GovernorStats",
+    "HttpConfig",
+    "HttpFront",
     "PriorityPolicy",
     "Rejection",
     "Server",

@@ -43,12 +43,15 @@ _MAX_MESSAGE = 512
 class Failure:
     """Work that ends in an ``error`` reply; the front renders and counts it.
 
-    ``retryable`` is ``None`` when the code's default applies.
+    ``retryable`` is ``None`` when the code's default applies. ``invalid``
+    marks work the backend refused before admission (its parameters): the
+    client's mistake, not the server's (HTTP answers 400, not 500).
     """
 
     code: ErrorCode
     message: str
     retryable: bool | None = None
+    invalid: bool = False
 
 
 @dataclass(slots=True, kw_only=True)
@@ -101,7 +104,10 @@ class Admission:
         except BackendError as exc:
             # Refused before admission: no slot taken, nothing measured.
             return Failure(
-                code=ErrorCode.BACKEND_ERROR, message=exc.message, retryable=exc.retryable
+                code=ErrorCode.BACKEND_ERROR,
+                message=exc.message,
+                retryable=exc.retryable,
+                invalid=True,
             )
         except Exception as exc:
             log.exception("admitting %r failed", request_id)

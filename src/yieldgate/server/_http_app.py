@@ -1,0 +1,468 @@
+"""The starlette app behind ``HttpFront``, and the uvicorn server that runs it.
+
+Routes (see ``docs`` and ``_http_dialects`` for the bodies):
+
+- OpenAI: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``GET /v1/models``
+- HuggingFace Inference API: ``POST /models/{model_id}``
+- TGI: ``POST /generate``, ``POST /generate_stream``, ``POST /``
+- ``GET /health``, ``GET /stats``, ``GET /metrics``
+
+Every inference route reads the body (at most ``max_body_bytes``), parses it
+in its dialect, and asks the shared ``Admission``: a yield is a 429 with
+``retry-after-ms`` and ``retry-after``, an admitted request executes while the
+connection is watched (a client that leaves cancels its work at once), and a
+stream holds its slot until its last event is sent.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import logging
+import re
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import uvicorn
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import Response
+from starlette.routing import Route
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from yieldgate.protocol import MAX_DEADLINE_MS, ErrorCode, Priority
+from yieldgate.server._http_dialects import (
+    BadRequest,
+    ChatCompletions,
+    Completions,
+    Dialect,
+    HfModels,
+    Job,
+    TgiGenerate,
+    chunk_text,
+    dumps,
+    loads,
+    result_text,
+    retry_after_s,
+    usage_of,
+)
+from yieldgate.server._http_metrics import CONTENT_TYPE, MetricsExporter
+from yieldgate.server.admission import Admitted, Failure
+from yieldgate.server.governor import Slot, Yield
+
+if TYPE_CHECKING:
+    from yieldgate.server.http import HttpFront
+
+__all__ = ["DEADLINE_HEADER", "PRIORITY_HEADER", "build_app", "make_uvicorn"]
+
+log = logging.getLogger("yieldgate.server")
+
+PRIORITY_HEADER = "x-yieldgate-priority"
+DEADLINE_HEADER = "x-yieldgate-deadline-ms"
+
+_PRIORITIES = {p.value: p for p in Priority}
+_INTEGER = re.compile(r"-?[0-9]{1,20}")
+# A body past the limit is still read (and dropped) up to this many times the
+# limit, so that the client, still sending, gets to read the 413.
+_DRAIN_FACTOR = 16
+_JSON = (b"content-type", b"application/json")
+_SSE_HEADERS = [
+    (b"content-type", b"text/event-stream; charset=utf-8"),
+    (b"cache-control", b"no-cache"),
+    (b"x-accel-buffering", b"no"),
+]
+
+
+class _TooLarge(Exception):
+    pass
+
+
+async def _send_json(
+    send: Send, status: int, body: bytes, headers: list[tuple[bytes, bytes]] | None = None
+) -> None:
+    raw_headers = [_JSON, (b"content-length", str(len(body)).encode()), *(headers or [])]
+    await send({"type": "http.response.start", "status": status, "headers": raw_headers})
+    await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+def _priority(request: Request) -> Priority:
+    value = request.headers.get(PRIORITY_HEADER)
+    if value is None:
+        return Priority.NORMAL
+    priority = _PRIORITIES.get(value.strip())
+    if priority is None:
+        raise BadRequest(f"header {PRIORITY_HEADER} must be high, normal or low")
+    return priority
+
+
+def _deadline_ms(request: Request) -> int | None:
+    value = request.headers.get(DEADLINE_HEADER)
+    if value is None:
+        return None
+    value = value.strip()
+    if not _INTEGER.fullmatch(value) or abs(int(value)) > MAX_DEADLINE_MS:
+        raise BadRequest(f"header {DEADLINE_HEADER} must be an integer number of milliseconds")
+    return int(value)
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
+    """The whole body, or ``_TooLarge`` once past ``limit``.
+
+    The rest of a body that is too large is still read and dropped (up to
+    ``_DRAIN_FACTOR`` times the limit), so that a client still sending it
+    gets to read the 413 instead of a reset connection.
+    """
+    length = request.headers.get("content-length", "")
+    if length.isdigit() and int(length) > limit * _DRAIN_FACTOR:
+        raise _TooLarge
+    body = bytearray()
+    total = 0
+    async for chunk in request.stream():
+        total += len(chunk)
+        if total <= limit:
+            body += chunk
+        elif total > limit * _DRAIN_FACTOR:
+            break
+    if total > limit:
+        raise _TooLarge
+    return bytes(body)
+
+
+class _Inference:
+    """One inference route: an ASGI app that speaks ``dialect`` over the shared Admission."""
+
+    def __init__(self, front: HttpFront, dialect: Dialect, ids: Iterator[int]) -> None:
+        self.front = front
+        self.dialect = dialect
+        self._ids = ids
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        started = False
+
+        async def tracked(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self._handle(scope, receive, tracked)
+        except Exception:
+            # Everything expected is answered in _handle; this is a bug, not a crash.
+            log.exception("handling %s %s failed", scope["method"], scope["path"])
+            if not started:
+                await self._fail(send, 500, ErrorCode.BACKEND_ERROR, "internal error", False)
+
+    async def _handle(self, scope: Scope, receive: Receive, send: Send) -> None:
+        front, dialect = self.front, self.dialect
+        request = Request(scope, receive)
+        try:
+            raw = await _read_body(request, front.config.max_body_bytes)
+        except ClientDisconnect:
+            return
+        except _TooLarge:
+            message = f"request body exceeds max_body_bytes={front.config.max_body_bytes}"
+            await self._fail(send, 413, ErrorCode.FRAME_TOO_LARGE, message, False, close=True)
+            return
+        try:
+            priority = _priority(request)
+            deadline_ms = _deadline_ms(request)
+            model_id = scope.get("path_params", {}).get("model_id")
+            job = dialect.parse(loads(raw), model_id, front.config.model_name)
+        except BadRequest as exc:
+            await self._fail(send, dialect.invalid_status, ErrorCode.BAD_FRAME, exc.message, False)
+            return
+        decision = front.admission.admit(
+            f"http-{next(self._ids)}",
+            job.prompt,
+            params=job.params,
+            priority=priority,
+            stream=job.stream,
+            deadline_ms=deadline_ms,
+        )
+        if isinstance(decision, Admitted):
+            if job.stream:
+                await self._stream(receive, send, job, decision)
+            else:
+                await self._unary(receive, send, job, decision)
+        elif isinstance(decision, Failure):
+            await self._failure(send, decision)
+        else:
+            await self._yield(send, job, decision)
+
+    # -- answers --------------------------------------------------------------
+
+    def _status(self, failure: Failure) -> int:
+        if failure.invalid:
+            return self.dialect.invalid_status
+        if failure.code is ErrorCode.DEADLINE_EXCEEDED:
+            return 504
+        if failure.code is ErrorCode.SHUTTING_DOWN:
+            return 503
+        if failure.code is ErrorCode.BACKEND_ERROR and failure.retryable:
+            return 503
+        return 500
+
+    async def _failure(self, send: Send, failure: Failure) -> None:
+        retryable = failure.retryable
+        if retryable is None:
+            retryable = failure.code.default_retryable
+        await self._fail(send, self._status(failure), failure.code, failure.message, retryable)
+
+    async def _fail(
+        self,
+        send: Send,
+        status: int,
+        code: ErrorCode,
+        message: str,
+        retryable: bool,
+        *,
+        close: bool = False,
+    ) -> None:
+        self.front.governor.record_error(code)
+        headers = [(b"x-should-retry", b"true" if retryable else b"false")]
+        if close:
+            headers.append((b"connection", b"close"))
+        await _send_json(send, status, dumps(self.dialect.error(status, code, message)), headers)
+
+    async def _yield(self, send: Send, job: Job, refusal: Yield) -> None:
+        cold = self.dialect.cold_start(job, refusal)
+        if cold is not None:
+            await _send_json(send, 503, dumps(cold))
+            return
+        body = {
+            **self.dialect.yield_fields(refusal),
+            "status": "yield",
+            "retry_hint_ms": refusal.retry_hint_ms,
+            "inflight": refusal.inflight,
+            "max_inflight": refusal.max_inflight,
+            "reason": str(refusal.reason),
+        }
+        headers = [
+            (b"retry-after-ms", str(refusal.retry_hint_ms).encode()),
+            (b"retry-after", str(retry_after_s(refusal.retry_hint_ms)).encode()),
+            (b"x-should-retry", b"true"),
+        ]
+        await _send_json(send, 429, dumps(body), headers)
+
+    # -- admitted work ----------------------------------------------------------
+
+    async def _unary(self, receive: Receive, send: Send, job: Job, admitted: Admitted) -> None:
+        dialect = self.dialect
+
+        async def finish(result: Any, slot: Slot) -> bytes:
+            text, prompt_tokens, completion_tokens = result_text(result)
+            usage = usage_of(job, text, prompt_tokens, completion_tokens)
+            return dumps(dialect.ok(job, text, usage))
+
+        outcome = await self.front.run_admitted(admitted, receive, None, finish)
+        if outcome is None:
+            return  # the client left; its work was cancelled
+        if isinstance(outcome, Failure):
+            await self._failure(send, outcome)
+        else:
+            await _send_json(send, 200, outcome)
+
+    async def _stream(self, receive: Receive, send: Send, job: Job, admitted: Admitted) -> None:
+        dialect = self.dialect
+        index = 0
+        started = False
+
+        async def start() -> None:
+            nonlocal started
+            if not started:
+                started = True
+                await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS})
+
+        async def emit(data: Any) -> None:
+            nonlocal index
+            event = dialect.piece(job, index, chunk_text(data))
+            index += 1
+            await start()
+            await send({"type": "http.response.body", "body": event, "more_body": True})
+
+        async def finish(result: Any, slot: Slot) -> str:
+            text, prompt_tokens, completion_tokens = result_text(result)
+            usage = usage_of(job, text, prompt_tokens, completion_tokens)
+            events = dialect.end(job, index, text, usage)
+            await start()
+            await send({"type": "http.response.body", "body": events, "more_body": False})
+            return text
+
+        outcome = await self.front.run_admitted(admitted, receive, emit, finish)
+        if not isinstance(outcome, Failure):
+            return  # complete, or the client left
+        if not started:
+            # Nothing was sent yet: a plain error response, with its status.
+            await self._failure(send, outcome)
+            return
+        self.front.governor.record_error(outcome.code)
+        event = dialect.stream_error(self._status(outcome), outcome.code, outcome.message)
+        await send({"type": "http.response.body", "body": event, "more_body": False})
+
+
+class _Counted:
+    """Counts answered requests by route and status, for ``/metrics`` and ``/stats``."""
+
+    def __init__(self, app: ASGIApp, counts: Counter[tuple[str, str]]) -> None:
+        self.app = app
+        self.counts = counts
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        status = "499"  # nginx's "client closed request": no response was started
+
+        async def send_status(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = str(message["status"])
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_status)
+        finally:
+            route = getattr(scope.get("route"), "path_format", "unmatched")
+            self.counts[(route, status)] += 1
+
+
+def build_app(front: HttpFront) -> ASGIApp:
+    """The ASGI app for ``front``: every route, counted."""
+    created = int(time.time())
+    ids = itertools.count(1)
+    metrics = MetricsExporter(front.governor.stats, front.requests)
+
+    def inference(dialect: Dialect) -> _Inference:
+        return _Inference(front, dialect, ids)
+
+    def json_response(status: int, body: Any) -> Response:
+        return Response(dumps(body), status_code=status, media_type="application/json")
+
+    async def models(request: Request) -> Response:
+        model = {
+            "id": front.config.model_name,
+            "object": "model",
+            "created": created,
+            "owned_by": "yieldgate",
+        }
+        return json_response(200, {"object": "list", "data": [model]})
+
+    async def health(request: Request) -> Response:
+        gov = front.governor
+        if gov.shutting_down:
+            return json_response(503, {"status": "shutting_down"})
+        if gov.is_cold:
+            return json_response(503, {"status": "loading"})
+        return json_response(200, {"status": "ok"})
+
+    async def stats(request: Request) -> Response:
+        return json_response(200, front.stats())
+
+    async def prometheus(request: Request) -> Response:
+        return Response(metrics.render(), media_type=CONTENT_TYPE)
+
+    async def unknown(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, HTTPException)
+        front.governor.record_error(ErrorCode.UNKNOWN_OP)
+        message = f"{request.method} {request.url.path}: {exc.detail}"
+        body: dict[str, Any]
+        if request.url.path.startswith("/v1/"):
+            body = {
+                "error": {
+                    "message": message,
+                    "type": "invalid_request_error",
+                    "param": None,
+                    "code": ErrorCode.UNKNOWN_OP.value,
+                }
+            }
+        else:
+            body = {"error": message, "code": ErrorCode.UNKNOWN_OP.value}
+        response = json_response(exc.status_code, body)
+        response.headers.update(exc.headers or {})
+        return response
+
+    post = ["POST"]
+    routes = [
+        Route("/v1/chat/completions", inference(ChatCompletions()), methods=post),
+        Route("/v1/completions", inference(Completions()), methods=post),
+        Route("/v1/models", models, methods=["GET"]),
+        Route("/models/{model_id:path}", inference(HfModels()), methods=post),
+        Route("/generate", inference(TgiGenerate(stream=False)), methods=post),
+        Route("/generate_stream", inference(TgiGenerate(stream=True)), methods=post),
+        Route("/", inference(TgiGenerate(stream=None)), methods=post),
+        Route("/health", health, methods=["GET"]),
+        Route("/stats", stats, methods=["GET"]),
+        Route("/metrics", prometheus, methods=["GET"]),
+    ]
+    app = Starlette(routes=routes, exception_handlers={HTTPException: unknown})
+    app.router.redirect_slashes = False
+    return _Counted(app, front.requests)
+
+
+class _Uvicorn(uvicorn.Server):
+    """uvicorn without signal handlers and without polling delays.
+
+    It reports when its sockets accept, ends its main loop as soon as it is
+    asked to (uvicorn polls every 100 ms) and shuts down without uvicorn's
+    fixed pauses: close the listeners, close idle connections (busy ones
+    close after their response), wait up to the graceful timeout, then
+    cancel what is left.
+    """
+
+    def __init__(self, config: uvicorn.Config, on_started: Callable[[], None]) -> None:
+        super().__init__(config)
+        self._on_started = on_started
+        self._exit = anyio.Event()
+
+    def request_exit(self) -> None:
+        self.should_exit = True
+        self._exit.set()
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        # The process owner (the CLI) handles SIGINT/SIGTERM through Server.request_stop.
+        yield
+
+    async def startup(self, sockets: Any = None) -> None:
+        await super().startup(sockets=sockets)
+        if self.started:
+            self._on_started()
+
+    async def main_loop(self) -> None:
+        counter = 0
+        while not await self.on_tick(counter):  # once a second: the date header
+            counter = (counter + 1) % 864_000
+            with anyio.move_on_after(0.1):
+                await self._exit.wait()
+
+    async def shutdown(self, sockets: Any = None) -> None:
+        for listener in self.servers:
+            listener.close()
+        state = self.server_state
+        for connection in list(state.connections):
+            connection.shutdown()
+        with anyio.move_on_after(self.config.timeout_graceful_shutdown or 0):
+            # uvicorn's connection and task sets have no event to wait on.
+            while state.connections or state.tasks:  # noqa: ASYNC110
+                await anyio.sleep(0.005)
+        for task in list(state.tasks):
+            task.cancel()
+
+
+def make_uvicorn(app: ASGIApp, close_timeout_s: int, on_started: Callable[[], None]) -> _Uvicorn:
+    """A uvicorn server for ``app``, to be run with ``serve(sockets=...)``."""
+    config = uvicorn.Config(
+        app,
+        lifespan="off",
+        log_config=None,
+        access_log=False,
+        proxy_headers=False,
+        server_header=False,
+        ws="none",
+        timeout_graceful_shutdown=close_timeout_s,
+    )
+    return _Uvicorn(config, on_started)

@@ -1,0 +1,282 @@
+"""The HTTP fronts: OpenAI, HuggingFace Inference API and TGI dialects.
+
+Beside the TCP front, over the same ``Admission`` (so the same Governor and
+backend): a TCP submit and an HTTP request compete for the same slots. A
+starlette app (``yieldgate.server._http_app``) is served by uvicorn on
+sockets bound here, so port 0 works and the real port is known at once.
+Starlette, uvicorn and prometheus_client are imported only when the front
+starts serving: this module is light, so ``yieldgate.server`` stays light.
+
+Lifecycle, driven by ``Server``: ``stop_accepting`` closes the listening
+sockets (requests on connections already open are answered
+``shutting_down``), ``wait_drained`` waits for admitted requests (streams
+included) to finish, and ``close`` cancels what is still running (those
+requests are answered ``shutting_down``) and lets uvicorn close every
+connection. uvicorn never installs signal handlers here: the process owner
+(the CLI) decides what a signal means.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import anyio.abc
+
+from yieldgate.protocol import DEFAULT_MAX_FRAME_BYTES, ErrorCode
+from yieldgate.server.admission import Admission, Admitted, Failure, Finish, R
+from yieldgate.server.backends import Backend, Emit
+from yieldgate.server.governor import Governor
+
+if TYPE_CHECKING:
+    from starlette.types import Receive
+
+    from yieldgate.server._http_app import _Uvicorn
+
+__all__ = ["HttpConfig", "HttpFront"]
+
+log = logging.getLogger("yieldgate.server")
+
+# Once close() has cancelled the remaining work, how long uvicorn may take to
+# close the connections (a client that stopped reading holds one open).
+_CLOSE_TIMEOUT_S = 2
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HttpConfig:
+    """Where and how the HTTP fronts listen.
+
+    ``model_name`` is what ``GET /v1/models`` lists. HTTP has no
+    authentication: bind loopback (the default) unless a proxy guards it.
+    """
+
+    host: str = "127.0.0.1"
+    port: int = 8080
+    max_body_bytes: int = DEFAULT_MAX_FRAME_BYTES
+    model_name: str = "yieldgate-sim"
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.port <= 65535:
+            raise ValueError(f"http port must be in [0, 65535], got {self.port}")
+        if self.max_body_bytes < 64:
+            raise ValueError("max_body_bytes must be at least 64")
+        if not self.model_name:
+            raise ValueError("model_name must not be empty")
+
+
+def bind_sockets(host: str, port: int) -> list[socket.socket]:
+    """Listening-ready sockets for every address ``host`` resolves to, on one port.
+
+    With port 0 the first socket picks a free port and the others reuse it.
+    """
+    infos = socket.getaddrinfo(
+        host or None,
+        port,
+        type=socket.SOCK_STREAM,
+        flags=socket.AI_PASSIVE | socket.AI_ADDRCONFIG,
+    )
+    sockets: list[socket.socket] = []
+    seen: set[tuple[int, Any]] = set()
+    try:
+        for family, kind, proto, _, sockaddr in infos:
+            if (family, sockaddr[0]) in seen:
+                continue
+            seen.add((family, sockaddr[0]))
+            sock = socket.socket(family, kind, proto)
+            sockets.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            if sockets[0] is not sock:
+                sockaddr = (sockaddr[0], sockets[0].getsockname()[1], *sockaddr[2:])
+            sock.bind(sockaddr)
+            sock.set_inheritable(False)
+    except BaseException:
+        for sock in sockets:
+            sock.close()
+        raise
+    if not sockets:
+        raise OSError(f"{host!r} resolved to no address")
+    return sockets
+
+
+class HttpFront:
+    """Serves the HTTP dialects for one Governor and backend."""
+
+    def __init__(
+        self,
+        governor: Governor,
+        backend: Backend,
+        config: HttpConfig | None = None,
+        *,
+        admission: Admission | None = None,
+        stats: Callable[[], dict[str, Any]] | None = None,
+    ) -> None:
+        self.governor = governor
+        self.backend = backend
+        self.admission = admission or Admission(governor, backend)
+        self.config = config or HttpConfig()
+        self.address: tuple[str, int] | None = None
+        # (route, status) -> count, read by /metrics.
+        self.requests: Counter[tuple[str, str]] = Counter()
+        self._stats_source = stats
+        self._server: _Uvicorn | None = None
+        self._accepting = True
+        self._closing = False
+        self._scopes: set[anyio.CancelScope] = set()
+        self._active = 0
+        self._drained: anyio.Event | None = None
+        self._done: anyio.Event | None = None
+
+    # -- lifecycle ----------------------------------------------------------
+
+    async def serve(
+        self, *, task_status: anyio.abc.TaskStatus[tuple[str, int]] = anyio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Listen, report ``(host, port)`` through ``task_status``, serve until ``close``.
+
+        Needs the asyncio backend (uvicorn runs on it).
+        """
+        from yieldgate.server._http_app import build_app, make_uvicorn
+
+        self._done = anyio.Event()
+        sockets = bind_sockets(self.config.host, self.config.port)
+        finished = False
+        try:
+            self.address = (self.config.host, sockets[0].getsockname()[1])
+
+            def started() -> None:
+                if not self._accepting:
+                    self.stop_accepting()
+                assert self.address is not None
+                task_status.started(self.address)
+
+            self._server = make_uvicorn(build_app(self), _CLOSE_TIMEOUT_S, started)
+            if self._closing:
+                self._server.request_exit()
+            await self._server.serve(sockets=sockets)
+            finished = True
+        finally:
+            if not finished and self._server is not None:
+                self._abort(self._server)
+            for sock in sockets:
+                sock.close()
+            self._done.set()
+
+    @staticmethod
+    def _abort(server: _Uvicorn) -> None:
+        """Tear uvicorn down at once (the task serving it was cancelled)."""
+        for listener in getattr(server, "servers", ()):
+            listener.close()
+        for connection in list(server.server_state.connections):
+            connection.shutdown()
+        for task in list(server.server_state.tasks):
+            task.cancel()
+
+    def stop_accepting(self) -> None:
+        """Close the listening sockets; open connections are still served."""
+        self._accepting = False
+        if self._server is not None:
+            for listener in getattr(self._server, "servers", ()):
+                listener.close()
+
+    async def wait_drained(self) -> None:
+        """Return once no admitted request of this front is executing or streaming."""
+        if self._active == 0:
+            return
+        if self._drained is None:
+            self._drained = anyio.Event()
+        await self._drained.wait()
+
+    def close(self) -> None:
+        """Cancel admitted work (answered ``shutting_down``) and stop uvicorn."""
+        self._closing = True
+        self.stop_accepting()
+        for scope in list(self._scopes):
+            scope.cancel()
+        if self._server is not None:
+            self._server.request_exit()
+
+    async def wait_closed(self) -> None:
+        """Return once ``serve`` has returned (uvicorn closed its connections)."""
+        if self._done is not None:
+            await self._done.wait()
+
+    # -- state ----------------------------------------------------------------
+
+    def connection_stats(self) -> dict[str, int]:
+        server = self._server
+        return {
+            "http_connections_open": 0 if server is None else len(server.server_state.connections),
+            "http_requests_total": sum(self.requests.values()),
+        }
+
+    def stats(self) -> dict[str, Any]:
+        """What ``GET /stats`` reports: the ``stats`` callable given, else the
+        Governor's counters and this front's connections."""
+        if self._stats_source is not None:
+            return self._stats_source()
+        counters = self.governor.stats().as_dict()
+        counters.update(self.connection_stats())
+        return counters
+
+    # -- one admitted request -----------------------------------------------
+
+    def _track(self) -> anyio.CancelScope:
+        """A scope that ``close`` cancels, counted until ``_untrack`` (``wait_drained``)."""
+        scope = anyio.CancelScope()
+        if self._closing:
+            scope.cancel()
+        self._scopes.add(scope)
+        self._active += 1
+        return scope
+
+    def _untrack(self, scope: anyio.CancelScope) -> None:
+        self._scopes.discard(scope)
+        self._active -= 1
+        if self._active == 0 and self._drained is not None:
+            self._drained.set()
+            self._drained = None
+
+    async def run_admitted(
+        self,
+        admitted: Admitted,
+        receive: Receive,
+        emit: Emit | None,
+        finish: Finish[R],
+    ) -> R | Failure | None:
+        """Execute admitted work while watching the client; ``None`` if it left.
+
+        A client that disconnects cancels its execution at once (the slot is
+        released ``cancelled``); ``close`` cancels it with a ``shutting_down``
+        failure as the outcome.
+        """
+        outcome: R | Failure | None = None
+        scope = self._track()
+        try:
+            async with anyio.create_task_group() as tg:
+
+                async def watch() -> None:
+                    while (await receive())["type"] != "http.disconnect":
+                        pass
+                    tg.cancel_scope.cancel()
+
+                tg.start_soon(watch)
+                with scope:
+                    outcome = await self.admission.execute(admitted, emit, finish)
+                if scope.cancelled_caught:
+                    outcome = Failure(
+                        code=ErrorCode.SHUTTING_DOWN,
+                        message="server shut down before this request finished",
+                        retryable=True,
+                    )
+                tg.cancel_scope.cancel()
+        finally:
+            self._untrack(scope)
+            admitted.slot.release("cancelled")  # a no-op unless cancelled
+        return outcome

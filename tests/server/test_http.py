@@ -1,0 +1,737 @@
+"""The HTTP fronts in-process: a real uvicorn on 127.0.0.1:0 beside the TCP front.
+
+Every route's shape, streams, yields, errors, disconnects and shutdown, with
+httpx (and the official openai client) as the HTTP peer.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+import httpx
+import openai
+import pytest
+from huggingface_hub import TextGenerationStreamOutput
+from openai.types import Completion
+from openai.types.chat import ChatCompletion, ChatCompletionChunk
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.conftest import RawClient, submit
+from yieldgate.server import (
+    Governor,
+    GovernorConfig,
+    HttpConfig,
+    PriorityPolicy,
+    Server,
+    SimulatedBackend,
+    SimulatedConfig,
+    TcpConfig,
+    Work,
+)
+from yieldgate.server.backends import BackendError, Emit
+
+pytestmark = pytest.mark.anyio
+
+CHAT = "/v1/chat/completions"
+COMPLETIONS = "/v1/completions"
+
+
+class ScriptedBackend(SimulatedBackend):
+    """The simulated backend, plus failures it cannot produce: ``backend_params.mode``."""
+
+    async def execute(self, work: Work, emit: Emit | None) -> Any:
+        mode = work.params.get("mode")
+        if mode == "fatal":
+            raise BackendError("the model is broken", retryable=False)
+        if mode == "no-text":
+            return {"tokens": [1, 2]}
+        if mode == "counts":
+            return {"text": work.body, "prompt_tokens": 7, "completion_tokens": 2}
+        if mode == "bad-chunk" and emit is not None:
+            await emit({"text": "fine "})
+            await emit({"bytes": 1})
+        return await super().execute(work, emit)
+
+
+@dataclass
+class Live:
+    server: Server
+    url: str
+    http: httpx.AsyncClient
+    tcp_host: str
+    tcp_port: int
+
+    async def stats(self) -> dict[str, Any]:
+        response = await self.http.get("/stats")
+        assert response.status_code == 200
+        stats: dict[str, Any] = response.json()
+        return stats
+
+    async def wait_for(
+        self, predicate: Callable[[dict[str, Any]], bool], timeout: float = 5.0
+    ) -> dict[str, Any]:
+        with anyio.fail_after(timeout):
+            while True:
+                stats = await self.stats()
+                if predicate(stats):
+                    return stats
+                await anyio.sleep(0.01)
+
+    async def tcp(self) -> RawClient:
+        return RawClient(await anyio.connect_tcp(self.tcp_host, self.tcp_port))
+
+
+Start = Callable[..., Awaitable[Live]]
+
+
+@pytest.fixture
+async def start() -> AsyncIterator[Start]:
+    """Start in-process servers (TCP and HTTP on port 0); all are stopped at teardown."""
+    started: list[Live] = []
+    async with anyio.create_task_group() as tg:
+
+        async def _start(
+            *,
+            max_inflight: int = 1,
+            exec_ms: float = 5,
+            cold_start_s: float = 0.0,
+            grace_s: float = 5.0,
+            max_body_bytes: int = 1 << 20,
+            reserve_high: int = 0,
+        ) -> Live:
+            backend = ScriptedBackend(
+                SimulatedConfig(exec_ms=exec_ms, cold_start_s=cold_start_s, stream_chunks=3)
+            )
+            config = GovernorConfig(
+                max_inflight=max_inflight,
+                initial_exec_ms=exec_ms + 1,
+                priority=PriorityPolicy(reserved_for_high=reserve_high),
+            )
+            server = Server(
+                Governor(config),
+                backend,
+                tcp=TcpConfig(port=0),
+                http=HttpConfig(port=0, max_body_bytes=max_body_bytes, model_name="sim-1"),
+                grace_s=grace_s,
+            )
+            tcp_url = await tg.start(lambda task_status: server.run(task_status=task_status))
+            host, _, port = tcp_url.removeprefix("tcp://").rpartition(":")
+            url = server.urls[1]
+            live = Live(server, url, httpx.AsyncClient(base_url=url), host, int(port))
+            started.append(live)
+            return live
+
+        try:
+            yield _start
+        finally:
+            for live in started:
+                await live.http.aclose()
+                live.server.request_stop(hard=True)
+
+
+async def post_json(client: httpx.AsyncClient, path: str, body: Any) -> httpx.Response:
+    return await client.post(path, json=body)
+
+
+def events(text: str) -> list[Any]:
+    """The data of each server-sent event (``[DONE]`` as the string)."""
+    found = []
+    for block in text.split("\n\n"):
+        if not block.strip():
+            continue
+        assert block.startswith("data: "), block
+        data = block.removeprefix("data: ")
+        found.append(data if data == "[DONE]" else json.loads(data))
+    return found
+
+
+def counters_add_up(stats: dict[str, Any]) -> bool:
+    ended = stats["executed_total"] + stats["failed_total"] + stats["cancelled_total"]
+    return bool(stats["admitted_total"] == ended + stats["inflight"])
+
+
+# -- success shapes -----------------------------------------------------------
+
+
+async def test_chat_completion_parses_as_the_official_type(start: Start) -> None:
+    live = await start()
+    body = {
+        "model": "my-model",
+        "messages": [
+            {"role": "system", "content": "be brief"},
+            {
+                "role": "user",
+                "content": [{"type": "text", "text": "hi "}, {"type": "text", "text": "there"}],
+            },
+        ],
+        "max_tokens": 16,
+        "temperature": 0.2,
+    }
+    response = await live.http.post(CHAT, json=body)
+    assert response.status_code == 200
+    reply = ChatCompletion.model_validate(response.json())
+    assert reply.object == "chat.completion"
+    assert reply.model == "my-model"
+    assert reply.id.startswith("chatcmpl-")
+    # The simulated backend echoes its prompt: one "role: content" line per message.
+    assert reply.choices[0].message.content == "system: be brief\nuser: hi there"
+    assert reply.choices[0].finish_reason == "stop"
+    assert reply.usage is not None
+    assert (reply.usage.prompt_tokens, reply.usage.completion_tokens) == (6, 6)
+    assert reply.usage.total_tokens == 12
+
+
+async def test_completion_and_backend_token_counts(start: Start) -> None:
+    live = await start()
+    response = await live.http.post(
+        COMPLETIONS,
+        json={"model": "m", "prompt": ["say this"], "backend_params": {"mode": "counts"}},
+    )
+    assert response.status_code == 200
+    reply = Completion.model_validate(response.json())
+    assert (reply.object, reply.model, reply.choices[0].text) == (
+        "text_completion",
+        "m",
+        "say this",
+    )
+    assert reply.usage is not None
+    assert (reply.usage.prompt_tokens, reply.usage.completion_tokens) == (7, 2)
+
+
+async def test_models_lists_the_configured_name(start: Start) -> None:
+    live = await start()
+    response = await live.http.get("/v1/models")
+    assert response.status_code == 200
+    listing = response.json()
+    assert listing["object"] == "list"
+    [model] = listing["data"]
+    assert (model["id"], model["object"], model["owned_by"]) == ("sim-1", "model", "yieldgate")
+    assert isinstance(model["created"], int)
+
+
+async def test_official_openai_client(start: Start) -> None:
+    live = await start()
+    client = openai.AsyncOpenAI(base_url=live.url + "/v1", api_key="unused", max_retries=0)
+    async with client:
+        chat = await client.chat.completions.create(
+            model="m",
+            messages=[{"role": "user", "content": "hello world"}],
+            extra_body={"backend_params": {"exec_ms": 1}},
+        )
+        assert chat.choices[0].message.content == "user: hello world"
+        stream = await client.chat.completions.create(
+            model="m",
+            messages=[{"role": "user", "content": "a streamed reply"}],
+            stream=True,
+            stream_options={"include_usage": True},
+            extra_body={"backend_params": {"chunks": 4}},
+        )
+        pieces, usage = [], None
+        async for chunk in stream:
+            pieces.extend(c.delta.content or "" for c in chunk.choices)
+            usage = chunk.usage or usage
+        assert "".join(pieces) == "user: a streamed reply"
+        assert usage is not None
+        assert usage.completion_tokens == 4
+        text = await client.completions.create(model="m", prompt="plain")
+        assert text.choices[0].text == "plain"
+        models = await client.models.list()
+        assert [m.id for m in models.data] == ["sim-1"]
+
+
+async def test_huggingface_route(start: Start) -> None:
+    live = await start()
+    response = await live.http.post(
+        "/models/org/some-model", json={"inputs": "abc", "parameters": {"max_new_tokens": 5}}
+    )
+    assert response.status_code == 200
+    assert response.json() == [{"generated_text": "abc"}]
+
+
+async def test_tgi_routes(start: Start) -> None:
+    live = await start()
+    generate = await live.http.post("/generate", json={"inputs": "a b", "parameters": {}})
+    assert (generate.status_code, generate.json()) == (200, {"generated_text": "a b"})
+    compat = await live.http.post("/", json={"inputs": "a b"})
+    assert (compat.status_code, compat.json()) == (200, [{"generated_text": "a b"}])
+
+
+# -- streams ------------------------------------------------------------------
+
+
+async def test_chat_stream_format(start: Start) -> None:
+    live = await start()
+    body = {
+        "model": "m",
+        "messages": [{"role": "user", "content": "streamed"}],
+        "stream": True,
+        "backend_params": {"chunks": 3},
+    }
+    response = await live.http.post(CHAT, json=body)
+    assert response.status_code == 200
+    assert response.headers["content-type"].startswith("text/event-stream")
+    found = events(response.text)
+    assert found[-1] == "[DONE]"
+    chunks = [ChatCompletionChunk.model_validate(e) for e in found[:-1]]
+    assert {c.object for c in chunks} == {"chat.completion.chunk"}
+    assert len({c.id for c in chunks}) == 1
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == "user: streamed"
+    assert [c.choices[0].finish_reason for c in chunks] == [None, None, None, "stop"]
+
+
+async def test_completion_stream_format(start: Start) -> None:
+    live = await start()
+    body = {"model": "m", "prompt": "one two", "stream": True, "backend_params": {"chunks": 2}}
+    found = events((await live.http.post(COMPLETIONS, json=body)).text)
+    assert found[-1] == "[DONE]"
+    chunks = found[:-1]
+    assert {c["object"] for c in chunks} == {"text_completion"}
+    assert "".join(c["choices"][0]["text"] for c in chunks) == "one two"
+    # As OpenAI sends it: finish_reason null until the last chunk (which the type requires).
+    assert [c["choices"][0]["finish_reason"] for c in chunks] == [None, None, "stop"]
+    assert Completion.model_validate(chunks[-1]).choices[0].text == ""
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/generate_stream", {"inputs": "tokens one by one"}),
+        ("/", {"inputs": "tokens one by one", "stream": True}),
+        ("/models/m", {"inputs": "tokens one by one", "stream": True}),
+    ],
+)
+async def test_tgi_style_stream_format(start: Start, path: str, body: dict[str, Any]) -> None:
+    live = await start()
+    body = {**body, "parameters": {"backend_params": {"chunks": 3}}}
+    response = await live.http.post(path, json=body)
+    assert response.status_code == 200
+    found = [TextGenerationStreamOutput.parse_obj_as_instance(e) for e in events(response.text)]
+    assert [e.token.id for e in found] == [0, 1, 2, 3]
+    assert [e.generated_text for e in found] == [None, None, None, "tokens one by one"]
+    assert "".join(e.token.text for e in found) == "tokens one by one"
+    assert [e.token.special for e in found] == [False, False, False, True]
+
+
+async def test_a_stream_holds_its_slot_until_it_ends(start: Start) -> None:
+    live = await start(max_inflight=1)
+    params = {"exec_ms": 60_000, "chunks": 10_000}  # the first piece at once, then slowly
+    body = {"inputs": "slow stream", "parameters": {"backend_params": params}}
+    async with live.http.stream("POST", "/generate_stream", json=body) as response:
+        assert response.status_code == 200
+        lines = response.aiter_lines()
+        assert (await anext(lines)).startswith("data: ")
+        stats = await live.stats()
+        assert stats["inflight"] == 1
+        other = await live.http.post("/generate", json={"inputs": "x"})
+        assert other.status_code == 429
+    # Leaving mid-stream cancels the rest at once.
+    stats = await live.wait_for(lambda s: s["inflight"] == 0)
+    assert stats["cancelled_total"] == 1
+
+
+# -- yields ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "dialect_fields"),
+    [
+        (
+            CHAT,
+            {"model": "m", "messages": [{"role": "user", "content": "x"}]},
+            {"error": {"message": str, "type": "yield", "param": None, "code": "saturated"}},
+        ),
+        (COMPLETIONS, {"model": "m", "prompt": "x"}, {"error": {"type": "yield"}}),
+        (
+            "/generate",
+            {"inputs": "x"},
+            {"error": "Model is overloaded", "error_type": "overloaded"},
+        ),
+        ("/generate_stream", {"inputs": "x"}, {"error_type": "overloaded"}),
+        ("/", {"inputs": "x"}, {"error_type": "overloaded"}),
+        ("/models/m", {"inputs": "x"}, {"error": str}),
+    ],
+)
+async def test_a_full_server_answers_429_with_both_hints(
+    start: Start, path: str, body: dict[str, Any], dialect_fields: dict[str, Any]
+) -> None:
+    live = await start(max_inflight=1, exec_ms=2000)
+    tcp = await live.tcp()
+    try:
+        await tcp.send(submit("hold"))
+        await live.wait_for(lambda s: s["inflight"] == 1)
+        response = await live.http.post(path, json=body)
+    finally:
+        await tcp.aclose()
+    assert response.status_code == 429
+    reply = response.json()
+    hint = reply["retry_hint_ms"]
+    assert 0 < hint <= 2000
+    assert response.headers["retry-after-ms"] == str(hint)
+    assert response.headers["retry-after"] == str(-(-hint // 1000))
+    assert response.headers["x-should-retry"] == "true"
+    assert (reply["status"], reply["reason"]) == ("yield", "saturated")
+    assert (reply["inflight"], reply["max_inflight"]) == (1, 1)
+    for key, expected in dialect_fields.items():
+        if isinstance(expected, dict):
+            for inner, value in expected.items():
+                if value is str:
+                    assert isinstance(reply[key][inner], str)
+                else:
+                    assert reply[key][inner] == value
+        elif expected is str:
+            assert isinstance(reply[key], str)
+        else:
+            assert reply[key] == expected
+    stats = await live.wait_for(lambda s: s["inflight"] == 0)
+    assert (stats["yielded_total"], stats["yielded_by_reason"]) == (1, {"saturated": 1})
+    assert stats["errors_total"] == 0
+
+
+async def test_tcp_and_http_share_the_slots(start: Start) -> None:
+    live = await start(max_inflight=1)
+    tcp = await live.tcp()
+    hold = {"model": "m", "prompt": "x", "backend_params": {"exec_ms": 10_000}}
+    try:
+        # HTTP holds the only slot: a TCP submit yields.
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(post_json, live.http, COMPLETIONS, hold)
+            await live.wait_for(lambda s: s["inflight"] == 1)
+            reply = await tcp.submit("from tcp")
+            assert (reply["status"], reply["reason"], reply["inflight"]) == (
+                "yield",
+                "saturated",
+                1,
+            )
+            tg.cancel_scope.cancel()  # the HTTP client leaves: its slot frees
+        await live.wait_for(lambda s: s["inflight"] == 0)
+        # TCP holds it: an HTTP request yields.
+        await tcp.send(submit("hold", params={"exec_ms": 10_000}))
+        await live.wait_for(lambda s: s["inflight"] == 1)
+        response = await live.http.post("/generate", json={"inputs": "from http"})
+        assert response.status_code == 429
+        assert response.json()["inflight"] == 1
+    finally:
+        await tcp.aclose()
+    stats = await live.wait_for(lambda s: s["inflight"] == 0)
+    assert (stats["yielded_total"], stats["cancelled_total"]) == (2, 2)
+    assert stats["inflight_peak"] == 1
+    assert counters_add_up(stats)
+
+
+async def test_cold_start(start: Start) -> None:
+    live = await start(cold_start_s=0.6)
+    health = await live.http.get("/health")
+    assert (health.status_code, health.json()) == (503, {"status": "loading"})
+    first = await live.http.post("/models/org/m", json={"inputs": "x"})
+    assert first.status_code == 503
+    assert "retry-after" not in first.headers
+    body = first.json()
+    assert body["error"] == "Model org/m is currently loading"
+    assert set(body) == {"error", "estimated_time"}
+    assert 0 < body["estimated_time"] <= 0.6
+    await anyio.sleep(0.05)
+    second = (await live.http.post("/models/org/m", json={"inputs": "x"})).json()
+    assert second["estimated_time"] < body["estimated_time"]
+    # Other dialects see a 429 yield, reason cold_start.
+    openai_style = await live.http.post(COMPLETIONS, json={"model": "m", "prompt": "x"})
+    assert (openai_style.status_code, openai_style.json()["reason"]) == (429, "cold_start")
+    assert openai_style.json()["error"]["code"] == "cold_start"
+    # Truthful: once the estimate has passed, the model answers.
+    await anyio.sleep(second["estimated_time"] + 0.1)
+    warm = await live.http.post("/models/org/m", json={"inputs": "x"})
+    assert (warm.status_code, warm.json()) == (200, [{"generated_text": "x"}])
+    assert (await live.http.get("/health")).json() == {"status": "ok"}
+    stats = await live.stats()
+    assert stats["yielded_by_reason"] == {"cold_start": 3}
+
+
+# -- errors ---------------------------------------------------------------------
+
+
+def error_code(path: str, reply: dict[str, Any]) -> str:
+    code: str = reply["error"]["code"] if path.startswith("/v1/") else reply["code"]
+    return code
+
+
+ROUTES = [
+    (CHAT, {"model": "m", "messages": [{"role": "user", "content": "x"}]}),
+    (COMPLETIONS, {"model": "m", "prompt": "x"}),
+    ("/models/m", {"inputs": "x"}),
+    ("/generate", {"inputs": "x"}),
+]
+
+
+def with_backend_params(path: str, body: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
+    if path.startswith("/v1/"):
+        return {**body, "backend_params": params}
+    return {**body, "parameters": {"backend_params": params}}
+
+
+@pytest.mark.parametrize(("path", "body"), ROUTES)
+async def test_bad_requests(start: Start, path: str, body: dict[str, Any]) -> None:
+    live = await start()
+    invalid = 422 if path == "/generate" else 400
+    cases: list[tuple[dict[str, Any], bytes | None, dict[str, str]]] = [
+        ({}, b"{not json", {}),
+        ({}, b"[1, 2]", {}),
+        ({}, b'{"inputs": NaN}', {}),
+        ({}, b"[" * 5000 + b"]" * 5000, {}),
+        ({"model": 3, "messages": 4, "prompt": 5, "inputs": 6}, None, {}),
+        (body, None, {"x-yieldgate-priority": "urgent"}),
+        (body, None, {"x-yieldgate-deadline-ms": "soon"}),
+        (with_backend_params(path, body, {"exec_ms": -1}), None, {}),
+        (with_backend_params(path, body, "not an object"), None, {}),  # type: ignore[arg-type]
+    ]
+    for json_body, raw, headers in cases:
+        if raw is None:
+            response = await live.http.post(path, json=json_body, headers=headers)
+        else:
+            response = await live.http.post(path, content=raw, headers=headers)
+        assert response.status_code == invalid, (json_body, raw, response.text)
+        assert response.headers["x-should-retry"] == "false"
+        reply = response.json()
+        if path.startswith("/v1/"):
+            assert reply["error"]["type"] == "invalid_request_error"
+            assert isinstance(reply["error"]["message"], str)
+        else:
+            assert isinstance(reply["error"], str)
+        if path == "/generate":
+            assert reply["error_type"] == "validation"
+    stats = await live.stats()
+    # Refused before admission: no slot was ever taken.
+    assert stats["admitted_total"] == 0
+    assert stats["errors_by_code"] == {"bad_frame": len(cases) - 1, "backend_error": 1}
+
+
+@pytest.mark.parametrize(("path", "body"), ROUTES)
+async def test_backend_failures(start: Start, path: str, body: dict[str, Any]) -> None:
+    live = await start()
+    retryable = await live.http.post(path, json=with_backend_params(path, body, {"fail": True}))
+    assert retryable.status_code == 503
+    assert retryable.headers["x-should-retry"] == "true"
+    assert error_code(path, retryable.json()) == "backend_error"
+    fatal = await live.http.post(path, json=with_backend_params(path, body, {"mode": "fatal"}))
+    assert fatal.status_code == 500
+    assert fatal.headers["x-should-retry"] == "false"
+    no_text = await live.http.post(path, json=with_backend_params(path, body, {"mode": "no-text"}))
+    assert no_text.status_code == 500
+    if path.startswith("/v1/"):
+        assert fatal.json()["error"]["type"] == "server_error"
+    if path == "/generate":
+        assert fatal.json()["error_type"] == "generation"
+    stats = await live.stats()
+    assert (stats["failed_total"], stats["errors_by_code"]) == (3, {"backend_error": 3})
+    assert counters_add_up(stats)
+
+
+@pytest.mark.parametrize(("path", "body"), ROUTES)
+async def test_deadlines(start: Start, path: str, body: dict[str, Any]) -> None:
+    live = await start()
+    spent = await live.http.post(path, json=body, headers={"x-yieldgate-deadline-ms": "0"})
+    assert spent.status_code == 504
+    assert error_code(path, spent.json()) == "deadline_exceeded"
+    slow = with_backend_params(path, body, {"exec_ms": 60_000})
+    passed = await live.http.post(path, json=slow, headers={"x-yieldgate-deadline-ms": "50"})
+    assert passed.status_code == 504
+    assert passed.headers["x-should-retry"] == "false"
+    ok = await live.http.post(path, json=body, headers={"x-yieldgate-deadline-ms": "60000"})
+    assert ok.status_code == 200
+    stats = await live.stats()
+    assert (stats["admitted_total"], stats["cancelled_total"], stats["inflight"]) == (2, 1, 0)
+    assert stats["errors_by_code"] == {"deadline_exceeded": 2}
+
+
+async def test_priority_header_uses_reserved_slots(start: Start) -> None:
+    live = await start(max_inflight=2, reserve_high=1)
+    hold = {"inputs": "x", "parameters": {"backend_params": {"exec_ms": 10_000}}}
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(post_json, live.http, "/generate", hold)
+        await live.wait_for(lambda s: s["inflight"] == 1)
+        normal = await live.http.post("/generate", json={"inputs": "n"})
+        assert normal.status_code == 429
+        high = await live.http.post(
+            "/generate", json={"inputs": "h"}, headers={"x-yieldgate-priority": "high"}
+        )
+        assert (high.status_code, high.json()) == (200, {"generated_text": "h"})
+        tg.cancel_scope.cancel()
+
+
+async def test_body_too_large(start: Start) -> None:
+    live = await start(max_body_bytes=1024)
+    big = {"inputs": "x" * 5000}
+    for path in ("/generate", "/v1/completions", "/models/m"):
+        response = await live.http.post(path, json=big)
+        assert response.status_code == 413
+        assert error_code(path, response.json()) == "frame_too_large"
+    edge = await live.http.post("/generate", content=b'{"inputs": "' + b"y" * 990 + b'"}')
+    assert edge.status_code == 200
+    stats = await live.stats()
+    assert stats["errors_by_code"] == {"frame_too_large": 3}
+
+
+async def test_unknown_routes_and_methods(start: Start) -> None:
+    live = await start()
+    missing = await live.http.get("/v1/nothing")
+    assert missing.status_code == 404
+    assert missing.json()["error"]["code"] == "unknown_op"
+    wrong = await live.http.get("/generate")
+    assert (wrong.status_code, wrong.headers["allow"]) == (405, "POST")
+    assert wrong.json()["code"] == "unknown_op"
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        (CHAT, {"model": "m", "messages": [{"role": "user", "content": "abcdef"}], "stream": True}),
+        ("/generate_stream", {"inputs": "abcdef"}),
+        ("/models/m", {"inputs": "abcdef", "stream": True}),
+    ],
+)
+async def test_a_failure_mid_stream_ends_it_with_an_error_event(
+    start: Start, path: str, body: dict[str, Any]
+) -> None:
+    live = await start()
+    for params in ({"fail": True, "chunks": 2}, {"mode": "bad-chunk"}):
+        response = await live.http.post(path, json=with_backend_params(path, body, params))
+        assert response.status_code == 200
+        found = events(response.text)
+        assert "[DONE]" not in found
+        *pieces, last = found
+        assert pieces
+        if path.startswith("/v1/"):
+            assert last["error"]["code"] == "backend_error"
+            assert isinstance(last["error"]["message"], str)
+        else:
+            assert (last["error_type"], last["code"]) == ("generation", "backend_error")
+    stats = await live.stats()
+    assert (stats["failed_total"], stats["errors_by_code"]) == (2, {"backend_error": 2})
+
+
+async def test_a_stream_that_fails_before_its_first_piece_gets_a_status(start: Start) -> None:
+    live = await start()
+    body = {"inputs": "x", "parameters": {"backend_params": {"mode": "fatal"}}}
+    response = await live.http.post("/generate_stream", json=body)
+    assert response.status_code == 500
+    assert response.json()["error_type"] == "generation"
+
+
+# -- disconnects, stats, metrics ---------------------------------------------
+
+
+@pytest.mark.parametrize(("path", "body"), ROUTES)
+async def test_a_client_that_leaves_frees_its_slot_at_once(
+    start: Start, path: str, body: dict[str, Any]
+) -> None:
+    live = await start(max_inflight=2)
+    slow = with_backend_params(path, body, {"exec_ms": 60_000})
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(post_json, live.http, path, slow)
+        tg.start_soon(post_json, live.http, path, slow)
+        await live.wait_for(lambda s: s["inflight"] == 2)
+        tg.cancel_scope.cancel()
+    stats = await live.wait_for(lambda s: s["inflight"] == 0)
+    assert (stats["cancelled_total"], stats["executed_total"], stats["errors_total"]) == (2, 0, 0)
+    assert counters_add_up(stats)
+    assert (await live.http.post(path, json=body)).status_code == 200
+
+
+async def test_stats_has_both_fronts(start: Start) -> None:
+    live = await start()
+    tcp = await live.tcp()
+    try:
+        assert (await tcp.submit("over tcp"))["status"] == "ok"
+        assert (await live.http.post("/generate", json={"inputs": "over http"})).status_code == 200
+        over_tcp = await tcp.stats()
+    finally:
+        await tcp.aclose()
+    over_http = await live.stats()
+    assert over_tcp.keys() - {"id", "status", "op"} == over_http.keys()
+    assert over_tcp["executed_total"] == over_http["executed_total"] == 2
+    assert (over_tcp["connections_open"], over_tcp["connections_total"]) == (1, 1)
+    assert over_tcp["http_connections_open"] == over_http["http_connections_open"] == 1
+    assert over_http["http_requests_total"] == 1  # the /generate; this /stats is not done yet
+
+
+async def test_metrics(start: Start) -> None:
+    live = await start(max_inflight=1)
+    await live.http.post("/generate", json={"inputs": "x"})
+    await live.http.post("/generate", content=b"nope")
+    tcp = await live.tcp()
+    try:
+        await tcp.send(submit("hold", params={"exec_ms": 10_000}))
+        await live.wait_for(lambda s: s["inflight"] == 1)
+        await live.http.post("/generate", json={"inputs": "x"})
+        response = await live.http.get("/metrics")
+    finally:
+        await tcp.aclose()
+    assert response.status_code == 200
+    assert response.headers["content-type"].startswith("text/plain")
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(response.text)
+        for s in family.samples
+    }
+    assert samples[("yieldgate_inflight", ())] == 1
+    assert samples[("yieldgate_max_inflight", ())] == 1
+    assert samples[("yieldgate_executed_total", ())] == 1
+    assert samples[("yieldgate_yielded_total", (("reason", "saturated"),))] == 1
+    assert samples[("yieldgate_yielded_total", (("reason", "cold_start"),))] == 0
+    assert samples[("yieldgate_errors_total", (("code", "bad_frame"),))] == 1
+    http = "yieldgate_http_requests_total"
+    assert samples[(http, (("route", "/generate"), ("status", "200")))] == 1
+    assert samples[(http, (("route", "/generate"), ("status", "422")))] == 1
+    assert samples[(http, (("route", "/generate"), ("status", "429")))] == 1
+
+
+# -- shutdown -----------------------------------------------------------------
+
+
+async def test_shutdown_finishes_admitted_work_and_refuses_new(start: Start) -> None:
+    live = await start(max_inflight=2, grace_s=10)
+    late = httpx.AsyncClient(base_url=live.url)
+    try:
+        assert (await late.get("/health")).status_code == 200  # a kept-alive connection
+        async with anyio.create_task_group() as tg:
+            replies: list[httpx.Response] = []
+
+            async def admitted() -> None:
+                body = {"inputs": "x", "parameters": {"backend_params": {"exec_ms": 300}}}
+                replies.append(await live.http.post("/generate", json=body))
+
+            tg.start_soon(admitted)
+            await live.wait_for(lambda s: s["inflight"] == 1)
+            live.server.request_stop()
+            refused = await late.post("/generate", json={"inputs": "late"})
+            assert refused.status_code == 503
+            assert refused.json()["code"] == "shutting_down"
+            assert refused.headers["x-should-retry"] == "true"
+        assert replies[0].status_code == 200
+        assert replies[0].json() == {"generated_text": "x"}
+    finally:
+        await late.aclose()
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_shutdown_past_grace_answers_shutting_down(start: Start, stream: bool) -> None:
+    live = await start(grace_s=0.2)
+    path = "/generate_stream" if stream else "/generate"
+    # A stream's first piece goes out at once (60 s in 10,000 pieces).
+    body = {"inputs": "x", "parameters": {"backend_params": {"exec_ms": 60_000, "chunks": 10_000}}}
+    async with anyio.create_task_group() as tg:
+        replies: list[httpx.Response] = []
+
+        async def forever() -> None:
+            replies.append(await live.http.post(path, json=body))
+
+        tg.start_soon(forever)
+        await live.wait_for(lambda s: s["inflight"] == 1)
+        live.server.request_stop()
+    [reply] = replies
+    assert reply.status_code == (200 if stream else 503)
+    last = events(reply.text)[-1] if stream else reply.json()
+    assert (last["code"], last["error_type"]) == ("shutting_down", "shutting_down")
