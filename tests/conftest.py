@@ -36,6 +36,7 @@ class ServerProcess:
     host: str
     port: int
     stderr: list[str] = field(default_factory=list)
+    http_url: str | None = None  # with --http-port: http://HOST:PORT
 
     def signal(self, signum: int) -> None:
         self.proc.send_signal(signum)
@@ -54,7 +55,11 @@ class ServerProcess:
 
 
 def start_server(*args: str, timeout: float = 30.0) -> ServerProcess:
-    """Start ``yieldgate serve --port 0 ARGS`` and wait for its ``listening`` line."""
+    """Start ``yieldgate serve --port 0 ARGS`` and wait for its ``listening`` line(s).
+
+    With ``--http-port`` in ``ARGS`` the second line (``listening http://...``)
+    is awaited too and kept as ``http_url``.
+    """
     cmd = [sys.executable, "-m", "yieldgate", "serve", "--port", "0", *args]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
@@ -62,17 +67,28 @@ def start_server(*args: str, timeout: float = 30.0) -> ServerProcess:
     assert proc.stderr is not None
     stderr: list[str] = []
     threading.Thread(target=lambda: stderr.extend(proc.stderr), daemon=True).start()  # type: ignore[arg-type]
+    expected = ["listening tcp://"]
+    if "--http-port" in args:
+        expected.append("listening http://")
     ready: list[str] = []
-    reader = threading.Thread(target=lambda: ready.append(proc.stdout.readline()), daemon=True)  # type: ignore[union-attr]
+
+    def read_lines() -> None:
+        for _ in expected:
+            ready.append(proc.stdout.readline().strip())  # type: ignore[union-attr]
+
+    reader = threading.Thread(target=read_lines, daemon=True)
     reader.start()
     reader.join(timeout)
-    line = ready[0].strip() if ready else ""
-    if not line.startswith("listening tcp://"):
+    lines = list(ready)
+    if len(lines) != len(expected) or not all(
+        line.startswith(prefix) for line, prefix in zip(lines, expected, strict=True)
+    ):
         proc.kill()
         proc.wait()
-        raise RuntimeError(f"server did not start: stdout={line!r} stderr={''.join(stderr)!r}")
-    host, _, port = line.removeprefix("listening tcp://").rpartition(":")
-    return ServerProcess(proc=proc, host=host, port=int(port), stderr=stderr)
+        raise RuntimeError(f"server did not start: stdout={lines!r} stderr={''.join(stderr)!r}")
+    host, _, port = lines[0].removeprefix("listening tcp://").rpartition(":")
+    http_url = lines[1].removeprefix("listening ") if len(lines) > 1 else None
+    return ServerProcess(proc=proc, host=host, port=int(port), stderr=stderr, http_url=http_url)
 
 
 @pytest.fixture

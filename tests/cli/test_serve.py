@@ -9,6 +9,7 @@ import time
 from typing import Any
 
 import anyio
+import httpx
 import pytest
 
 from tests.conftest import RawClient, start_server, submit
@@ -105,6 +106,9 @@ def test_listening_line_reports_the_real_port() -> None:
         (["--grace-s", "-1"], "grace_s"),
         (["--grace-s", "nan"], "grace_s"),
         (["--log-level", "bogus"], "--log-level"),
+        (["--http-port", "70000"], "http port"),
+        (["--http-port", "0", "--max-body-bytes", "10"], "max_body_bytes"),
+        (["--http-port", "0", "--model-name", ""], "model_name"),
     ],
 )
 def test_bad_flags_are_one_clear_line_and_exit_2(args: list[str], message: str) -> None:
@@ -140,6 +144,46 @@ def test_warns_when_binding_beyond_loopback_without_a_secret() -> None:
     try:
         server.stop()
         assert any("without --secret-file" in line for line in server.stderr)
+    finally:
+        server.stop()
+
+
+@pytest.mark.e2e
+def test_listening_lines_for_both_fronts() -> None:
+    server = start_server("--http-port", "0", "--model-name", "tiny")
+    try:
+        assert server.http_url is not None
+        host, _, port = server.http_url.removeprefix("http://").rpartition(":")
+        assert host == "127.0.0.1"
+        assert int(port) > 0
+        assert int(port) != server.port
+        models = httpx.get(server.http_url + "/v1/models", timeout=5).json()
+        assert models["data"][0]["id"] == "tiny"
+    finally:
+        server.stop()
+    assert server.wait() == 0
+
+
+def test_http_port_in_use_is_a_clear_error() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = run_cli("serve", "--port", "0", "--http-port", str(port))
+    assert result.returncode == 2
+    assert f"cannot listen on HTTP 127.0.0.1:{port}" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+@pytest.mark.e2e
+def test_warns_when_http_binds_beyond_loopback() -> None:
+    server = start_server("--http-port", "0", "--http-host", "0.0.0.0")
+    try:
+        server.stop()
+        warnings = [line for line in server.stderr if line.startswith("warning:")]
+        # HTTP has no authentication; TCP still binds loopback, so it is not warned about.
+        assert len(warnings) == 1
+        assert "HTTP on 0.0.0.0 has no authentication" in warnings[0]
     finally:
         server.stop()
 

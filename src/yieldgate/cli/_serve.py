@@ -21,9 +21,11 @@ def add_parser(sub: Any) -> None:
         "serve",
         help="run the reference governed server",
         description=(
-            "Serve the governed protocol (NDJSON over TCP). At --max-inflight executing submits, "
-            "further submits are answered 'yield' with a retry hint at once; nothing is queued. "
-            "Prints 'listening tcp://HOST:PORT' when ready."
+            "Serve the governed protocol (NDJSON over TCP) and, with --http-port, the OpenAI, "
+            "HuggingFace and TGI HTTP APIs over the same slots. At --max-inflight executing "
+            "requests, further ones are answered 'yield' (HTTP: 429) with a retry hint at once; "
+            "nothing is queued. Prints 'listening tcp://HOST:PORT' (then "
+            "'listening http://HOST:PORT') when ready."
         ),
     )
     net = p.add_argument_group("network")
@@ -39,6 +41,23 @@ def add_parser(sub: Any) -> None:
         "--secret-file",
         type=Path,
         help="file holding a shared secret; every request must then carry it as 'auth'",
+    )
+    net.add_argument(
+        "--http-port",
+        type=int,
+        help="also serve HTTP (OpenAI, HuggingFace, TGI routes) on this port; 0 picks a free one",
+    )
+    net.add_argument("--http-host", help="address the HTTP front binds (default: --host)")
+    net.add_argument(
+        "--max-body-bytes",
+        type=int,
+        default=DEFAULT_MAX_FRAME_BYTES,
+        help="largest accepted HTTP request body; larger ones get 413",
+    )
+    net.add_argument(
+        "--model-name",
+        default="yieldgate-sim",
+        help="the model GET /v1/models lists (default: yieldgate-sim)",
     )
     net.add_argument(
         "--grace-s",
@@ -118,10 +137,16 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
+def _http_host(args: argparse.Namespace) -> str:
+    host: str = args.http_host if args.http_host is not None else args.host
+    return host
+
+
 def build_server(args: argparse.Namespace) -> Any:
     """Turn parsed flags into a ``Server``; bad values raise ``CliError``."""
     from yieldgate.server import (
         GovernorConfig,
+        HttpConfig,
         PriorityPolicy,
         Server,
         SimulatedBackend,
@@ -162,7 +187,15 @@ def build_server(args: argparse.Namespace) -> Any:
             max_frame_bytes=args.max_frame_bytes,
             secret=_read_secret(args.secret_file),
         )
-        return Server(governor, SimulatedBackend(sim), tcp=tcp, grace_s=args.grace_s)
+        http = None
+        if args.http_port is not None:
+            http = HttpConfig(
+                host=_http_host(args),
+                port=args.http_port,
+                max_body_bytes=args.max_body_bytes,
+                model_name=args.model_name,
+            )
+        return Server(governor, SimulatedBackend(sim), tcp=tcp, http=http, grace_s=args.grace_s)
     except ValueError as exc:
         raise CliError(str(exc)) from None
 
@@ -210,20 +243,31 @@ def run(args: argparse.Namespace) -> int:
     )
     server = build_server(args)
     if not _is_loopback(args.host) and server.tcp.config.secret is None:
-        print(
-            f"warning: binding {args.host} without --secret-file: anyone who can reach this port "
-            "can submit work",
-            file=sys.stderr,
-            flush=True,
+        _warn(
+            f"binding {args.host} without --secret-file: anyone who can reach this port "
+            "can submit work"
+        )
+    if server.http is not None and not _is_loopback(server.http.config.host):
+        _warn(
+            f"HTTP on {server.http.config.host} has no authentication: anyone who can reach "
+            "--http-port can submit work"
         )
     try:
         run_async(_serve, server)
     except* OSError as group:
-        if server.tcp.address is not None:
+        if server.urls:
             raise  # bound and served: not a listening problem
+        if server.tcp.address is None:
+            where = f"{args.host}:{args.port}"
+        else:
+            where = f"HTTP {_http_host(args)}:{args.http_port}"
         exc: BaseException = group
         while isinstance(exc, BaseExceptionGroup):
             exc = exc.exceptions[0]
         reason = getattr(exc, "strerror", None) or str(exc)
-        raise CliError(f"cannot listen on {args.host}:{args.port}: {reason}") from None
+        raise CliError(f"cannot listen on {where}: {reason}") from None
     return 0
+
+
+def _warn(message: str) -> None:
+    print(f"warning: {message}", file=sys.stderr, flush=True)
