@@ -19,8 +19,8 @@ demo: $(STAMP)
 	$(VENV)/bin/yieldgate demo
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check src tests bench
-	$(VENV)/bin/ruff format --check src tests bench
+	$(VENV)/bin/ruff check src tests bench examples
+	$(VENV)/bin/ruff format --check src tests bench examples
 
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy

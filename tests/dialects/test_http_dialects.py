@@ -107,7 +107,7 @@ def test_2xx_is_ok_and_carries_the_response(dialect: HttpDialect, lib: Any) -> N
 @pytest.mark.parametrize(
     ("status", "kind"),
     [
-        (429, OutcomeKind.OVERLOADED),
+        (429, OutcomeKind.YIELD),
         (503, OutcomeKind.OVERLOADED),
         (408, OutcomeKind.RETRYABLE),
         (409, OutcomeKind.RETRYABLE),
@@ -126,8 +126,11 @@ def test_status_rules(dialect: HttpDialect, status: int, kind: OutcomeKind) -> N
     assert outcome.value is r
     if kind is not OutcomeKind.FATAL:
         assert outcome.hint_s == 1.5
-    assert isinstance(outcome.error, RemoteError)
-    assert outcome.error.code == f"http_{status}"
+    if kind is OutcomeKind.YIELD:
+        assert outcome.reason == "rate_limited"  # refused at the door: nothing to report
+    else:
+        assert isinstance(outcome.error, RemoteError)
+        assert outcome.error.code == f"http_{status}"
 
 
 @pytest.mark.parametrize("dialect", ALL, ids=lambda d: d.name)
@@ -156,7 +159,7 @@ def test_openai_insufficient_quota_is_fatal() -> None:
     }
     assert OPENAI.classify(response(429, body)).kind is OutcomeKind.FATAL
     rate = {"error": {"message": "slow down", "type": "requests", "code": "rate_limit_exceeded"}}
-    assert OPENAI.classify(response(429, rate)).kind is OutcomeKind.OVERLOADED
+    assert OPENAI.classify(response(429, rate)).kind is OutcomeKind.YIELD
 
 
 @pytest.mark.parametrize("dialect", [HUGGINGFACE, GOVERNED_HTTP], ids=lambda d: d.name)
@@ -192,18 +195,14 @@ def test_estimated_time_is_ignored_by_the_openai_dialect() -> None:
 
 def test_huggingface_rate_limit_uses_retry_after() -> None:
     outcome = HUGGINGFACE.classify(response(429, {"error": "rate limit"}, {"Retry-After": "9"}))
-    assert (outcome.kind, outcome.hint_s) == (OutcomeKind.OVERLOADED, 9.0)
+    assert (outcome.kind, outcome.hint_s) == (OutcomeKind.YIELD, 9.0)
 
 
 @pytest.mark.parametrize("dialect", [TGI, GOVERNED_HTTP], ids=lambda d: d.name)
 def test_tgi_overloaded(dialect: HttpDialect) -> None:
     body = {"error": "Model is overloaded", "error_type": "overloaded"}
     outcome = dialect.classify(response(429, body))
-    assert (outcome.kind, outcome.reason, outcome.hint_s) == (
-        OutcomeKind.OVERLOADED,
-        "overloaded",
-        None,
-    )
+    assert (outcome.kind, outcome.reason, outcome.hint_s) == (OutcomeKind.YIELD, "overloaded", None)
 
 
 def test_tgi_generation_error_is_retryable_and_validation_fatal() -> None:
@@ -226,9 +225,13 @@ def test_governed_yield_body_reads_hint_and_reason() -> None:
     headers = {"retry-after-ms": "999", "retry-after": "1"}
     outcome = GOVERNED_HTTP.classify(response(429, body, headers))
     assert (outcome.kind, outcome.reason, outcome.hint_s) == (OutcomeKind.YIELD, "saturated", 0.34)
-    # The same reply through the openai dialect: shed load, hinted by the header.
+    # The same reply through the openai dialect: a 429, hinted by the header.
     openai_view = OPENAI.classify(response(429, body, headers))
-    assert (openai_view.kind, openai_view.hint_s) == (OutcomeKind.OVERLOADED, 0.999)
+    assert (openai_view.kind, openai_view.reason, openai_view.hint_s) == (
+        OutcomeKind.YIELD,
+        "rate_limited",
+        0.999,
+    )
 
 
 def test_governed_yield_without_usable_hint_uses_headers_and_error_code() -> None:
@@ -239,7 +242,7 @@ def test_governed_yield_without_usable_hint_uses_headers_and_error_code() -> Non
 
 def test_dialect_is_a_gate_classifier() -> None:
     r = response(429, {"error": "x"}, {"retry-after": "1"}, lib=httpx2)
-    assert OPENAI(r, None).kind is OutcomeKind.OVERLOADED
+    assert OPENAI(r, None).kind is OutcomeKind.YIELD
     assert OPENAI({"not": "a response"}, None).kind is OutcomeKind.OK
     assert OPENAI(None, httpx.ConnectError("refused")).kind is OutcomeKind.RETRYABLE
     assert OPENAI(None, httpx2.ConnectError("refused")).kind is OutcomeKind.RETRYABLE

@@ -7,11 +7,20 @@ the rules that the official clients apply (openai-python's among them):
 2xx                    ``ok`` (the body is not read: it may be a stream)
 ``x-should-retry``     ``false``: ``fatal``; ``true``: retried whatever
                        the status (then ``retryable`` unless congestion)
-429                    ``overloaded`` (shed; its retries spend budget)
-503                    ``overloaded``
+429                    ``yield``, reason ``rate_limited``
+503                    ``overloaded`` (its retries spend budget)
 408, 409, 5xx          ``retryable``
 anything else          ``fatal`` (a 400 will not pass on a retry)
 =====================  ===============================================
+
+A 429 is a yield: the server refused the request at its door, before doing
+any work, and (usually) said when to come back, exactly as a governed
+``yield`` does. So waiting it out spends no retry budget and never trips the
+breaker; the window still narrows, and ``max_yields`` and the deadline still
+bound the waiting. A budget there would fail most calls of any burst that
+meets a full or cold server, since every first attempt may be refused. A 503
+may come from a proxy whose upstream did work or broke: it stays
+``overloaded``, and its retries do spend budget.
 
 The hint is ``retry-after-ms``, else ``retry-after`` (seconds or an HTTP date).
 On top of these, each family reads its own bodies:
@@ -21,8 +30,9 @@ On top of these, each family reads its own bodies:
 - ``huggingface``: a 503 with ``estimated_time`` (or "currently loading") is a
   model still loading: a ``yield`` with reason ``cold_start`` whose hint is
   ``estimated_time``. No official client reads it.
-- ``tgi``: a 429 ``error_type: overloaded`` is ``overloaded`` (TGI sends no
-  hint); a 424 (the generation failed) is ``retryable``; 422 is ``fatal``.
+- ``tgi``: a 429 ``error_type: overloaded`` (TGI's ``max_concurrent_requests``)
+  is a ``yield`` with reason ``overloaded`` (TGI sends no hint: backoff); a
+  424 (the generation failed) is ``retryable``; 422 is ``fatal``.
 - ``governed-http`` (yieldgate's reference server, any route): a body with
   ``"status": "yield"`` is a ``yield`` with its ``retry_hint_ms`` and
   ``reason``; then the HuggingFace and TGI rules. It also sends the attempt's
@@ -129,7 +139,7 @@ def _base(reply: _Reply) -> Outcome:
     if reply.retry is False:
         return Outcome.fatal(reply.error(False), reason=f"http {status}", value=value)
     if status == 429:
-        return Outcome.overloaded(hint, reason="rate_limited", value=value, error=reply.error(True))
+        return Outcome.yielded(hint, "rate_limited", value=value)
     if status == 503:
         return Outcome.overloaded(hint, reason="unavailable", value=value, error=reply.error(True))
     if status in (408, 409) or status >= 500 or reply.retry is True:
@@ -166,9 +176,7 @@ def _hf_loading(reply: _Reply) -> Outcome | None:
 
 def _tgi(reply: _Reply) -> Outcome | None:
     if reply.status == 429 and reply.field("error_type") == "overloaded":
-        return Outcome.overloaded(
-            reply.hint_s, reason="overloaded", value=reply.response, error=reply.error(True)
-        )
+        return Outcome.yielded(reply.hint_s, "overloaded", value=reply.response)
     if reply.status == 424 and reply.retry is not False:
         return Outcome.retryable(
             reply.error(True), hint_s=reply.hint_s, reason="generation", value=reply.response

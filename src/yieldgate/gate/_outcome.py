@@ -7,7 +7,7 @@ or raises; a classifier turns the last two cases into an Outcome. The kinds:
 - ``yield``: the upstream declined *before doing any work* and said when to come
   back. A congestion signal: shrink the window, wait about the hint. Never a
   failure: it trips no breaker and spends no retry budget.
-- ``overloaded``: the upstream shed the request (HTTP 429/503 and kin), perhaps
+- ``overloaded``: the upstream shed the request (an HTTP 503 and kin), perhaps
   with a hint. Congestion too, but it may have cost the upstream something, so
   its retries spend the retry budget.
 - ``retryable``: a failure that may pass on another attempt (a reset, a timeout,

@@ -1,0 +1,288 @@
+"""The official openai and huggingface_hub clients, unmodified, under a Gate, against a real server.
+
+Each test starts ``yieldgate serve`` with 4 slots and its HTTP front, fires
+200 concurrent calls (streams among them) and checks that every one
+succeeds while the server's ``inflight`` (sampled from ``/stats`` all along)
+never passes 4. The cold-start tests start the server cold and ramping.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import subprocess
+import sys
+from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx
+import openai
+import pytest
+from huggingface_hub import AsyncInferenceClient, set_async_client_factory
+from huggingface_hub.utils import _http as hf_http
+
+import yieldgate
+from tests.conftest import ServerProcess, start_server
+
+pytestmark = [pytest.mark.anyio, pytest.mark.e2e]
+
+CALLS = 200
+SLOTS = 4
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def server(request: pytest.FixtureRequest) -> Iterator[ServerProcess]:
+    extra: tuple[str, ...] = getattr(request, "param", ())
+    proc = start_server("--max-inflight", str(SLOTS), "--exec-ms", "20", "--http-port", "0", *extra)
+    try:
+        yield proc
+    finally:
+        proc.stop()
+
+
+COLD = ("--cold-start-s", "1.0", "--ramp-s", "1.0")
+
+
+@pytest.fixture
+def hf_factory() -> Iterator[Callable[[yieldgate.Gate, str], None]]:
+    def install(gate: yieldgate.Gate, dialect: str) -> None:
+        set_async_client_factory(lambda: yieldgate.http_client(gate, dialect=dialect))
+
+    try:
+        yield install
+    finally:
+        set_async_client_factory(hf_http.default_async_client_factory)
+
+
+class InflightSampler:
+    """Polls the server's ``/stats`` (outside any Gate) while a run goes on."""
+
+    def __init__(self, base_url: str) -> None:
+        self.base_url = base_url
+        self.samples: list[int] = []
+        self.last: dict[str, Any] = {}
+
+    async def run(self, done: anyio.Event) -> None:
+        async with httpx.AsyncClient(base_url=self.base_url) as client:
+            while not done.is_set():
+                stats = (await client.get("/stats")).json()
+                self.samples.append(stats["inflight"])
+                await anyio.sleep(0.005)
+            self.last = (await client.get("/stats")).json()
+
+
+async def run_concurrently(
+    server: ServerProcess, calls: list[Callable[[], Awaitable[str]]]
+) -> tuple[list[str | BaseException], InflightSampler]:
+    assert server.http_url is not None
+    sampler = InflightSampler(server.http_url)
+    results: list[str | BaseException] = [RuntimeError("not run")] * len(calls)
+    done = anyio.Event()
+
+    async def one(i: int) -> None:
+        try:
+            results[i] = await calls[i]()
+        except Exception as exc:
+            results[i] = exc
+
+    with anyio.fail_after(90):
+        async with anyio.create_task_group() as outer:
+            outer.start_soon(sampler.run, done)
+            async with anyio.create_task_group() as tg:
+                for i in range(len(calls)):
+                    tg.start_soon(one, i)
+            done.set()
+    return results, sampler
+
+
+def assert_all_succeeded(
+    results: list[str | BaseException], expected: list[str], sampler: InflightSampler
+) -> None:
+    failures = [r for r in results if isinstance(r, BaseException)]
+    assert not failures, f"{len(failures)} failed, first: {failures[0]!r}"
+    assert results == expected
+    assert sampler.samples, "the sampler saw nothing"
+    assert max(sampler.samples) <= SLOTS
+    assert max(sampler.samples) >= 1
+    assert sampler.last["inflight"] == 0
+    assert sampler.last["executed_total"] == len(expected)
+
+
+# -- openai ------------------------------------------------------------------------
+
+
+def openai_client(server: ServerProcess, gate: yieldgate.Gate) -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(
+        base_url=f"{server.http_url}/v1",
+        api_key="unused",
+        http_client=yieldgate.http_client(gate, dialect="openai"),
+        max_retries=0,
+    )
+
+
+def chat_call(client: openai.AsyncOpenAI, i: int) -> Callable[[], Awaitable[str]]:
+    async def call() -> str:
+        messages: Any = [{"role": "user", "content": f"hello {i}"}]
+        if i % 2:
+            stream = await client.chat.completions.create(
+                model="yieldgate-sim", messages=messages, stream=True
+            )
+            pieces = [
+                chunk.choices[0].delta.content or ""
+                async for chunk in stream
+                if chunk.choices and chunk.choices[0].delta.content
+            ]
+            return "".join(pieces)
+        reply = await client.chat.completions.create(model="yieldgate-sim", messages=messages)
+        return reply.choices[0].message.content or ""
+
+    return call
+
+
+async def test_openai_client_200_concurrent_calls_all_succeed(server: ServerProcess) -> None:
+    gate = yieldgate.Gate(name="openai")
+    async with openai_client(server, gate) as client:
+        calls = [chat_call(client, i) for i in range(CALLS)]
+        results, sampler = await run_concurrently(server, calls)
+    assert_all_succeeded(results, [f"user: hello {i}" for i in range(CALLS)], sampler)
+    stats = gate.statistics()
+    assert stats.calls_ok == CALLS
+    assert stats.window.inflight == 0
+
+
+@pytest.mark.parametrize("server", [COLD], indirect=True)
+async def test_openai_client_rides_out_a_cold_start(server: ServerProcess) -> None:
+    gate = yieldgate.Gate(yieldgate.GatePolicy.cold_start(), name="openai")
+    async with openai_client(server, gate) as client:
+        calls = [chat_call(client, i) for i in range(CALLS)]
+        results, sampler = await run_concurrently(server, calls)
+    assert_all_succeeded(results, [f"user: hello {i}" for i in range(CALLS)], sampler)
+    assert sampler.last["yielded_total"] > 0  # it was cold, and it was ridden out
+
+
+async def test_openai_gives_the_clients_own_error_when_the_gate_gives_up(
+    server: ServerProcess,
+) -> None:
+    # Every slot held by long TCP submits: HTTP calls can only be yielded.
+    holder_gate = yieldgate.Gate(
+        yieldgate.GatePolicy(window=yieldgate.WindowPolicy.fixed(SLOTS)), name="holders"
+    )
+    url = f"tcp://{server.host}:{server.port}"
+    hold = functools.partial(holder_gate_submit, url, holder_gate)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(hold)
+        with anyio.fail_after(10):
+            while (await stats(server))["inflight"] < SLOTS:  # noqa: ASYNC110 - polls the server
+                await anyio.sleep(0.02)
+        gate = yieldgate.Gate(name="openai")
+        # The slots free in 30 s: a call allowed 1 s stops at once (fail fast).
+        client = openai.AsyncOpenAI(
+            base_url=f"{server.http_url}/v1",
+            api_key="unused",
+            http_client=yieldgate.http_client(gate, dialect="openai", call_timeout=1.0),
+            max_retries=0,
+        )
+        async with client:
+            with pytest.raises(openai.RateLimitError) as info:
+                await client.chat.completions.create(
+                    model="yieldgate-sim", messages=[{"role": "user", "content": "x"}]
+                )
+        error = info.value.response.extensions["yieldgate_error"]
+        assert isinstance(error, yieldgate.DeadlineExceededError)
+        assert error.last_hint_s is not None and error.last_hint_s > 1.0
+        assert gate.statistics().window.inflight == 0
+        tg.cancel_scope.cancel()  # the holders disconnect: their slots return
+
+
+async def holder_gate_submit(url: str, gate: yieldgate.Gate) -> None:
+    async with (
+        yieldgate.GovernedClient(url, gate=gate) as governed,
+        anyio.create_task_group() as tg,
+    ):
+        for _ in range(SLOTS):
+            tg.start_soon(functools.partial(governed.submit, "hold", params={"exec_ms": 30_000}))
+
+
+async def stats(server: ServerProcess) -> dict[str, Any]:
+    async with httpx.AsyncClient(base_url=server.http_url or "") as client:
+        result: dict[str, Any] = (await client.get("/stats")).json()
+        return result
+
+
+# -- huggingface_hub -----------------------------------------------------------------
+
+
+def hf_call(client: AsyncInferenceClient, i: int) -> Callable[[], Awaitable[str]]:
+    async def call() -> str:
+        if i % 2:
+            tokens = await client.text_generation(f"prompt {i}", max_new_tokens=8, stream=True)
+            return "".join([token async for token in tokens])
+        return await client.text_generation(f"prompt {i}", max_new_tokens=8)
+
+    return call
+
+
+async def hf_run(
+    server: ServerProcess, gate: yieldgate.Gate
+) -> tuple[list[str | BaseException], InflightSampler]:
+    async with AsyncInferenceClient(model=f"{server.http_url}/models/tiny") as client:
+        return await run_concurrently(server, [hf_call(client, i) for i in range(CALLS)])
+
+
+async def test_huggingface_client_200_concurrent_calls_all_succeed(
+    server: ServerProcess, hf_factory: Callable[[yieldgate.Gate, str], None]
+) -> None:
+    gate = yieldgate.Gate(name="hf")
+    hf_factory(gate, "huggingface")
+    results, sampler = await hf_run(server, gate)
+    assert_all_succeeded(results, [f"prompt {i}" for i in range(CALLS)], sampler)
+    assert gate.statistics().calls_ok == CALLS
+
+
+@pytest.mark.parametrize("server", [COLD], indirect=True)
+async def test_huggingface_client_rides_out_a_cold_start(
+    server: ServerProcess, hf_factory: Callable[[yieldgate.Gate, str], None]
+) -> None:
+    gate = yieldgate.Gate(yieldgate.GatePolicy.cold_start(), name="hf")
+    hf_factory(gate, "huggingface")
+    results, sampler = await hf_run(server, gate)
+    assert_all_succeeded(results, [f"prompt {i}" for i in range(CALLS)], sampler)
+    # The loading model's 503s were read as cold-start yields, not failures.
+    stats = gate.statistics()
+    assert stats.yields > 0
+    assert stats.failures == 0
+
+
+# -- the examples ------------------------------------------------------------------------
+
+
+def run_example(name: str, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    return subprocess.run(
+        [sys.executable, str(ROOT / "examples" / name), *args],
+        capture_output=True,
+        text=True,
+        timeout=90,
+        env=env,
+        check=False,
+    )
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+def test_example_openai_chat(server: ServerProcess, stream: bool) -> None:
+    args = ["--base-url", f"{server.http_url}/v1", "--requests", "40"]
+    result = run_example("openai_chat.py", *args, *(["--stream"] if stream else []))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "40/40 succeeded" in result.stdout
+
+
+@pytest.mark.parametrize("server", [COLD], indirect=True)
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+def test_example_huggingface_text_across_a_cold_start(server: ServerProcess, stream: bool) -> None:
+    args = ["--url", f"{server.http_url}/models/tiny", "--requests", "40"]
+    result = run_example("huggingface_text.py", *args, *(["--stream"] if stream else []))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "40/40 succeeded" in result.stdout
