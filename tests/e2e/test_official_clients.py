@@ -192,7 +192,8 @@ async def test_openai_gives_the_clients_own_error_when_the_gate_gives_up(
                 )
         error = info.value.response.extensions["yieldgate_error"]
         assert isinstance(error, yieldgate.DeadlineExceededError)
-        assert error.last_hint_s is not None and error.last_hint_s > 1.0
+        assert error.last_hint_s is not None
+        assert error.last_hint_s > 1.0
         assert gate.statistics().window.inflight == 0
         tg.cancel_scope.cancel()  # the holders disconnect: their slots return
 
