@@ -735,3 +735,18 @@ async def test_shutdown_past_grace_answers_shutting_down(start: Start, stream: b
     assert reply.status_code == (200 if stream else 503)
     last = events(reply.text)[-1] if stream else reply.json()
     assert (last["code"], last["error_type"]) == ("shutting_down", "shutting_down")
+
+
+async def test_stop_requested_before_run_returns_promptly() -> None:
+    server = Server(
+        Governor(),
+        SimulatedBackend(),
+        tcp=TcpConfig(port=0),
+        http=HttpConfig(port=0),
+        grace_s=0,
+    )
+    server.request_stop()
+    with anyio.fail_after(5):
+        await server.run()
+    assert server.http is not None
+    assert server.http.address is not None
