@@ -25,6 +25,7 @@ from yieldgate import (
     GatePolicy,
     RetriesExhaustedError,
     RetryPolicy,
+    TimeoutPolicy,
     WindowPolicy,
     YieldExhaustedError,
     current_attempt,
@@ -331,4 +332,32 @@ async def test_a_response_the_inner_transport_already_read_frees_its_slot_at_onc
     transport = gate_transport(gate, inner=httpx2.MockTransport(handler))
     response = await transport.handle_async_request(httpx2.Request("GET", URL))
     assert response.content == b"read already"
+    assert gate.statistics().window.inflight == 0
+
+
+async def test_an_error_body_cut_off_by_the_attempt_timeout_is_still_closed() -> None:
+    closed: list[bool] = []
+
+    class SlowBody(httpx2.AsyncByteStream):
+        async def __aiter__(self) -> AsyncIterator[bytes]:
+            yield b'{"error": '
+            await anyio.sleep(60)  # the rest never comes in time
+            yield b'"late"}'
+
+        async def aclose(self) -> None:
+            closed.append(True)  # httpcore shields its own close from cancellation
+
+    def handler(request: httpx2.Request) -> httpx2.Response:
+        return httpx2.Response(503, stream=SlowBody())
+
+    policy = GatePolicy(
+        window=WindowPolicy.fixed(1),
+        retry=RetryPolicy(max_attempts=2),
+        timeouts=TimeoutPolicy(attempt_s=1.0, total_s=30.0),
+    )
+    gate = Gate(policy, name="upstream")
+    async with http_client(gate, inner=httpx2.MockTransport(handler)) as client:
+        with pytest.raises(RetriesExhaustedError):
+            await client.get(URL)
+    assert closed == [True, True]  # one per attempt, though both were cancelled mid-read
     assert gate.statistics().window.inflight == 0

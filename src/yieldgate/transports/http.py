@@ -124,7 +124,10 @@ class _GatedCore:
             try:
                 await response.aread()
             finally:
-                await response.aclose()
+                # Even when the attempt is being cancelled: else the
+                # connection stays checked out of the pool.
+                with anyio.CancelScope(shield=True):
+                    await response.aclose()
         return response
 
     async def aclose(self) -> None:
