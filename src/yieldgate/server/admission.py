@@ -27,7 +27,7 @@ from yieldgate.protocol import ErrorCode, Priority
 from yieldgate.server.backends import Backend, BackendError, Emit, Work
 from yieldgate.server.governor import Governor, Slot, Yield
 
-__all__ = ["Admission", "Admitted", "Failure", "Finish"]
+__all__ = ["Admission", "Admitted", "Failure", "Finish", "Outstanding"]
 
 log = logging.getLogger("yieldgate.server")
 
@@ -61,6 +61,36 @@ class Admitted:
     work: Work
     slot: Slot
     deadline_ms: int | None
+
+
+class Outstanding:
+    """How many admitted requests a front has not answered yet, and a wait for none.
+
+    A front calls ``add`` when it admits work and ``done`` once the work's
+    terminal reply is out; a graceful shutdown awaits ``wait_idle``.
+    """
+
+    __slots__ = ("_count", "_idle")
+
+    def __init__(self) -> None:
+        self._count = 0
+        self._idle: anyio.Event | None = None
+
+    def add(self) -> None:
+        self._count += 1
+
+    def done(self) -> None:
+        self._count -= 1
+        if self._count == 0 and self._idle is not None:
+            self._idle.set()
+            self._idle = None
+
+    async def wait_idle(self) -> None:
+        if self._count == 0:
+            return
+        if self._idle is None:
+            self._idle = anyio.Event()
+        await self._idle.wait()
 
 
 class Admission:

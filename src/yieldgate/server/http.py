@@ -29,7 +29,7 @@ import anyio
 import anyio.abc
 
 from yieldgate.protocol import DEFAULT_MAX_FRAME_BYTES, ErrorCode
-from yieldgate.server.admission import Admission, Admitted, Failure, Finish, R
+from yieldgate.server.admission import Admission, Admitted, Failure, Finish, Outstanding, R
 from yieldgate.server.backends import Backend, Emit
 from yieldgate.server.governor import Governor
 
@@ -129,8 +129,7 @@ class HttpFront:
         self._accepting = True
         self._closing = False
         self._scopes: set[anyio.CancelScope] = set()
-        self._active = 0
-        self._drained: anyio.Event | None = None
+        self._outstanding = Outstanding()
         self._done: anyio.Event | None = None
 
     # -- lifecycle ----------------------------------------------------------
@@ -187,11 +186,7 @@ class HttpFront:
 
     async def wait_drained(self) -> None:
         """Return once no admitted request of this front is executing or streaming."""
-        if self._active == 0:
-            return
-        if self._drained is None:
-            self._drained = anyio.Event()
-        await self._drained.wait()
+        await self._outstanding.wait_idle()
 
     def close(self) -> None:
         """Cancel admitted work (answered ``shutting_down``) and stop uvicorn."""
@@ -233,15 +228,12 @@ class HttpFront:
         if self._closing:
             scope.cancel()
         self._scopes.add(scope)
-        self._active += 1
+        self._outstanding.add()
         return scope
 
     def _untrack(self, scope: anyio.CancelScope) -> None:
         self._scopes.discard(scope)
-        self._active -= 1
-        if self._active == 0 and self._drained is not None:
-            self._drained.set()
-            self._drained = None
+        self._outstanding.done()
 
     async def run_admitted(
         self,

@@ -46,7 +46,7 @@ from yieldgate.protocol import (
     stats_reply_frame,
 )
 from yieldgate.server._fastframe import fast_submit_decoder
-from yieldgate.server.admission import Admission, Admitted, Failure
+from yieldgate.server.admission import Admission, Admitted, Failure, Outstanding
 from yieldgate.server.backends import Backend, Emit
 from yieldgate.server.governor import Governor, Slot
 
@@ -121,8 +121,7 @@ class TcpFront:
         self._conns_scope: anyio.CancelScope | None = None
         self._connections: set[_Connection] = set()
         self._connections_total = 0
-        self._active = 0
-        self._drained: anyio.Event | None = None
+        self._outstanding = Outstanding()
         # Well-formed submits skip the reference decoder when msgspec is installed.
         self._fast_submit = fast_submit_decoder(self.config.secret)
         self._hard_stop = False
@@ -174,11 +173,7 @@ class TcpFront:
 
     async def wait_drained(self) -> None:
         """Return once no admitted submit of this front is executing or unanswered."""
-        if self._active == 0:
-            return
-        if self._drained is None:
-            self._drained = anyio.Event()
-        await self._drained.wait()
+        await self._outstanding.wait_idle()
 
     def close(self) -> None:
         """Close every connection; submits still executing get ``shutting_down``."""
@@ -325,7 +320,7 @@ class TcpFront:
         )
         if isinstance(decision, Admitted):
             conn.inflight.add(req.id)
-            self._active += 1
+            self._outstanding.add()
             work.start_soon(self._run, conn, req, decision)
         elif isinstance(decision, Failure):
             out.append(
@@ -373,10 +368,7 @@ class TcpFront:
             conn.inflight.discard(req.id)
             if not conn.inflight and conn.idle is not None:
                 conn.idle.set()
-            self._active -= 1
-            if self._active == 0 and self._drained is not None:
-                self._drained.set()
-                self._drained = None
+            self._outstanding.done()
 
     async def _execute(self, conn: _Connection, req: SubmitRequest, admitted: Admitted) -> bytes:
         emit = self._emitter(conn, req.id) if req.stream else None
