@@ -226,9 +226,8 @@ def usage_of(
 class _OpenAI(Dialect):
     family = "openai"
 
-    def _common(
-        self, body: dict[str, Any], default_model: str
-    ) -> tuple[str, dict[str, Any], bool, bool]:
+    def _job(self, body: dict[str, Any], prompt: str, default_model: str) -> Job:
+        """The job for ``prompt``, from the fields both OpenAI routes share."""
         model = body.get("model", default_model)
         if not isinstance(model, str) or not model:
             raise BadRequest("'model' must be a non-empty string")
@@ -241,9 +240,16 @@ class _OpenAI(Dialect):
         params = _backend_params(
             max_tokens, _number(body, "temperature"), _object(body, "backend_params")
         )
-        stream = _bool(body, "stream")
-        include_usage = _bool(_object(body, "stream_options"), "include_usage", "stream_options.")
-        return model, params, stream, include_usage
+        return Job(
+            prompt=prompt,
+            params=params,
+            stream=_bool(body, "stream"),
+            model=model,
+            include_usage=_bool(
+                _object(body, "stream_options"), "include_usage", "stream_options."
+            ),
+            id=self.new_id(),
+        )
 
     def _chunk(self, job: Job, choice: dict[str, Any]) -> dict[str, Any]:
         chunk: dict[str, Any] = {
@@ -294,15 +300,7 @@ class ChatCompletions(_OpenAI):
         if not isinstance(messages, list) or not messages:
             raise BadRequest("'messages' must be a non-empty array")
         lines = [_message_line(i, message) for i, message in enumerate(messages)]
-        model, params, stream, include_usage = self._common(body, default_model)
-        return Job(
-            prompt="\n".join(lines),
-            params=params,
-            stream=stream,
-            model=model,
-            include_usage=include_usage,
-            id=self.new_id(),
-        )
+        return self._job(body, "\n".join(lines), default_model)
 
     def ok(self, job: Job, text: str, usage: dict[str, int]) -> Any:
         return {
@@ -370,15 +368,7 @@ class Completions(_OpenAI):
             prompt = prompt[0]
         if not isinstance(prompt, str):
             raise BadRequest("'prompt' must be a string (or an array of one string)")
-        model, params, stream, include_usage = self._common(body, default_model)
-        return Job(
-            prompt=prompt,
-            params=params,
-            stream=stream,
-            model=model,
-            include_usage=include_usage,
-            id=self.new_id(),
-        )
+        return self._job(body, prompt, default_model)
 
     def ok(self, job: Job, text: str, usage: dict[str, int]) -> Any:
         return {
