@@ -33,6 +33,7 @@ from yieldgate._exceptions import FrameError, ProtocolError
 __all__ = [
     "DEFAULT_MAX_FRAME_BYTES",
     "MAX_DEADLINE_MS",
+    "PRIORITY_BY_NAME",
     "PROTOCOL_VERSION",
     "ChunkReply",
     "ErrorCode",
@@ -109,7 +110,8 @@ class ErrorCode(StrEnum):
 
 
 _OPS: Final = frozenset({"submit", "stats", "ping"})
-_PRIORITIES: Final = {p.value: p for p in Priority}
+PRIORITY_BY_NAME: Final[Mapping[str, Priority]] = {p.value: p for p in Priority}
+"""``"high"`` -> ``Priority.HIGH`` and so on: a lookup that cannot raise."""
 _HEX: Final = frozenset("0123456789abcdef")
 # JSON numbers beyond 2**53 lose precision in most peers; no budget is that long.
 MAX_DEADLINE_MS: Final = 2**53 - 1
@@ -283,7 +285,7 @@ def _decode_submit(obj: dict[str, Any], rid: str) -> SubmitRequest:
     if raw_priority is None:
         priority = Priority.NORMAL
     else:
-        found = _PRIORITIES.get(raw_priority) if type(raw_priority) is str else None
+        found = PRIORITY_BY_NAME.get(raw_priority) if type(raw_priority) is str else None
         if found is None:
             raise _bad(rid, "'priority' must be 'high', 'normal' or 'low'")
         priority = found

@@ -19,13 +19,11 @@ import hmac
 from collections.abc import Callable
 from typing import Any
 
-from yieldgate.protocol import MAX_DEADLINE_MS, Priority, SubmitRequest
+from yieldgate.protocol import MAX_DEADLINE_MS, PRIORITY_BY_NAME, Priority, SubmitRequest
 
 __all__ = ["FastDecode", "fast_submit_decoder"]
 
 FastDecode = Callable[[bytes], SubmitRequest | None]
-
-_PRIORITIES = {p.value: p for p in Priority}
 
 
 def fast_submit_decoder(secret: str | None) -> FastDecode | None:
@@ -66,7 +64,7 @@ def fast_submit_decoder(secret: str | None) -> FastDecode | None:
         if frame.priority is None:
             priority = Priority.NORMAL
         else:
-            found = _PRIORITIES.get(frame.priority)
+            found = PRIORITY_BY_NAME.get(frame.priority)
             if found is None:
                 return None
             priority = found

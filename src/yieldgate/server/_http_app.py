@@ -34,7 +34,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from yieldgate.protocol import MAX_DEADLINE_MS, ErrorCode, Priority
+from yieldgate.protocol import MAX_DEADLINE_MS, PRIORITY_BY_NAME, ErrorCode, Priority
 from yieldgate.server._http_dialects import (
     BadRequest,
     ChatCompletions,
@@ -64,7 +64,6 @@ log = logging.getLogger("yieldgate.server")
 PRIORITY_HEADER = "x-yieldgate-priority"
 DEADLINE_HEADER = "x-yieldgate-deadline-ms"
 
-_PRIORITIES = {p.value: p for p in Priority}
 _INTEGER = re.compile(r"-?[0-9]{1,20}")
 # A body past the limit is still read (and dropped) up to this many times the
 # limit, so that the client, still sending, gets to read the 413.
@@ -93,7 +92,7 @@ def _priority(request: Request) -> Priority:
     value = request.headers.get(PRIORITY_HEADER)
     if value is None:
         return Priority.NORMAL
-    priority = _PRIORITIES.get(value.strip())
+    priority = PRIORITY_BY_NAME.get(value.strip())
     if priority is None:
         raise BadRequest(f"header {PRIORITY_HEADER} must be high, normal or low")
     return priority

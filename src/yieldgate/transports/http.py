@@ -41,14 +41,13 @@ import anyio
 from yieldgate._exceptions import CallFailedError, YieldgateError
 from yieldgate.dialects import HttpDialect, get_dialect
 from yieldgate.gate import USE_POLICY, Gate, Lease, Outcome, Signal, UsePolicy, current_attempt
-from yieldgate.protocol import Priority
+from yieldgate.protocol import PRIORITY_BY_NAME, Priority
 
 __all__ = ["DEADLINE_HEADER", "PRIORITY_HEADER", "Flavor", "gate_transport", "http_client"]
 
 Flavor = Literal["httpx", "httpx2"]
 PRIORITY_HEADER = "x-yieldgate-priority"
 DEADLINE_HEADER = "x-yieldgate-deadline-ms"
-_PRIORITIES = {p.value: p for p in Priority}
 
 
 def _library(flavor: str) -> Any:
@@ -137,7 +136,7 @@ class _GatedCore:
 def _priority(value: str | None) -> Priority:
     if value is None:
         return Priority.NORMAL
-    found = _PRIORITIES.get(value.strip().lower())
+    found = PRIORITY_BY_NAME.get(value.strip().lower())
     if found is None:
         raise ValueError(f"{PRIORITY_HEADER} must be high, normal or low, got {value!r}")
     return found
