@@ -1,0 +1,37 @@
+"""The GPU-worker harness: a tiny torch transformer served with continuous batching.
+
+Needs the ``harness`` extra (torch). Nothing under ``yieldgate`` imports this
+package unless asked: ``yieldgate serve --backend harness`` does, lazily.
+
+- ``model``: the byte-level transformer and its paged attention.
+- ``block_manager``: KV blocks, block tables, reference counts, prefix cache.
+- ``scheduler``: continuous batching with preemption by recompute.
+- ``runner``: batch to tensors, forward pass, sampling.
+- ``engine``: the three stepped together (synchronous).
+- ``backend``: the engine on its own thread as a server backend.
+"""
+
+from yieldgate.harness.backend import HarnessBackend, HarnessConfig
+from yieldgate.harness.block_manager import BlockManager
+from yieldgate.harness.engine import Engine, EngineConfig, StepResult, pick_device
+from yieldgate.harness.model import ModelConfig, TinyTransformer, load_checkpoint, save_checkpoint
+from yieldgate.harness.scheduler import Scheduler, SchedulerConfig
+from yieldgate.harness.sequence import SamplingParams, Sequence
+
+__all__ = [
+    "BlockManager",
+    "Engine",
+    "EngineConfig",
+    "HarnessBackend",
+    "HarnessConfig",
+    "ModelConfig",
+    "SamplingParams",
+    "Scheduler",
+    "SchedulerConfig",
+    "Sequence",
+    "StepResult",
+    "TinyTransformer",
+    "load_checkpoint",
+    "pick_device",
+    "save_checkpoint",
+]

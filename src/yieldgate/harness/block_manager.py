@@ -1,0 +1,192 @@
+"""The paged KV cache's bookkeeping: blocks, block tables, reference counts, prefix cache.
+
+Blocks hold ``block_size`` tokens each. A sequence owns a block table (block
+ids, in order); several sequences may share a block, counted by its
+reference count. A block that is full and computed gets a hash chained from
+the previous block's hash and its own tokens, so a later prompt that starts
+with the same tokens finds it (prefix caching). When its last reader goes,
+a hashed block is not wiped: it waits in the evictable pool (least recently
+used first) until a block is needed and no never-used block is left.
+
+Hashes are Python's tuple hash (64 bits); a match also compares the tokens,
+so a collision costs a cache miss, never a wrong answer.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from yieldgate.harness.sequence import Sequence
+
+__all__ = ["BlockManager", "BlockManagerStats"]
+
+_NO_HASH = -1
+
+
+@dataclass(frozen=True, slots=True)
+class BlockManagerStats:
+    num_blocks: int
+    num_free: int
+    num_evictable: int
+    num_used: int
+    num_hashed: int
+    evictions: int
+
+
+class _Block:
+    __slots__ = ("hash", "id", "ref_count", "tokens")
+
+    def __init__(self, block_id: int) -> None:
+        self.id = block_id
+        self.ref_count = 0
+        self.hash = _NO_HASH
+        self.tokens: tuple[int, ...] = ()
+
+
+def chain_hash(prev: int, tokens: tuple[int, ...]) -> int:
+    """The hash of a full block whose predecessor's hash is ``prev``."""
+    return hash((prev, tokens))
+
+
+class BlockManager:
+    """Allocates KV blocks to sequences, sharing cached prefix blocks."""
+
+    def __init__(self, num_blocks: int, block_size: int) -> None:
+        if num_blocks < 1 or block_size < 1:
+            raise ValueError("num_blocks and block_size must be >= 1")
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self._blocks = [_Block(i) for i in range(num_blocks)]
+        # Never-hashed free blocks first; hashed ones are kept as long as possible.
+        self._free: list[int] = list(range(num_blocks - 1, -1, -1))
+        self._evictable: OrderedDict[int, None] = OrderedDict()
+        self._by_hash: dict[int, int] = {}
+        self.evictions = 0
+
+    # -- capacity -------------------------------------------------------------
+
+    @property
+    def num_available(self) -> int:
+        """Blocks that can be handed out now (free or evictable)."""
+        return len(self._free) + len(self._evictable)
+
+    def blocks_for(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    def _match(self, seq: Sequence) -> list[_Block]:
+        """The cached blocks that start ``seq``, leaving its last token to compute."""
+        size = self.block_size
+        matched: list[_Block] = []
+        prev = _NO_HASH
+        # The block holding the last token is never taken from the cache: that
+        # token must run through the model to give the next token's logits.
+        for start in range(0, len(seq.tokens) - 1 - size + 1, size):
+            tokens = tuple(seq.tokens[start : start + size])
+            h = chain_hash(prev, tokens)
+            block_id = self._by_hash.get(h)
+            if block_id is None or self._blocks[block_id].tokens != tokens:
+                break
+            matched.append(self._blocks[block_id])
+            prev = h
+        return matched
+
+    def can_allocate(self, seq: Sequence) -> bool:
+        """Whether ``allocate(seq)`` would succeed now."""
+        matched = self._match(seq)
+        reused_idle = sum(1 for block in matched if block.ref_count == 0)
+        fresh = self.blocks_for(len(seq.tokens)) - len(matched)
+        return fresh + reused_idle <= self.num_available
+
+    # -- allocation -----------------------------------------------------------
+
+    def allocate(self, seq: Sequence) -> None:
+        """Give ``seq`` a block table for all its tokens, reusing cached prefix blocks.
+
+        Sets ``seq.num_cached`` (and ``num_computed``) to the tokens found in
+        the cache. Raises ``MemoryError`` when the blocks are not there: call
+        ``can_allocate`` first.
+        """
+        if seq.block_table:
+            raise RuntimeError(f"{seq!r} already holds blocks")
+        if not self.can_allocate(seq):
+            raise MemoryError(f"not enough KV blocks for {seq!r}")
+        matched = self._match(seq)
+        for block in matched:
+            if block.ref_count == 0:
+                del self._evictable[block.id]
+            block.ref_count += 1
+            seq.block_table.append(block.id)
+        for _ in range(self.blocks_for(len(seq.tokens)) - len(matched)):
+            seq.block_table.append(self._take().id)
+        seq.num_cached = seq.num_computed = len(matched) * self.block_size
+        seq.num_committed = len(matched)
+        seq.last_hash = matched[-1].hash if matched else _NO_HASH
+
+    def can_append(self, seq: Sequence) -> bool:
+        """Whether the slot for ``seq``'s last token is there or can be had."""
+        return len(seq.block_table) * self.block_size >= len(seq.tokens) or self.num_available > 0
+
+    def append_slot(self, seq: Sequence) -> None:
+        """Make sure the last token of ``seq`` has a slot (a new block at a block boundary)."""
+        if len(seq.block_table) * self.block_size < len(seq.tokens):
+            if self.num_available == 0:
+                raise MemoryError(f"no KV block left for {seq!r}")
+            seq.block_table.append(self._take().id)
+
+    def free(self, seq: Sequence) -> None:
+        """Give back every block of ``seq``; hashed ones stay findable until evicted."""
+        # Last block first: when evicted later, the tail of a prefix goes before its head.
+        for block_id in reversed(seq.block_table):
+            block = self._blocks[block_id]
+            block.ref_count -= 1
+            if block.ref_count == 0:
+                if block.hash != _NO_HASH:
+                    self._evictable[block_id] = None
+                else:
+                    self._free.append(block_id)
+        seq.block_table.clear()
+        seq.num_computed = seq.num_cached = seq.num_committed = 0
+        seq.last_hash = _NO_HASH
+
+    def commit(self, seq: Sequence) -> None:
+        """Register the full, computed blocks of ``seq`` not yet in the prefix cache."""
+        size = self.block_size
+        full = min(seq.num_computed, len(seq.tokens)) // size
+        prev = seq.last_hash
+        for index in range(seq.num_committed, full):
+            block = self._blocks[seq.block_table[index]]
+            if block.hash != _NO_HASH:  # matched from the cache at allocation
+                prev = block.hash
+                continue
+            tokens = tuple(seq.tokens[index * size : (index + 1) * size])
+            prev = chain_hash(prev, tokens)
+            # Two sequences may have computed the same block side by side: the
+            # first one registered stays the cached copy.
+            if prev not in self._by_hash:
+                block.hash, block.tokens = prev, tokens
+                self._by_hash[prev] = block.id
+        if full > seq.num_committed:
+            seq.num_committed, seq.last_hash = full, prev
+
+    def _take(self) -> _Block:
+        if self._free:
+            block = self._blocks[self._free.pop()]
+        else:
+            block_id, _ = self._evictable.popitem(last=False)
+            block = self._blocks[block_id]
+            del self._by_hash[block.hash]
+            block.hash, block.tokens = _NO_HASH, ()
+            self.evictions += 1
+        block.ref_count = 1
+        return block
+
+    def stats(self) -> BlockManagerStats:
+        return BlockManagerStats(
+            num_blocks=self.num_blocks,
+            num_free=len(self._free),
+            num_evictable=len(self._evictable),
+            num_used=self.num_blocks - self.num_available,
+            num_hashed=len(self._by_hash),
+            evictions=self.evictions,
+        )

@@ -1,0 +1,225 @@
+"""The engine: scheduler, block manager and model runner stepped together.
+
+``Engine`` is synchronous and single-threaded: ``add`` sequences, call
+``step`` until ``has_work`` is false. The server's backend runs it on a thread
+of its own (``yieldgate.harness.backend``); tests and benchmarks drive it
+directly.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from yieldgate.harness.block_manager import BlockManager
+from yieldgate.harness.model import KVCache, ModelConfig, TinyTransformer, load_checkpoint
+from yieldgate.harness.runner import ModelRunner
+from yieldgate.harness.scheduler import Batch, Scheduler, SchedulerConfig
+from yieldgate.harness.sequence import SamplingParams, Sequence
+
+__all__ = ["Engine", "EngineConfig", "StepResult", "pick_device"]
+
+# Weight of the newest measurement in the step-time averages.
+_EWMA_ALPHA = 0.2
+
+
+def pick_device(name: str = "auto") -> torch.device:
+    """``auto``: CUDA when available, else CPU. ``cuda`` without a GPU is an error."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device 'cuda' asked for, but torch sees no CUDA device")
+    return device
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EngineConfig:
+    """Everything the engine needs. ``num_blocks * block_size`` tokens of KV in all."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    checkpoint: Path | None = None
+    device: str = "auto"
+    num_blocks: int = 1024
+    block_size: int = 16
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+
+    def __post_init__(self) -> None:
+        if self.num_blocks < 1:
+            raise ValueError("num_blocks must be >= 1")
+        if self.block_size < 1:
+            raise ValueError("block_size must be >= 1")
+        if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
+            raise ValueError(f"device must be auto, cpu or cuda[:N], got {self.device!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class StepResult:
+    """One step: which sequences got a token, which of them finished, how long it took."""
+
+    is_prefill: bool
+    seqs: list[Sequence]
+    tokens: list[int]
+    finished: list[Sequence]
+    duration_ms: float
+    num_new_tokens: int
+
+
+class Engine:
+    """A continuously batched, paged-KV engine over the tiny transformer."""
+
+    def __init__(self, config: EngineConfig | None = None) -> None:
+        self.config = config = config or EngineConfig()
+        self.device = pick_device(config.device)
+        if config.checkpoint is not None:
+            model = load_checkpoint(config.checkpoint, self.device)
+        else:
+            model = TinyTransformer(config.model).to(self.device)
+        self.model = model
+        self.cache = KVCache(
+            model.config,
+            num_blocks=config.num_blocks,
+            block_size=config.block_size,
+            device=self.device,
+        )
+        self.blocks = BlockManager(config.num_blocks, config.block_size)
+        self.scheduler = Scheduler(config.scheduler, self.blocks)
+        self.runner = ModelRunner(model, self.cache)
+        self._next_id = 0
+        self.prefill_ms_per_token: float | None = None
+        self.decode_step_ms: float | None = None
+        self.reset_counters()
+
+    def reset_counters(self) -> None:
+        """Zero the counters (after a warm-up); the measured step times are kept."""
+        self.num_steps = 0
+        self.num_prefill_steps = 0
+        self.num_decode_steps = 0
+        self.prompt_tokens_computed = 0
+        self.prefix_hit_tokens = 0
+        self.tokens_generated = 0
+        self.scheduler.num_preemptions = 0
+        self.blocks.evictions = 0
+
+    # -- requests -------------------------------------------------------------
+
+    def check(self, num_prompt: int, params: SamplingParams) -> None:
+        """Raise ``ValueError`` when a request of this shape could never run here."""
+        if num_prompt < 1:
+            raise ValueError("the prompt is empty")
+        total = num_prompt + params.max_tokens
+        limit = self.model.config.max_seq_len
+        if total > limit:
+            raise ValueError(
+                f"prompt ({num_prompt} tokens) + max_tokens ({params.max_tokens}) = {total} "
+                f"is more than the model's {limit} positions"
+            )
+        budget = self.config.scheduler.max_num_batched_tokens
+        if num_prompt > budget:
+            raise ValueError(
+                f"prompt of {num_prompt} tokens is longer than max_num_batched_tokens ({budget})"
+            )
+        if self.blocks.blocks_for(total) > self.blocks.num_blocks:
+            raise ValueError(f"{total} tokens need more KV blocks than the cache has")
+
+    def add(self, prompt: list[int], params: SamplingParams) -> Sequence:
+        """Queue a request; it joins the running batch at the next step that has room."""
+        self.check(len(prompt), params)
+        seq = Sequence(self._next_id, prompt, params)
+        self._next_id += 1
+        self.scheduler.add(seq)
+        return seq
+
+    def abort(self, seq: Sequence) -> None:
+        """Stop ``seq`` now, wherever it is, and free its KV blocks."""
+        if not seq.is_finished:
+            self.scheduler.abort(seq)
+        self.runner.forget(seq)
+
+    @property
+    def has_work(self) -> bool:
+        return self.scheduler.has_work
+
+    # -- stepping -------------------------------------------------------------
+
+    def step(self) -> StepResult | None:
+        """Run one prefill or decode step; ``None`` when nothing is runnable."""
+        batch = self.scheduler.schedule()
+        if batch is None:
+            return None
+        new_tokens = batch.num_new_tokens
+        cached = sum(seq.num_cached for seq in batch.seqs) if batch.is_prefill else 0
+        started = time.perf_counter()
+        tokens = self.runner.run(batch)
+        duration_ms = (time.perf_counter() - started) * 1000.0
+        finished = self.scheduler.finish_step(batch, tokens)
+        for seq in finished:
+            self.runner.forget(seq)
+        self._account(batch, new_tokens, cached, duration_ms)
+        return StepResult(
+            is_prefill=batch.is_prefill,
+            seqs=batch.seqs,
+            tokens=tokens,
+            finished=finished,
+            duration_ms=duration_ms,
+            num_new_tokens=new_tokens,
+        )
+
+    def _account(self, batch: Batch, new_tokens: int, cached: int, duration_ms: float) -> None:
+        self.num_steps += 1
+        self.tokens_generated += len(batch.seqs)
+        if batch.is_prefill:
+            self.num_prefill_steps += 1
+            self.prompt_tokens_computed += new_tokens
+            self.prefix_hit_tokens += cached
+            self.prefill_ms_per_token = _ewma(self.prefill_ms_per_token, duration_ms / new_tokens)
+        else:
+            self.num_decode_steps += 1
+            self.decode_step_ms = _ewma(self.decode_step_ms, duration_ms)
+
+    def estimate_ms(self, num_prompt: int, max_tokens: int) -> float | None:
+        """Expected time to serve a request of this shape at the current load."""
+        if self.prefill_ms_per_token is None or self.decode_step_ms is None:
+            return None
+        return num_prompt * self.prefill_ms_per_token + (max_tokens - 1) * self.decode_step_ms
+
+    def run_until_done(self, seqs: list[Sequence]) -> None:
+        """Step until every one of ``seqs`` has finished (tests and benchmarks)."""
+        while not all(seq.is_finished for seq in seqs):
+            if self.step() is None:
+                raise RuntimeError("the engine has unfinished sequences but nothing it can run")
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[list[int]]:
+        """Run ``prompts`` side by side and return each one's output tokens."""
+        seqs = [self.add(prompt, params) for prompt in prompts]
+        self.run_until_done(seqs)
+        return [seq.output for seq in seqs]
+
+    def stats(self) -> dict[str, Any]:
+        blocks = self.blocks.stats()
+        return {
+            "device": str(self.device),
+            "running": len(self.scheduler.running),
+            "waiting": len(self.scheduler.waiting),
+            "steps": self.num_steps,
+            "prefill_steps": self.num_prefill_steps,
+            "decode_steps": self.num_decode_steps,
+            "prompt_tokens_computed": self.prompt_tokens_computed,
+            "prefix_hit_tokens": self.prefix_hit_tokens,
+            "tokens_generated": self.tokens_generated,
+            "preemptions": self.scheduler.num_preemptions,
+            "kv_blocks_total": blocks.num_blocks,
+            "kv_blocks_used": blocks.num_used,
+            "kv_blocks_cached": blocks.num_hashed,
+            "kv_evictions": blocks.evictions,
+            "prefill_ms_per_token": self.prefill_ms_per_token,
+            "decode_step_ms": self.decode_step_ms,
+        }
+
+
+def _ewma(previous: float | None, value: float) -> float:
+    return value if previous is None else previous + _EWMA_ALPHA * (value - previous)

@@ -1,0 +1,319 @@
+"""The tiny decoder-only transformer the harness serves.
+
+Byte-level (a vocabulary of 256, so there is no tokenizer to download),
+pre-norm blocks with learned absolute positions, weights drawn from a seeded
+generator on the CPU (so CPU and CUDA start from the same numbers) or loaded
+from a small checkpoint. Two ways to run it:
+
+- ``forward_paged``: the engine's path. New tokens of several sequences are
+  flattened into one batch; each layer writes their keys and values into the
+  paged KV cache and attends over the cache through the block tables
+  (``AttentionBatch``, built by the model runner).
+- ``forward_full``: a plain causal forward pass over a whole sequence, with no
+  cache. It is the reference the cached path is tested against.
+"""
+
+from __future__ import annotations
+
+import math
+import pickle  # only for its error type: torch.load(weights_only=True) refuses code
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+__all__ = [
+    "AttentionBatch",
+    "KVCache",
+    "ModelConfig",
+    "TinyTransformer",
+    "load_checkpoint",
+    "save_checkpoint",
+]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ModelConfig:
+    """Shape of the model. The defaults are the harness's tiny GPT (about 3.3M weights)."""
+
+    vocab_size: int = 256
+    d_model: int = 256
+    n_layers: int = 4
+    n_heads: int = 4
+    d_ff: int = 1024
+    max_seq_len: int = 2048
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "d_model", "n_layers", "n_heads", "d_ff", "max_seq_len"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1")
+        if self.d_model % self.n_heads:
+            raise ValueError("d_model must be a multiple of n_heads")
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_heads
+
+
+class KVCache:
+    """Keys and values of every layer, in ``num_blocks`` blocks of ``block_size`` slots.
+
+    Slot ``s`` of layer ``l`` holds one token's key ``k[l, s]`` (``n_heads x
+    head_dim``); block ``b`` owns slots ``b * block_size`` to ``(b + 1) *
+    block_size - 1``. Which block belongs to which sequence is the block
+    manager's business: the cache is only storage.
+    """
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        *,
+        num_blocks: int,
+        block_size: int,
+        device: torch.device,
+        dtype: torch.dtype = torch.float32,
+    ) -> None:
+        if num_blocks < 1 or block_size < 1:
+            raise ValueError("num_blocks and block_size must be >= 1")
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        shape = (config.n_layers, num_blocks * block_size, config.n_heads, config.head_dim)
+        self.k = torch.zeros(shape, device=device, dtype=dtype)
+        self.v = torch.zeros(shape, device=device, dtype=dtype)
+
+    @property
+    def bytes_per_block(self) -> int:
+        per_slot = self.k[0, 0].numel() * self.k.element_size() * 2 * self.k.shape[0]
+        return per_slot * self.block_size
+
+
+@dataclass(slots=True, kw_only=True)
+class AttentionBatch:
+    """Where the new tokens' keys go and what each query attends to.
+
+    ``slot_mapping[i]`` is the cache slot of new token ``i``. For a prefill
+    batch, sequence ``j`` owns new tokens ``query_starts[j]`` to
+    ``query_starts[j + 1]``, and attends over ``context_slots[j]`` (every
+    slot of its context, cached prefix first), of which the first
+    ``num_cached[j]`` were in the cache before this step. For a decode batch
+    every sequence has one new token and attends over the row
+    ``context_slots[j]`` of a padded matrix whose ``context_mask`` is true
+    where a slot is real.
+    """
+
+    is_prefill: bool
+    slot_mapping: Tensor
+    context_slots: list[Tensor] | Tensor
+    query_starts: list[int] | None = None
+    num_cached: list[int] | None = None
+    context_mask: Tensor | None = None
+
+
+class _Block(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        d = config.d_model
+        self.n_heads = config.n_heads
+        self.head_dim = config.head_dim
+        self.ln1 = nn.LayerNorm(d)
+        self.qkv = nn.Linear(d, 3 * d)
+        self.proj = nn.Linear(d, d)
+        self.ln2 = nn.LayerNorm(d)
+        self.up = nn.Linear(d, config.d_ff)
+        self.down = nn.Linear(config.d_ff, d)
+
+    def _mlp(self, x: Tensor) -> Tensor:
+        out: Tensor = self.down(F.gelu(self.up(self.ln2(x))))
+        return out
+
+    def forward_full(self, x: Tensor) -> Tensor:
+        # x: (T, d) for one sequence
+        t = x.shape[0]
+        q, k, v = self.qkv(self.ln1(x)).view(t, 3, self.n_heads, self.head_dim).unbind(1)
+        out = F.scaled_dot_product_attention(
+            q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), is_causal=True
+        )
+        x = x + self.proj(out.transpose(0, 1).reshape(t, -1))
+        return x + self._mlp(x)
+
+    def forward_paged(self, x: Tensor, layer: int, cache: KVCache, batch: AttentionBatch) -> Tensor:
+        # x: (N, d), the new tokens of every sequence in the batch, flattened
+        n = x.shape[0]
+        q, k, v = self.qkv(self.ln1(x)).view(n, 3, self.n_heads, self.head_dim).unbind(1)
+        k_cache, v_cache = cache.k[layer], cache.v[layer]
+        k_cache.index_copy_(0, batch.slot_mapping, k)
+        v_cache.index_copy_(0, batch.slot_mapping, v)
+        if batch.is_prefill:
+            out = self._attend_prefill(q, k, v, k_cache, v_cache, batch)
+        else:
+            out = self._attend_decode(q, k_cache, v_cache, batch)
+        x = x + self.proj(out)
+        return x + self._mlp(x)
+
+    def _attend_prefill(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        k_cache: Tensor,
+        v_cache: Tensor,
+        batch: AttentionBatch,
+    ) -> Tensor:
+        assert batch.query_starts is not None
+        assert batch.num_cached is not None
+        outs = []
+        starts = batch.query_starts
+        for j, slots in enumerate(batch.context_slots):
+            lo, hi = starts[j], starts[j + 1]
+            qj = q[lo:hi].transpose(0, 1)
+            cached = batch.num_cached[j]
+            if cached == 0:
+                # Nothing cached before this step: the fresh keys are the whole context.
+                kj, vj = k[lo:hi].transpose(0, 1), v[lo:hi].transpose(0, 1)
+                oj = F.scaled_dot_product_attention(qj, kj, vj, is_causal=True)
+            else:
+                kj = k_cache.index_select(0, slots).transpose(0, 1)
+                vj = v_cache.index_select(0, slots).transpose(0, 1)
+                # Query i sits at position cached + i and sees keys up to there.
+                rows = torch.arange(hi - lo, device=q.device).unsqueeze(1) + cached
+                cols = torch.arange(slots.shape[0], device=q.device).unsqueeze(0)
+                oj = F.scaled_dot_product_attention(qj, kj, vj, attn_mask=cols <= rows)
+            outs.append(oj.transpose(0, 1).reshape(hi - lo, -1))
+        return outs[0] if len(outs) == 1 else torch.cat(outs)
+
+    def _attend_decode(
+        self, q: Tensor, k_cache: Tensor, v_cache: Tensor, batch: AttentionBatch
+    ) -> Tensor:
+        slots = batch.context_slots
+        assert isinstance(slots, Tensor)
+        assert batch.context_mask is not None
+        b, length = slots.shape
+        flat = slots.reshape(-1)
+        k = k_cache.index_select(0, flat).view(b, length, self.n_heads, self.head_dim)
+        v = v_cache.index_select(0, flat).view(b, length, self.n_heads, self.head_dim)
+        out = F.scaled_dot_product_attention(
+            q.unsqueeze(2),  # (B, H, 1, D)
+            k.transpose(1, 2),
+            v.transpose(1, 2),
+            attn_mask=batch.context_mask,
+        )
+        return out.reshape(b, -1)
+
+
+_PRINTABLE = torch.tensor([10, *range(32, 127)])
+
+
+class TinyTransformer(nn.Module):
+    """A GPT-style byte model. Build it with ``ModelConfig``; weights come from ``config.seed``."""
+
+    def __init__(self, config: ModelConfig | None = None) -> None:
+        super().__init__()
+        self.config = config = config or ModelConfig()
+        self.embed = nn.Embedding(config.vocab_size, config.d_model)
+        self.pos = nn.Embedding(config.max_seq_len, config.d_model)
+        layers = [_Block(config) for _ in range(config.n_layers)]
+        self.blocks = nn.ModuleList(layers)
+        self._layers = layers  # the same modules, typed
+        self.ln_f = nn.LayerNorm(config.d_model)
+        self.head = nn.Linear(config.d_model, config.vocab_size)
+        self.reset_parameters()
+        self.requires_grad_(False)
+        self.eval()
+
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        """Draw every weight from ``config.seed`` on the CPU, whatever the device."""
+        gen = torch.Generator(device="cpu").manual_seed(self.config.seed)
+        # The residual projections are scaled down with depth, as GPT-2 does, so
+        # that the stream stays well-conditioned; the head is drawn wide so that
+        # greedy choices have clear margins (float noise never flips them).
+        depth_scale = 1.0 / math.sqrt(2 * self.config.n_layers)
+        for name, param in sorted(self.named_parameters()):
+            if name == "head.bias":
+                # Favour printable ASCII and newlines, so that what the random
+                # weights write is legible text rather than arbitrary bytes.
+                values = torch.zeros(param.shape)
+                values[_PRINTABLE[param.shape[0] > _PRINTABLE]] = 6.0
+            elif name.endswith("bias"):
+                values = torch.zeros(param.shape)
+            elif ".ln" in name or name.startswith("ln_"):
+                values = torch.ones(param.shape)
+            elif name.startswith("head"):
+                values = torch.randn(param.shape, generator=gen) * 0.25
+            elif name.endswith(("proj.weight", "down.weight")):
+                values = torch.randn(param.shape, generator=gen) * 0.05 * depth_scale
+            else:
+                values = torch.randn(param.shape, generator=gen) * 0.05
+            param.copy_(values.to(param.device, param.dtype))
+
+    @torch.no_grad()
+    def forward_full(self, tokens: Tensor) -> Tensor:
+        """Logits at every position of one sequence ``tokens`` (shape ``(T,)``), no cache."""
+        t = tokens.shape[0]
+        if t > self.config.max_seq_len:
+            raise ValueError(f"sequence of {t} tokens is longer than max_seq_len")
+        positions = torch.arange(t, device=tokens.device)
+        x = self.embed(tokens) + self.pos(positions)
+        for block in self._layers:
+            x = block.forward_full(x)
+        logits: Tensor = self.head(self.ln_f(x))
+        return logits
+
+    @torch.no_grad()
+    def forward_paged(
+        self,
+        tokens: Tensor,
+        positions: Tensor,
+        cache: KVCache,
+        batch: AttentionBatch,
+        last_index: Tensor,
+    ) -> Tensor:
+        """Logits of the tokens at ``last_index`` (one per sequence) after writing the new KV."""
+        x = self.embed(tokens) + self.pos(positions)
+        for layer, block in enumerate(self._layers):
+            x = block.forward_paged(x, layer, cache, batch)
+        logits: Tensor = self.head(self.ln_f(x.index_select(0, last_index)))
+        return logits
+
+    @torch.no_grad()
+    def greedy_reference(self, prompt: list[int], max_tokens: int) -> list[int]:
+        """Greedy continuation by a full forward pass per token: slow, and the ground truth."""
+        device = self.head.weight.device
+        tokens = list(prompt)
+        out: list[int] = []
+        for _ in range(max_tokens):
+            logits = self.forward_full(torch.tensor(tokens, device=device))
+            nxt = int(logits[-1].argmax())
+            tokens.append(nxt)
+            out.append(nxt)
+        return out
+
+
+def save_checkpoint(model: TinyTransformer, path: str | Path) -> None:
+    """Write the config and weights to ``path`` (tensors and plain numbers only)."""
+    cfg = model.config
+    config = {name: getattr(cfg, name) for name in cfg.__dataclass_fields__}
+    torch.save({"config": config, "state_dict": model.state_dict()}, Path(path))
+
+
+def load_checkpoint(path: str | Path, device: torch.device | str = "cpu") -> TinyTransformer:
+    """Load what ``save_checkpoint`` wrote. No pickle: ``weights_only`` loading only."""
+    try:
+        data = torch.load(Path(path), map_location="cpu", weights_only=True)
+    except (OSError, RuntimeError, pickle.UnpicklingError) as exc:
+        raise ValueError(f"cannot load checkpoint {path}: {exc}") from exc
+    if not isinstance(data, dict) or "config" not in data or "state_dict" not in data:
+        raise ValueError(f"{path} is not a yieldgate harness checkpoint")
+    try:
+        config = ModelConfig(**data["config"])
+    except TypeError as exc:
+        raise ValueError(f"{path}: bad model config: {exc}") from exc
+    model = TinyTransformer(config)
+    try:
+        model.load_state_dict(data["state_dict"])
+    except RuntimeError as exc:
+        raise ValueError(f"{path}: weights do not fit the config: {exc}") from exc
+    return model.to(device)

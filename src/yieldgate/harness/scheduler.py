@@ -1,0 +1,164 @@
+"""Continuous batching: which sequences run in the next step.
+
+Every step is either a prefill (new sequences' prompts, as many as fit in
+``max_num_seqs``, ``max_num_batched_tokens`` and the free KV blocks) or a
+decode (one token for every running sequence). Prefill goes first, so a
+request that arrives while others decode starts at the next step boundary
+instead of waiting for them to finish; a finished sequence leaves at once.
+
+When a decode step needs a new KV block and none is left, the newest running
+sequence is preempted: its blocks are freed and it goes back to the head of
+the waiting queue, to be prefilled again over its prompt and its output so
+far (recompute). Its full blocks usually survive in the prefix cache, so the
+recompute is often cheap.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from yieldgate.harness.block_manager import BlockManager
+from yieldgate.harness.sequence import Sequence, SequenceStatus
+
+__all__ = ["Batch", "Scheduler", "SchedulerConfig"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SchedulerConfig:
+    """Limits of one step.
+
+    ``max_num_batched_tokens`` bounds the prompt tokens computed in one
+    prefill step (a prompt longer than that is refused up front; a sequence
+    being recomputed after a preemption may exceed it when it runs alone).
+    ``watermark`` is the share of KV blocks a prefill leaves free for the
+    running sequences to grow into, so that admitting work does not at once
+    force preemptions.
+    """
+
+    max_num_seqs: int = 16
+    max_num_batched_tokens: int = 2048
+    watermark: float = 0.01
+
+    def __post_init__(self) -> None:
+        if self.max_num_seqs < 1:
+            raise ValueError("max_num_seqs must be >= 1")
+        if self.max_num_batched_tokens < 1:
+            raise ValueError("max_num_batched_tokens must be >= 1")
+        if not 0.0 <= self.watermark < 1.0:
+            raise ValueError("watermark must be in [0, 1)")
+
+
+@dataclass(frozen=True, slots=True)
+class Batch:
+    """One step's work: ``seqs`` to prefill (``is_prefill``) or to decode by one token."""
+
+    is_prefill: bool
+    seqs: list[Sequence]
+
+    @property
+    def num_new_tokens(self) -> int:
+        if not self.is_prefill:
+            return len(self.seqs)
+        return sum(len(seq.tokens) - seq.num_computed for seq in self.seqs)
+
+
+class Scheduler:
+    """Waiting and running sequences over one ``BlockManager``."""
+
+    def __init__(self, config: SchedulerConfig, blocks: BlockManager) -> None:
+        self.config = config
+        self.blocks = blocks
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.num_preemptions = 0
+        self._watermark_blocks = int(config.watermark * blocks.num_blocks)
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def add(self, seq: Sequence) -> None:
+        seq.status = SequenceStatus.WAITING
+        self.waiting.append(seq)
+
+    def abort(self, seq: Sequence) -> None:
+        """Drop ``seq`` wherever it is and free its blocks."""
+        if seq.status is SequenceStatus.RUNNING:
+            self.running.remove(seq)
+            self.blocks.free(seq)
+        elif seq.status is SequenceStatus.WAITING:
+            self.waiting.remove(seq)
+        seq.status = SequenceStatus.FINISHED
+
+    def schedule(self) -> Batch | None:
+        """The next step's batch, or ``None`` when nothing can run."""
+        batch = self._schedule_prefill()
+        if batch is not None:
+            return batch
+        return self._schedule_decode()
+
+    def _schedule_prefill(self) -> Batch | None:
+        cfg = self.config
+        seqs: list[Sequence] = []
+        budget = cfg.max_num_batched_tokens
+        while self.waiting and len(self.running) + len(seqs) < cfg.max_num_seqs:
+            seq = self.waiting[0]
+            need = self.blocks.blocks_for(len(seq.tokens))
+            if not self.blocks.can_allocate(seq) or (
+                self.running and self.blocks.num_available - need < self._watermark_blocks
+            ):
+                break
+            self.blocks.allocate(seq)
+            new_tokens = len(seq.tokens) - seq.num_computed
+            if seqs and new_tokens > budget:
+                self.blocks.free(seq)  # does not fit this step: first in the next one
+                break
+            budget -= new_tokens
+            self.waiting.popleft()
+            seq.status = SequenceStatus.RUNNING
+            seq.prefix_hit_tokens += seq.num_cached
+            seq.prefill_tokens += new_tokens
+            seqs.append(seq)
+        if not seqs:
+            return None
+        self.running.extend(seqs)
+        return Batch(True, seqs)
+
+    def _schedule_decode(self) -> Batch | None:
+        seqs: list[Sequence] = []
+        for seq in list(self.running):
+            if seq.status is not SequenceStatus.RUNNING:
+                continue  # preempted below to make room for an older sequence
+            while not self.blocks.can_append(seq):
+                victim = self.running[-1]
+                self._preempt(victim)
+                if victim is seq:
+                    break
+            else:
+                self.blocks.append_slot(seq)
+                seqs.append(seq)
+        return Batch(False, seqs) if seqs else None
+
+    def _preempt(self, seq: Sequence) -> None:
+        self.running.remove(seq)
+        self.blocks.free(seq)
+        seq.status = SequenceStatus.WAITING
+        seq.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(seq)
+
+    def finish_step(self, batch: Batch, tokens: list[int]) -> list[Sequence]:
+        """Append each sequence's new token; free and return the sequences that are done."""
+        done: list[Sequence] = []
+        for seq, token in zip(batch.seqs, tokens, strict=True):
+            seq.num_computed = len(seq.tokens)
+            seq.tokens.append(token)
+            self.blocks.commit(seq)
+            if seq.is_done:
+                done.append(seq)
+        for seq in done:
+            self.running.remove(seq)
+            self.blocks.free(seq)
+            seq.status = SequenceStatus.FINISHED
+        return done

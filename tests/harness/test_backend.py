@@ -1,0 +1,174 @@
+"""The harness backend in-process: cold start, results, streams, cancellation, bad input."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import anyio
+import pytest
+
+from yieldgate.harness.backend import HarnessBackend, HarnessConfig
+from yieldgate.harness.engine import EngineConfig
+from yieldgate.server.backends import BackendError, Work
+from yieldgate.server.governor import Governor, GovernorConfig
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+async def backend() -> AsyncIterator[HarnessBackend]:
+    harness = HarnessBackend(HarnessConfig(engine=EngineConfig(device="cpu", num_blocks=128)))
+    governor = Governor(GovernorConfig(max_inflight=4))
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(harness.start, governor)
+            # The cold start is declared before the first await: no request gets in first.
+            await anyio.lowlevel.checkpoint()
+            assert governor.is_cold
+            assert governor.refuse() is not None
+        assert not governor.is_cold
+        yield harness
+    finally:
+        await harness.aclose()
+
+
+def work(body: str, **params: Any) -> Work:
+    return Work(id="r", body=body, params=params, stream=False)
+
+
+async def test_results_carry_text_counts_and_timings(backend: HarnessBackend) -> None:
+    result = await backend.execute(work("Hello there", max_tokens=12), None)
+    assert result["completion_tokens"] == 12
+    assert result["prompt_tokens"] == len(b"Hello there")
+    assert result["ttft_ms"] > 0
+    assert result["tpot_ms"] > 0
+    assert result["e2e_ms"] >= result["ttft_ms"]
+    assert result["finish_reason"] == "length"
+    assert backend.engine is not None
+    expected = backend.engine.model.greedy_reference(list(b"Hello there"), 12)
+    assert result["text"] == bytes(expected).decode("utf-8", errors="replace")
+
+
+async def test_a_stream_sends_the_text_in_pieces(backend: HarnessBackend) -> None:
+    chunks: list[Any] = []
+
+    async def emit(data: Any) -> None:
+        chunks.append(data)
+
+    result = await backend.execute(
+        Work(id="s", body="Stream me", params={"max_tokens": 10}, stream=True), emit
+    )
+    assert len(chunks) >= 2
+    assert "".join(chunk["text"] for chunk in chunks) == result["text"]
+    assert sum(len(chunk["token_ids"]) for chunk in chunks) <= 10
+
+
+async def test_concurrent_requests_share_decode_steps(backend: HarnessBackend) -> None:
+    results: list[Any] = []
+
+    async def one(i: int) -> None:
+        results.append(await backend.execute(work(f"prompt number {i}", max_tokens=20), None))
+
+    async with anyio.create_task_group() as tg:
+        for i in range(4):
+            tg.start_soon(one, i)
+    stats = backend.stats()
+    assert stats["tokens_generated"] == 80
+    # Four sequences of 20 tokens in far fewer than 80 decode steps: they were batched.
+    assert stats["decode_steps"] < 40
+
+
+async def test_a_cancelled_request_frees_its_sequence(backend: HarnessBackend) -> None:
+    got_first = anyio.Event()
+
+    async def emit(data: Any) -> None:
+        got_first.set()
+
+    async with anyio.create_task_group() as tg:
+
+        async def long_stream() -> None:
+            await backend.execute(
+                Work(id="c", body="cancel me", params={"max_tokens": 500}, stream=True), emit
+            )
+
+        tg.start_soon(long_stream)
+        await got_first.wait()
+        assert backend.stats()["running"] == 1
+        tg.cancel_scope.cancel()
+    with anyio.fail_after(5):
+        while backend.stats()["running"] or backend.stats()["kv_blocks_used"]:  # noqa: ASYNC110
+            await anyio.sleep(0.01)
+
+
+@pytest.mark.parametrize(
+    ("params", "message"),
+    [
+        ({"max_tokens": 0}, "max_tokens"),
+        ({"max_tokens": "12"}, "max_tokens"),
+        ({"temperature": -1}, "temperature"),
+        ({"temperature": True}, "temperature"),
+        ({"seed": 1.5}, "seed"),
+        ({"max_tokens": 5000}, "positions"),
+    ],
+)
+async def test_bad_parameters_are_refused_before_admission(
+    backend: HarnessBackend, params: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(BackendError, match=message) as info:
+        backend.estimate_ms(work("hi", **params))
+    assert not info.value.retryable
+
+
+async def test_an_empty_prompt_is_refused(backend: HarnessBackend) -> None:
+    with pytest.raises(BackendError, match="empty"):
+        backend.estimate_ms(work(""))
+
+
+async def test_estimates_come_from_measured_step_times(backend: HarnessBackend) -> None:
+    short = backend.estimate_ms(work("x", max_tokens=2))
+    long = backend.estimate_ms(work("x" * 500, max_tokens=200))
+    assert short is not None
+    assert long is not None
+    assert 0 < short < long
+
+
+async def test_execute_after_close_is_a_retryable_error() -> None:
+    harness = HarnessBackend(HarnessConfig(engine=EngineConfig(device="cpu", num_blocks=16)))
+    with pytest.raises(BackendError, match="not running") as info:
+        await harness.execute(work("hi"), None)
+    assert info.value.retryable
+    await harness.aclose()
+
+
+def test_config_validation() -> None:
+    with pytest.raises(ValueError, match="default_max_tokens"):
+        HarnessConfig(default_max_tokens=0)
+    with pytest.raises(ValueError, match="torch_threads"):
+        HarnessConfig(torch_threads=0)
+    with pytest.raises(ValueError, match="device"):
+        EngineConfig(device="tpu")
+
+
+async def test_a_failing_step_fails_its_requests_and_the_engine_goes_on(
+    backend: HarnessBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert backend.engine is not None
+    runner = backend.engine.runner
+    real_run = runner.run
+    calls = 0
+
+    def flaky(batch: Any) -> list[int]:
+        nonlocal calls
+        calls += 1
+        if calls == 3:
+            raise RuntimeError("device fell over")
+        return real_run(batch)
+
+    monkeypatch.setattr(runner, "run", flaky)
+    with pytest.raises(BackendError, match="device fell over") as info:
+        await backend.execute(work("doomed", max_tokens=10), None)
+    assert info.value.retryable
+    assert backend.stats()["kv_blocks_used"] == 0
+    result = await backend.execute(work("fine", max_tokens=3), None)
+    assert result["completion_tokens"] == 3
