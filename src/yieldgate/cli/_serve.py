@@ -86,8 +86,16 @@ def add_parser(sub: Any) -> None:
         help="execution-time estimate for hints until one is measured (default: the backend's)",
     )
 
+    p.add_argument(
+        "--backend",
+        choices=["sleep", "harness"],
+        default="sleep",
+        help=(
+            "what executes work: 'sleep' simulates a model; 'harness' serves the tiny torch "
+            "transformer with continuous batching (needs the 'harness' extra)"
+        ),
+    )
     sim = p.add_argument_group("simulated backend (--backend sleep)")
-    sim.add_argument("--backend", choices=["sleep"], default="sleep", help="what executes work")
     sim.add_argument("--exec-ms", type=float, default=500.0, help="execution time of each submit")
     sim.add_argument(
         "--exec-mix",
@@ -105,6 +113,36 @@ def add_parser(sub: Any) -> None:
         help="after the cold start, ramp capacity from 1 to --max-inflight over this long",
     )
     sim.add_argument("--seed", type=int, default=0, help="seed for every random draw")
+
+    har = p.add_argument_group(
+        "harness backend (--backend harness; --max-inflight is also the engine's max_num_seqs)"
+    )
+    har.add_argument(
+        "--device", default="auto", help="auto (CUDA when available), cpu, cuda or cuda:N"
+    )
+    har.add_argument(
+        "--kv-blocks", type=int, default=1024, help="KV cache capacity, in blocks (default 1024)"
+    )
+    har.add_argument("--block-size", type=int, default=16, help="tokens per KV block (default 16)")
+    har.add_argument(
+        "--max-num-batched-tokens",
+        type=int,
+        default=2048,
+        help="prompt tokens one prefill step may compute; longer prompts are refused",
+    )
+    har.add_argument(
+        "--default-max-tokens",
+        type=int,
+        default=16,
+        help="tokens generated when a request does not say (default 16)",
+    )
+    har.add_argument("--checkpoint", type=Path, help="load the model from this checkpoint file")
+    har.add_argument(
+        "--model-seed", type=int, default=0, help="seed of the model's weights (no checkpoint)"
+    )
+    har.add_argument(
+        "--torch-threads", type=int, default=1, help="torch threads of the engine (default 1)"
+    )
 
     p.add_argument(
         "--log-level",
@@ -142,6 +180,39 @@ def _http_host(args: argparse.Namespace) -> str:
     return host
 
 
+def _harness_backend(args: argparse.Namespace) -> Any:
+    try:
+        from yieldgate.harness import (
+            EngineConfig,
+            HarnessBackend,
+            HarnessConfig,
+            ModelConfig,
+            SchedulerConfig,
+        )
+    except ImportError as exc:
+        raise CliError(
+            f"--backend harness needs torch ({exc}); install the extra: "
+            "pip install 'yieldgate[harness]'"
+        ) from None
+    engine = EngineConfig(
+        model=ModelConfig(seed=args.model_seed),
+        checkpoint=args.checkpoint,
+        device=args.device,
+        num_blocks=args.kv_blocks,
+        block_size=args.block_size,
+        scheduler=SchedulerConfig(
+            max_num_seqs=args.max_inflight, max_num_batched_tokens=args.max_num_batched_tokens
+        ),
+    )
+    return HarnessBackend(
+        HarnessConfig(
+            engine=engine,
+            default_max_tokens=args.default_max_tokens,
+            torch_threads=args.torch_threads,
+        )
+    )
+
+
 def build_server(args: argparse.Namespace) -> Any:
     """Turn parsed flags into a ``Server``; bad values raise ``CliError``."""
     from yieldgate.server import (
@@ -166,8 +237,12 @@ def build_server(args: argparse.Namespace) -> Any:
             ramp_s=args.ramp_s,
             seed=args.seed,
         )
+        backend: Any
+        backend = _harness_backend(args) if args.backend == "harness" else SimulatedBackend(sim)
         if args.initial_exec_ms is not None:
             initial = args.initial_exec_ms
+        elif args.backend == "harness":
+            initial = 100.0  # replaced by the engine's measured step times after warm-up
         elif mix:
             initial = sum(ms * w for ms, w in mix) / sum(w for _, w in mix)
         else:
@@ -195,7 +270,7 @@ def build_server(args: argparse.Namespace) -> Any:
                 max_body_bytes=args.max_body_bytes,
                 model_name=args.model_name,
             )
-        return Server(governor, SimulatedBackend(sim), tcp=tcp, http=http, grace_s=args.grace_s)
+        return Server(governor, backend, tcp=tcp, http=http, grace_s=args.grace_s)
     except ValueError as exc:
         raise CliError(str(exc)) from None
 

@@ -81,11 +81,18 @@ class Server:
             self._hard.set()
 
     def stats(self) -> dict[str, Any]:
-        """The Governor's counters and every front's connections (the ``stats`` op, ``/stats``)."""
+        """The Governor's counters and every front's connections (the ``stats`` op, ``/stats``).
+
+        A backend with a ``stats()`` method (the harness engine) adds its own
+        counters under ``"backend"``.
+        """
         counters = self.governor.stats().as_dict()
         counters.update(self.tcp.connection_stats())
         if self.http is not None:
             counters.update(self.http.connection_stats())
+        backend_stats = getattr(self.backend, "stats", None)
+        if callable(backend_stats):
+            counters["backend"] = backend_stats()
         return counters
 
     async def run(
