@@ -35,6 +35,7 @@ bench: $(STAMP)
 	$(PY) bench/governor.py
 	$(PY) bench/overhead.py
 	$(PY) bench/burst_efficiency.py
+	$(PY) bench/harness_decode.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -10,6 +10,7 @@ import pytest
 
 from yieldgate.harness.backend import HarnessBackend, HarnessConfig
 from yieldgate.harness.engine import EngineConfig
+from yieldgate.harness.scheduler import SchedulerConfig
 from yieldgate.server.backends import BackendError, Work
 from yieldgate.server.governor import Governor, GovernorConfig
 
@@ -172,3 +173,19 @@ async def test_a_failing_step_fails_its_requests_and_the_engine_goes_on(
     assert backend.stats()["kv_blocks_used"] == 0
     result = await backend.execute(work("fine", max_tokens=3), None)
     assert result["completion_tokens"] == 3
+
+
+async def test_the_governor_admits_no_more_than_the_engine_runs() -> None:
+    harness = HarnessBackend(
+        HarnessConfig(
+            engine=EngineConfig(
+                device="cpu", num_blocks=16, scheduler=SchedulerConfig(max_num_seqs=3)
+            )
+        )
+    )
+    governor = Governor(GovernorConfig(max_inflight=8))
+    try:
+        await harness.start(governor)
+        assert governor.capacity == 3
+    finally:
+        await harness.aclose()

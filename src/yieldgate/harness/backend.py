@@ -54,12 +54,17 @@ _WARMUP_TOKENS = 8
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class HarnessConfig:
-    """The engine plus what the backend adds around it."""
+    """The engine plus what the backend adds around it.
+
+    ``expected_load_s`` is the cold-start estimate clients are told while the
+    model loads and warms up (the default model takes about 0.25 s on one CPU
+    thread); ``torch_threads`` is set for the whole process.
+    """
 
     engine: EngineConfig = field(default_factory=EngineConfig)
     default_max_tokens: int = 16
     torch_threads: int = 1
-    expected_load_s: float = 2.0
+    expected_load_s: float = 0.5
 
     def __post_init__(self) -> None:
         if self.default_max_tokens < 1:
@@ -117,6 +122,11 @@ class HarnessBackend:
 
     async def start(self, governor: Governor) -> None:
         governor.begin_cold_start(self.config.expected_load_s)
+        # Admit no more than the engine runs at once: anything beyond would wait
+        # in the engine's queue, the very buffering the Governor exists to refuse.
+        max_num_seqs = self.config.engine.scheduler.max_num_seqs
+        if governor.config.max_inflight > max_num_seqs:
+            governor.set_capacity(max_num_seqs)
         self._loop = asyncio.get_running_loop()
         # Per process, and the engine thread's kernels are the only torch work here.
         torch.set_num_threads(self.config.torch_threads)
