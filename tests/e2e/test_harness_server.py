@@ -183,3 +183,27 @@ async def test_stats_report_the_engine(server: ServerProcess) -> None:
     assert stats["device"] == "cpu"
     assert stats["kv_blocks_total"] == 256
     assert stats["decode_step_ms"] > 0
+
+
+async def test_a_request_arriving_mid_stream_finishes_first(server: ServerProcess) -> None:
+    received = 0
+    short: dict[str, Any] = {}
+    async with yieldgate.GovernedClient(f"tcp://{server.host}:{server.port}") as client:
+
+        async def late() -> None:
+            short.update(await client.submit("quick", params={"max_tokens": 4}))
+
+        async with (
+            client.stream("a long story", params={"max_tokens": 400}) as chunks,
+            anyio.create_task_group() as tg,
+        ):
+            async for _ in chunks:
+                received += 1
+                if received == 5:
+                    tg.start_soon(late)
+                if short:
+                    break
+    # The short request joined the running batch and finished while the long one
+    # was still generating.
+    assert short["completion_tokens"] == 4
+    assert received < 400

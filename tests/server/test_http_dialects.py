@@ -35,13 +35,14 @@ def test_chat_prompt_and_params() -> None:
         ],
         "max_completion_tokens": 9,
         "temperature": 0,
+        "seed": 0,
         "backend_params": {"exec_ms": 3},
         "stream": True,
         "stream_options": {"include_usage": True},
     }
     job = ChatCompletions().parse(body, None, "default")
     assert job.prompt == "system: rules\nassistant: \nuser: ab"
-    assert job.params == {"max_tokens": 9, "temperature": 0, "exec_ms": 3}
+    assert job.params == {"max_tokens": 9, "temperature": 0, "seed": 0, "exec_ms": 3}
     assert (job.stream, job.include_usage, job.model) == (True, True, "m")
 
 
@@ -61,6 +62,8 @@ def test_the_model_defaults_to_the_configured_one() -> None:
         {"messages": [{"role": "user", "content": "x"}], "max_tokens": 0},
         {"messages": [{"role": "user", "content": "x"}], "max_tokens": True},
         {"messages": [{"role": "user", "content": "x"}], "temperature": "hot"},
+        {"messages": [{"role": "user", "content": "x"}], "seed": -1},
+        {"messages": [{"role": "user", "content": "x"}], "seed": 1.5},
         {"messages": [{"role": "user", "content": "x"}], "stream": "yes"},
         {"messages": [{"role": "user", "content": "x"}], "stream_options": []},
     ],
@@ -79,14 +82,19 @@ def test_completions_take_one_prompt(prompt: Any) -> None:
 def test_tgi_parameters() -> None:
     body = {
         "inputs": "x",
-        "parameters": {"max_new_tokens": 4, "temperature": 0.5, "backend_params": {"chunks": 2}},
+        "parameters": {
+            "max_new_tokens": 4,
+            "temperature": 0.5,
+            "seed": 11,
+            "backend_params": {"chunks": 2},
+        },
         "stream": True,
     }
     assert TgiGenerate(stream=False).parse(body, None, "m").stream is False
     assert TgiGenerate(stream=None).parse(body, None, "m").stream is True
     job = HfModels().parse(body, "org/model", "m")
     assert (job.model, job.stream) == ("org/model", True)
-    assert job.params == {"max_tokens": 4, "temperature": 0.5, "chunks": 2}
+    assert job.params == {"max_tokens": 4, "temperature": 0.5, "seed": 11, "chunks": 2}
     with pytest.raises(BadRequest, match=r"parameters\.max_new_tokens"):
         HfModels().parse({"inputs": "x", "parameters": {"max_new_tokens": "4"}}, "m", "m")
 

@@ -177,8 +177,8 @@ class HarnessBackend:
         ):
             raise BackendError("params.temperature must be a number >= 0", retryable=False)
         seed = params.get("seed")
-        if seed is not None and type(seed) is not int:
-            raise BackendError("params.seed must be an integer", retryable=False)
+        if seed is not None and (type(seed) is not int or not 0 <= seed < 2**63):
+            raise BackendError("params.seed must be an integer in [0, 2**63)", retryable=False)
         prompt = list(work.body.encode("utf-8"))
         if not prompt:
             raise BackendError("the prompt (the request body) is empty", retryable=False)

@@ -126,6 +126,15 @@ def _int(body: Mapping[str, Any], key: str, where: str = "") -> int | None:
     return value
 
 
+def _seed(body: Mapping[str, Any], key: str, where: str = "") -> int | None:
+    value = body.get(key)
+    if value is None:
+        return None
+    if type(value) is not int or not 0 <= value < 2**63:
+        raise BadRequest(f"'{where}{key}' must be an integer in [0, 2**63)")
+    return value
+
+
 def _number(body: Mapping[str, Any], key: str, where: str = "") -> float | None:
     value = body.get(key)
     if value is None:
@@ -145,13 +154,18 @@ def _bool(body: Mapping[str, Any], key: str, where: str = "") -> bool:
 
 
 def _backend_params(
-    max_tokens: int | None, temperature: float | None, extra: Mapping[str, Any]
+    max_tokens: int | None,
+    temperature: float | None,
+    seed: int | None,
+    extra: Mapping[str, Any],
 ) -> dict[str, Any]:
     params: dict[str, Any] = {}
     if max_tokens is not None:
         params["max_tokens"] = max_tokens
     if temperature is not None:
         params["temperature"] = temperature
+    if seed is not None:
+        params["seed"] = seed
     params.update(extra)
     return params
 
@@ -238,7 +252,10 @@ class _OpenAI(Dialect):
         if max_tokens is None:
             max_tokens = _int(body, "max_tokens")
         params = _backend_params(
-            max_tokens, _number(body, "temperature"), _object(body, "backend_params")
+            max_tokens,
+            _number(body, "temperature"),
+            _seed(body, "seed"),
+            _object(body, "backend_params"),
         )
         return Job(
             prompt=prompt,
@@ -398,6 +415,7 @@ def _tgi_job(body: dict[str, Any], model: str, stream: bool) -> Job:
     params = _backend_params(
         _int(parameters, "max_new_tokens", "parameters."),
         _number(parameters, "temperature", "parameters."),
+        _seed(parameters, "seed", "parameters."),
         _object(parameters, "backend_params", "parameters."),
     )
     return Job(prompt=inputs, params=params, stream=stream, model=model)
