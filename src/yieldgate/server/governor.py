@@ -52,6 +52,9 @@ Clock = Callable[[], float]
 SlotOutcome = Literal["executed", "failed", "cancelled"]
 
 _MIN_RESIDUAL_SHARE: Final = 0.1
+# Looked up once: an enum member read through its class costs a lookup per refusal.
+_NORMAL: Final = Priority.NORMAL
+_SATURATED: Final = YieldReason.SATURATED
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -129,12 +132,13 @@ class Rejection:
 AdmissionHook = Callable[[AdmissionRequest], Rejection | None]
 
 
-@dataclass(slots=True, kw_only=True)
+@dataclass(slots=True)
 class Yield:
     """A submit that was not admitted; send it back at once.
 
-    Built for every refused submit, so a plain slotted record (cheaper than a
-    frozen one); treat it as read-only.
+    Built for every refused submit, so a plain slotted record that the
+    Governor builds positionally (a frozen or keyword-only one costs several
+    times as much); treat it as read-only.
     """
 
     retry_hint_ms: int
@@ -247,6 +251,7 @@ class Governor:
         self._errors: Counter[str] = Counter()
         self._ewma: float | None = None
         self._ewma_dev = 0.0
+        self._set_estimates()
         self._cold_until: float | None = None
         self._cold_expected_s = 0.0
         self._shutting_down = False
@@ -329,11 +334,11 @@ class Governor:
         inflight = len(self._slots)
         if self._cold_until is not None:
             return self._yield(YieldReason.COLD_START, self._cold_hint(self._clock()), inflight)
-        limit = self._limit(priority)
-        if inflight >= limit:
-            hint = self._saturated_hint(self._clock(), inflight - limit + 1)
-            return self._yield(YieldReason.SATURATED, hint, inflight)
-        return None
+        limit = self._limit_normal if priority is _NORMAL else self._limit(priority)
+        if inflight < limit:
+            return None
+        hint = self._saturated_hint(self._clock(), inflight - limit + 1)
+        return self._yield(_SATURATED, hint, inflight)
 
     def try_acquire(
         self,
@@ -373,7 +378,7 @@ class Governor:
         return slot
 
     def _yield(self, reason: YieldReason, hint_ms: float, inflight: int) -> Yield:
-        if reason is YieldReason.SATURATED:
+        if reason is _SATURATED:
             self._saturated_total += 1  # the hot case: no hashing of an enum member
         else:
             self._yields[reason.value] += 1
@@ -382,13 +387,8 @@ class Governor:
             hint = self._min_hint
         elif hint > self._max_hint:
             hint = self._max_hint
-        # The limit in force: lower than configured while capacity ramps up.
-        return Yield(
-            retry_hint_ms=hint,
-            reason=reason,
-            inflight=inflight,
-            max_inflight=self._capacity,
-        )
+        # max_inflight is the limit in force: lower than configured while capacity ramps up.
+        return Yield(hint, reason, inflight, self._capacity)
 
     def _cold_hint(self, now: float) -> float:
         assert self._cold_until is not None
@@ -398,9 +398,15 @@ class Governor:
             remaining_s = max(self._cold_expected_s * _MIN_RESIDUAL_SHARE, 0.05)
         return remaining_s * 1000.0
 
-    def _saturated_hint(self, now: float, need: int) -> float:
+    def _set_estimates(self) -> None:
+        # Worked out once per measured execution, not on every yield.
         mean = self._ewma if self._ewma is not None else self.config.initial_exec_ms
-        residual = max(self._ewma_dev, mean * _MIN_RESIDUAL_SHARE)
+        self._mean_ms = mean
+        self._residual_ms = max(self._ewma_dev, mean * _MIN_RESIDUAL_SHARE)
+
+    def _saturated_hint(self, now: float, need: int) -> float:
+        mean = self._mean_ms
+        residual = self._residual_ms
         if need == 1:
             # The common case, on every yield of a saturated server: the soonest end.
             soonest = math.inf
@@ -443,10 +449,11 @@ class Governor:
         if self._ewma is None:
             self._ewma = elapsed_ms
             self._ewma_dev = elapsed_ms / 2
-            return
-        alpha = self.config.ewma_alpha
-        self._ewma_dev += alpha * (abs(elapsed_ms - self._ewma) - self._ewma_dev)
-        self._ewma += alpha * (elapsed_ms - self._ewma)
+        else:
+            alpha = self.config.ewma_alpha
+            self._ewma_dev += alpha * (abs(elapsed_ms - self._ewma) - self._ewma_dev)
+            self._ewma += alpha * (elapsed_ms - self._ewma)
+        self._set_estimates()
 
     def on_idle(self, callback: Callable[[], None]) -> None:
         """Call ``callback`` once the Governor has no work in flight (now, if it has none)."""
