@@ -12,7 +12,16 @@ import anyio
 import pytest
 
 from tests.conftest import RawClient, ServerProcess, submit
-from yieldgate.protocol import encode_frame, ping_frame, sha256_hex, stats_frame
+from yieldgate.protocol import (
+    YieldReason,
+    encode_frame,
+    encode_yield,
+    ping_frame,
+    sha256_hex,
+    stats_frame,
+)
+from yieldgate.server.governor import Yield
+from yieldgate.server.tcp import _YieldReplies
 
 pytestmark = [pytest.mark.anyio, pytest.mark.e2e]
 
@@ -330,6 +339,35 @@ async def test_streaming_chunks_then_one_terminal_reply(serve: Any, connect: Any
     assert terminal["result"] == {"text": body}
 
 
+async def test_yields_between_the_chunks_of_a_stream_on_one_connection(
+    serve: Any, connect: Any
+) -> None:
+    # Chunks (written by the submit's own task) and yields (written by the
+    # connection's reader) share the connection, and the client reads nothing
+    # for a while, so writes block: they must take turns, every line whole.
+    server = serve("--max-inflight", "1", "--exec-ms", "1000")
+    c = await connect(server)
+    await c.send(submit("s", "a stream that takes a while", stream=True, params={"chunks": 50}))
+    await wait_for(c, lambda s: s["inflight"] == 1)
+    ids = [f"{i:06d}" + "y" * 250 for i in range(20_000)]
+
+    async def send_all() -> None:
+        for first in range(0, len(ids), 500):
+            await c.send(
+                b"".join(encode_frame(submit(rid, "")) for rid in ids[first : first + 500])
+            )
+
+    statuses: dict[str, list[str]] = {}
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(send_all)
+        await anyio.sleep(0.5)
+        for _ in range(50 + 1 + len(ids)):
+            reply = await c.recv()
+            statuses.setdefault(reply["id"], []).append(reply["status"])
+    assert statuses.pop("s") == ["chunk"] * 50 + ["ok"]
+    assert statuses == {rid: ["yield"] for rid in ids}
+
+
 async def test_priority_reservation_end_to_end(serve: Any, connect: Any) -> None:
     server = serve("--max-inflight", "2", "--reserve-high", "1", "--exec-ms", "2000")
     c = await connect(server)
@@ -580,3 +618,29 @@ def test_running_out_of_descriptors_does_not_kill_the_server() -> None:
             sock.close()
         proc.kill()
         proc.wait()
+
+
+@pytest.mark.parametrize("rid", ["a", 'quote " and \\ back', "caf\u00e9 \u2603", "\n\t"])
+def test_yield_replies_are_encode_yield_byte_for_byte(rid: str) -> None:
+    replies = _YieldReplies()
+    refusals = [
+        Yield(5, YieldReason.SATURATED, 1, 1),
+        Yield(5, YieldReason.SATURATED, 1, 1),
+        Yield(4, YieldReason.SATURATED, 1, 1),
+        Yield(4, YieldReason.SATURATED, 2, 2),
+        Yield(4, YieldReason.SATURATED, 2, 3),
+        Yield(4, YieldReason.COLD_START, 2, 3),
+        Yield(4, YieldReason.COLD_START, 2, 3),
+    ]
+    for refusal in refusals:
+        expected = encode_yield(
+            rid,
+            retry_hint_ms=refusal.retry_hint_ms,
+            inflight=refusal.inflight,
+            max_inflight=refusal.max_inflight,
+            reason=refusal.reason,
+        )
+        assert replies.encode(rid, refusal) == expected
+        assert replies.encode("other", refusal) == expected.replace(
+            encode_frame({"id": rid})[:-2], b'{"id":"other"', 1
+        )

@@ -3,7 +3,8 @@
 One task reads each connection and answers everything it can at once inline
 (yields, errors, ``stats``, ``ping``): replies produced from one read are
 written back in one send. Only admitted submits get a task of their own, so a
-burst that is mostly yielded costs no task per request.
+burst that is mostly yielded costs no task per request; while a connection
+has none, its reader is its only writer and sends without taking the lock.
 
 A connection's end (EOF or reset) cancels every submit still executing for
 it, and their slots return to the Governor at once. A half-closed connection
@@ -22,6 +23,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
+from json.encoder import encode_basestring
 from typing import Any
 
 import anyio
@@ -34,6 +36,7 @@ from yieldgate.protocol import (
     DEFAULT_MAX_FRAME_BYTES,
     ErrorCode,
     PingRequest,
+    Priority,
     StatsRequest,
     SubmitRequest,
     chunk_frame,
@@ -45,10 +48,10 @@ from yieldgate.protocol import (
     pong_frame,
     stats_reply_frame,
 )
-from yieldgate.server._fastframe import fast_submit_decoder
+from yieldgate.server._fastframe import FastSubmit, fast_submit_decoder
 from yieldgate.server.admission import Admission, Admitted, Failure, Outstanding
 from yieldgate.server.backends import Backend, Emit
-from yieldgate.server.governor import Governor, Slot
+from yieldgate.server.governor import Governor, Slot, Yield
 
 __all__ = ["TcpConfig", "TcpFront"]
 
@@ -57,6 +60,7 @@ log = logging.getLogger("yieldgate.server")
 _READ_SIZE = 65536
 _ACCEPT_BACKOFF_S = 0.1
 _BROKEN = (anyio.BrokenResourceError, anyio.ClosedResourceError, anyio.EndOfStream, OSError)
+_NORMAL = Priority.NORMAL
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -99,6 +103,39 @@ class _Connection:
             self.send_lock.release()
 
 
+class _YieldReplies:
+    """``encode_yield``, remembering the bytes after the id of the last reply.
+
+    A saturated server answers nearly every submit with a yield that differs
+    from the previous one only in its ``id``: the hint moves by the
+    millisecond. Only a yield whose fields changed is encoded in full.
+    """
+
+    __slots__ = ("_fields", "_tail")
+
+    def __init__(self) -> None:
+        self._fields: tuple[int, int, int, str] | None = None
+        self._tail = b""
+
+    def encode(self, rid: str, refusal: Yield) -> bytes:
+        quoted = encode_basestring(rid).encode("utf-8")
+        fields = (refusal.retry_hint_ms, refusal.inflight, refusal.max_inflight, refusal.reason)
+        if fields == self._fields:
+            return b'{"id":' + quoted + self._tail
+        reply = encode_yield(
+            rid,
+            retry_hint_ms=refusal.retry_hint_ms,
+            inflight=refusal.inflight,
+            max_inflight=refusal.max_inflight,
+            reason=refusal.reason,
+        )
+        head = b'{"id":' + quoted
+        if reply.startswith(head):
+            self._fields = fields
+            self._tail = reply[len(head) :]
+        return reply
+
+
 class TcpFront:
     """Serves the governed protocol over TCP for one Governor and backend."""
 
@@ -126,6 +163,7 @@ class TcpFront:
         self._fast_submit = fast_submit_decoder(self.config.secret)
         self._hard_stop = False
         self._stats_source = stats
+        self._yields = _YieldReplies()
 
     # -- lifecycle ----------------------------------------------------------
 
@@ -236,11 +274,15 @@ class TcpFront:
     async def _read_loop(self, conn: _Connection, work: anyio.abc.TaskGroup) -> bool:
         """Read and answer frames; True when the peer went away, False after frame_too_large."""
         limit = self.config.max_frame_bytes
+        stream = conn.stream
+        inflight = conn.inflight
+        fast_submit = self._fast_submit
+        on_submit = self._on_submit
         buf = bytearray()
         scanned = 0
         while True:
             try:
-                data = await conn.stream.receive(_READ_SIZE)
+                data = await stream.receive(_READ_SIZE)
             except _BROKEN:
                 return True
             buf += data
@@ -250,16 +292,34 @@ class TcpFront:
                 if nl - start > limit:
                     await self._too_large(conn, out)
                     return False
-                self._on_line_safely(conn, bytes(buf[start:nl]), work, out)
+                line = bytes(buf[start:nl])
                 start = scanned = nl + 1
+                # fast path: a well-formed submit, decoded and checked in one go
+                fast = None if fast_submit is None else fast_submit(line)
+                if fast is None:
+                    self._on_line_safely(conn, line, work, out)
+                    continue
+                try:
+                    on_submit(conn, fast, work, out)
+                except Exception:
+                    self._on_line_failed(line, out)
             if start:
                 del buf[:start]
             scanned = len(buf)
             if len(buf) > limit:
                 await self._too_large(conn, out)
                 return False
-            if out:
+            if not out:
+                continue
+            if inflight:
                 await conn.send(b"".join(out))
+            elif not conn.closed:
+                # Nothing admitted on this connection, so no other task writes to
+                # it, and none can start before this send returns: no lock needed.
+                try:
+                    await stream.send(b"".join(out))
+                except _BROKEN:
+                    conn.closed = True
 
     async def _too_large(self, conn: _Connection, out: list[bytes]) -> None:
         message = f"frame exceeds max_frame_bytes={self.config.max_frame_bytes}; closing"
@@ -280,16 +340,16 @@ class TcpFront:
         try:
             self._on_line(conn, line, work, out)
         except Exception:
-            log.exception("could not handle a %d-byte line; answered bad_frame", len(line))
-            out.append(self._error(None, ErrorCode.BAD_FRAME, "frame could not be handled"))
+            self._on_line_failed(line, out)
+
+    def _on_line_failed(self, line: bytes, out: list[bytes]) -> None:
+        log.exception("could not handle a %d-byte line; answered bad_frame", len(line))
+        out.append(self._error(None, ErrorCode.BAD_FRAME, "frame could not be handled"))
 
     def _on_line(
         self, conn: _Connection, line: bytes, work: anyio.abc.TaskGroup, out: list[bytes]
     ) -> None:
-        fast = self._fast_submit(line) if self._fast_submit is not None else None
-        if fast is not None:
-            self._on_submit(conn, fast, work, out)
-            return
+        """Any line the fast path did not take, through the reference decoder."""
         try:
             req = decode_request(line, secret=self.config.secret)
         except FrameError as exc:
@@ -304,38 +364,37 @@ class TcpFront:
         self._on_submit(conn, req, work, out)
 
     def _on_submit(
-        self, conn: _Connection, req: SubmitRequest, work: anyio.abc.TaskGroup, out: list[bytes]
+        self,
+        conn: _Connection,
+        req: SubmitRequest | FastSubmit,
+        work: anyio.abc.TaskGroup,
+        out: list[bytes],
     ) -> None:
-        if req.id in conn.inflight:
-            message = f"id {req.id[:64]!r} is still in flight on this connection"
-            out.append(self._error(req.id, ErrorCode.DUPLICATE_ID, message))
+        rid = req.id
+        if rid in conn.inflight:
+            message = f"id {rid[:64]!r} is still in flight on this connection"
+            out.append(self._error(rid, ErrorCode.DUPLICATE_ID, message))
             return
+        # A FastSubmit leaves out what the frame left out: the defaults apply.
         decision = self.admission.admit(
-            req.id,
+            rid,
             req.body,
-            params=req.params,
-            priority=req.priority,
-            stream=req.stream,
+            params=req.params or {},
+            priority=req.priority or _NORMAL,
+            stream=req.stream is True,
             deadline_ms=req.deadline_ms,
         )
-        if isinstance(decision, Admitted):
-            conn.inflight.add(req.id)
-            self._outstanding.add()
-            work.start_soon(self._run, conn, req, decision)
+        if isinstance(decision, Yield):
+            out.append(self._yields.encode(rid, decision))
         elif isinstance(decision, Failure):
             out.append(
-                self._error(req.id, decision.code, decision.message, retryable=decision.retryable)
+                self._error(rid, decision.code, decision.message, retryable=decision.retryable)
             )
         else:
-            out.append(
-                encode_yield(
-                    req.id,
-                    retry_hint_ms=decision.retry_hint_ms,
-                    inflight=decision.inflight,
-                    max_inflight=decision.max_inflight,
-                    reason=decision.reason,
-                )
-            )
+            conn.inflight.add(rid)
+            self._outstanding.add()
+            request = req if isinstance(req, SubmitRequest) else req.request()
+            work.start_soon(self._run, conn, request, decision)
 
     # -- one admitted submit ------------------------------------------------
 
