@@ -1,0 +1,195 @@
+"""SLO early rejection: refuse, at once, a request that would miss its TTFT objective.
+
+Mooncake-style admission control. ``TtftEstimator`` keeps exponential moving
+averages of prefill time per token and of one decode step, measured by the
+engine; from them the time to first token of a new request is the prefill of
+everything queued ahead of it plus its own, plus one decode step when decode
+is running (the new prefill waits for the step boundary).
+
+``QosPolicy.check`` compares that estimate with the request's priority's
+objective (``SloConfig``) and answers a ``Rejection`` (``YieldReason.SLO``)
+when it would be missed. Shedding load is the point, not refusing big
+requests: a request is judged against the larger of its objective and its
+own time on an idle server (nothing queued ahead), so a prompt too long to
+ever meet its objective is still admitted when nothing is queued ahead of
+it. Hence only queued work ahead causes a rejection, and ``retry_hint_ms``
+is how long that queue takes to drain enough: the estimate's excess over
+that bound, since the queue drains one estimated millisecond per millisecond.
+
+The estimator is written by the engine's thread and read by the routing
+thread; each average is one float assignment, so a reader sees either the
+old or the new value.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any, Final
+
+from yieldgate.protocol import Priority
+from yieldgate.server.governor import Rejection
+
+__all__ = ["QosPolicy", "SloConfig", "TtftEstimator"]
+
+_DEFAULT_ALPHA: Final = 0.2
+
+
+def _check_objective(name: str, value: object, *, optional: bool = True) -> None:
+    if value is None and optional:
+        return
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not (math.isfinite(value) and value > 0)
+    ):
+        allowed = "a finite number > 0 or None" if optional else "a finite number > 0"
+        raise ValueError(f"{name} must be {allowed}, got {value!r}")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SloConfig:
+    """Latency objectives. A ``None`` TTFT objective means that priority is never rejected.
+
+    Nothing forces the TTFT objectives into order; with the defaults, ``low``
+    (500 ms) is rejected first, ``normal`` (2 s) next, ``high`` never.
+    ``tpot_ms`` (time per output token) is used for goodput only.
+    """
+
+    ttft_ms_high: float | None = None
+    ttft_ms_normal: float | None = 2000.0
+    ttft_ms_low: float | None = 500.0
+    tpot_ms: float = 100.0
+
+    def __post_init__(self) -> None:
+        _check_objective("ttft_ms_high", self.ttft_ms_high)
+        _check_objective("ttft_ms_normal", self.ttft_ms_normal)
+        _check_objective("ttft_ms_low", self.ttft_ms_low)
+        _check_objective("tpot_ms", self.tpot_ms, optional=False)
+
+    def ttft_for(self, priority: Priority) -> float | None:
+        """The TTFT objective of ``priority`` in milliseconds, ``None`` when it has none."""
+        if priority is Priority.HIGH:
+            return self.ttft_ms_high
+        if priority is Priority.NORMAL:
+            return self.ttft_ms_normal
+        return self.ttft_ms_low
+
+
+class TtftEstimator:
+    """Moving averages of measured prefill and decode time, and a TTFT estimate from them.
+
+    ``alpha`` is the newest measurement's weight. The averages may be seeded
+    (from a benchmark, say); otherwise the first measurement sets them.
+    """
+
+    def __init__(
+        self,
+        *,
+        alpha: float = _DEFAULT_ALPHA,
+        prefill_ms_per_token: float | None = None,
+        decode_step_ms: float | None = None,
+    ) -> None:
+        if not (0 < alpha <= 1):
+            raise ValueError(f"alpha must be in (0, 1], got {alpha!r}")
+        for name, value in (
+            ("prefill_ms_per_token", prefill_ms_per_token),
+            ("decode_step_ms", decode_step_ms),
+        ):
+            if value is not None and not (math.isfinite(value) and value >= 0):
+                raise ValueError(f"{name} must be a finite number >= 0 or None, got {value!r}")
+        self.alpha = alpha
+        self.prefill_ms_per_token = prefill_ms_per_token
+        self.decode_step_ms = decode_step_ms
+
+    def observe_prefill(self, tokens: int, ms: float) -> None:
+        """A prefill computed ``tokens`` uncached tokens in ``ms``; zero tokens says nothing."""
+        if tokens < 0:
+            raise ValueError(f"tokens must be >= 0, got {tokens}")
+        _check_ms(ms)
+        if tokens == 0:
+            return
+        self.prefill_ms_per_token = self._ewma(self.prefill_ms_per_token, ms / tokens)
+
+    def observe_decode_step(self, ms: float) -> None:
+        """One decode step of the running batch took ``ms``."""
+        _check_ms(ms)
+        self.decode_step_ms = self._ewma(self.decode_step_ms, ms)
+
+    def _ewma(self, previous: float | None, value: float) -> float:
+        return value if previous is None else previous + self.alpha * (value - previous)
+
+    def estimate_ms(
+        self, *, prompt_tokens: int, queued_prefill_tokens: int, decode_running: int
+    ) -> float | None:
+        """Expected TTFT of a new prompt of ``prompt_tokens`` uncached tokens.
+
+        ``None`` while a measurement it needs is missing: prefill time always,
+        the decode step when ``decode_running`` is above zero.
+        """
+        per_token = self.prefill_ms_per_token
+        if per_token is None:
+            return None
+        step = 0.0
+        if decode_running > 0:
+            if self.decode_step_ms is None:
+                return None
+            step = self.decode_step_ms
+        return (queued_prefill_tokens + prompt_tokens) * per_token + step
+
+
+def _check_ms(ms: float) -> None:
+    if not (math.isfinite(ms) and ms >= 0):
+        raise ValueError(f"ms must be a finite number >= 0, got {ms!r}")
+
+
+class QosPolicy:
+    """Early rejection by priority: see the module docstring for the rule and the hint."""
+
+    def __init__(self, slo: SloConfig, estimator: TtftEstimator) -> None:
+        self.slo = slo
+        self.estimator = estimator
+        self._checked: Counter[Priority] = Counter()
+        self._rejected: Counter[Priority] = Counter()
+
+    def check(
+        self,
+        priority: Priority,
+        *,
+        prompt_tokens: int,
+        queued_prefill_tokens: int,
+        decode_running: int,
+    ) -> Rejection | None:
+        """``None`` to admit, else a ``Rejection`` with a hint of when a retry may pass."""
+        if prompt_tokens < 0 or queued_prefill_tokens < 0 or decode_running < 0:
+            raise ValueError("prompt_tokens, queued_prefill_tokens and decode_running must be >= 0")
+        self._checked[priority] += 1
+        objective = self.slo.ttft_for(priority)
+        if objective is None:
+            return None
+        estimate = self.estimator.estimate_ms(
+            prompt_tokens=prompt_tokens,
+            queued_prefill_tokens=queued_prefill_tokens,
+            decode_running=decode_running,
+        )
+        if estimate is None:
+            return None
+        idle = self.estimator.estimate_ms(
+            prompt_tokens=prompt_tokens, queued_prefill_tokens=0, decode_running=decode_running
+        )
+        assert idle is not None  # the same measurements as ``estimate``
+        bound = max(objective, idle)
+        if estimate <= bound:
+            return None
+        self._rejected[priority] += 1
+        return Rejection(retry_hint_ms=max(1, math.ceil(estimate - bound)))
+
+    def stats(self) -> dict[str, Any]:
+        """Checks and rejections by priority, and the estimator's averages."""
+        return {
+            "checked": {p.value: self._checked[p] for p in Priority},
+            "rejected": {p.value: self._rejected[p] for p in Priority},
+            "prefill_ms_per_token": self.estimator.prefill_ms_per_token,
+            "decode_step_ms": self.estimator.decode_step_ms,
+        }

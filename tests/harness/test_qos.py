@@ -1,0 +1,193 @@
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from yieldgate.harness.qos import QosPolicy, SloConfig, TtftEstimator
+from yieldgate.protocol import Priority, YieldReason
+from yieldgate.server.governor import Rejection
+
+# -- SloConfig ------------------------------------------------------------------
+
+
+def test_slo_defaults_and_ttft_for() -> None:
+    slo = SloConfig()
+    assert slo.ttft_for(Priority.HIGH) is None
+    assert slo.ttft_for(Priority.NORMAL) == 2000.0
+    assert slo.ttft_for(Priority.LOW) == 500.0
+    assert slo.tpot_ms == 100.0
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"ttft_ms_low": 0}, "ttft_ms_low"),
+        ({"ttft_ms_normal": -5.0}, "ttft_ms_normal"),
+        ({"ttft_ms_high": float("nan")}, "ttft_ms_high"),
+        ({"ttft_ms_high": True}, "ttft_ms_high"),
+        ({"tpot_ms": None}, "tpot_ms"),
+        ({"tpot_ms": float("inf")}, "tpot_ms"),
+    ],
+)
+def test_slo_rejects_bad_values(changes: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        SloConfig(**changes)
+
+
+# -- TtftEstimator ----------------------------------------------------------------
+
+
+def test_estimator_is_none_until_measured() -> None:
+    estimator = TtftEstimator()
+    assert (
+        estimator.estimate_ms(prompt_tokens=10, queued_prefill_tokens=0, decode_running=0) is None
+    )
+    estimator.observe_prefill(100, 50.0)
+    assert estimator.estimate_ms(prompt_tokens=10, queued_prefill_tokens=0, decode_running=0) == 5.0
+    # Decode running but never measured: no estimate rather than a guess.
+    assert (
+        estimator.estimate_ms(prompt_tokens=10, queued_prefill_tokens=0, decode_running=2) is None
+    )
+
+
+def test_estimate_adds_the_queue_ahead_and_one_decode_step() -> None:
+    estimator = TtftEstimator(prefill_ms_per_token=0.5, decode_step_ms=20.0)
+    assert estimator.estimate_ms(
+        prompt_tokens=100, queued_prefill_tokens=300, decode_running=0
+    ) == (200.0)
+    assert estimator.estimate_ms(
+        prompt_tokens=100, queued_prefill_tokens=300, decode_running=3
+    ) == (220.0)
+
+
+def test_estimator_averages_with_alpha() -> None:
+    estimator = TtftEstimator(alpha=0.5)
+    estimator.observe_prefill(10, 10.0)  # 1.0 ms/token, the first sets it
+    estimator.observe_prefill(10, 30.0)  # 3.0 ms/token -> 2.0
+    estimator.observe_prefill(0, 999.0)  # nothing computed: ignored
+    assert estimator.prefill_ms_per_token == 2.0
+    estimator.observe_decode_step(8.0)
+    estimator.observe_decode_step(4.0)
+    assert estimator.decode_step_ms == 6.0
+
+
+def test_estimator_validates() -> None:
+    with pytest.raises(ValueError, match="alpha"):
+        TtftEstimator(alpha=0)
+    with pytest.raises(ValueError, match="prefill_ms_per_token"):
+        TtftEstimator(prefill_ms_per_token=-1.0)
+    estimator = TtftEstimator()
+    with pytest.raises(ValueError, match="tokens"):
+        estimator.observe_prefill(-1, 1.0)
+    with pytest.raises(ValueError, match="ms"):
+        estimator.observe_decode_step(float("nan"))
+
+
+# -- QosPolicy ------------------------------------------------------------------------
+
+
+def policy(per_token: float | None = 1.0, step: float | None = 10.0) -> QosPolicy:
+    estimator = TtftEstimator(prefill_ms_per_token=per_token, decode_step_ms=step)
+    return QosPolicy(SloConfig(), estimator)
+
+
+def check(qos: QosPolicy, priority: Priority, queued: int, **kw: int) -> Rejection | None:
+    return qos.check(
+        priority,
+        prompt_tokens=kw.get("prompt", 100),
+        queued_prefill_tokens=queued,
+        decode_running=kw.get("running", 0),
+    )
+
+
+def test_everything_is_admitted_under_light_load() -> None:
+    qos = policy()
+    for priority in Priority:
+        assert check(qos, priority, queued=200, running=4) is None  # 310 ms
+
+
+def test_low_is_rejected_first_while_high_is_admitted() -> None:
+    qos = policy()
+    # 100 + 900 queued tokens at 1 ms, plus a 10 ms step: 1010 ms.
+    rejection = check(qos, Priority.LOW, queued=900, running=1)
+    assert rejection is not None
+    assert rejection.reason is YieldReason.SLO
+    assert check(qos, Priority.NORMAL, queued=900, running=1) is None
+    assert check(qos, Priority.HIGH, queued=900, running=1) is None
+    # Heavier still: 3010 ms misses normal's 2000 ms too; high has no objective.
+    assert check(qos, Priority.NORMAL, queued=2900, running=1) is not None
+    assert check(qos, Priority.HIGH, queued=100_000, running=1) is None
+
+
+def test_retry_hint_is_the_excess_and_grows_with_the_queue() -> None:
+    qos = policy()
+    hints = []
+    for queued in (500, 1000, 4000):
+        rejection = check(qos, Priority.LOW, queued=queued, running=1)
+        assert rejection is not None
+        hints.append(rejection.retry_hint_ms)
+    # estimate - 500 ms: (100 + queued) * 1 + 10 - 500
+    assert hints == [110, 610, 3610]
+    assert all(type(hint) is int for hint in hints)
+
+
+def test_retry_hint_is_rounded_up_and_at_least_one_ms() -> None:
+    qos = policy(per_token=0.25, step=None)
+    # (100 + 1901) * 0.25 = 500.25 ms: 0.25 ms over, hinted as 1 ms.
+    rejection = check(qos, Priority.LOW, queued=1901)
+    assert rejection is not None
+    assert rejection.retry_hint_ms == 1
+    # Exactly on the objective is admitted.
+    assert check(qos, Priority.LOW, queued=1900) is None
+    # (100 + 1906) * 0.25 = 501.5 ms: 1.5 ms over, hinted as 2 ms.
+    rejection = check(qos, Priority.LOW, queued=1906)
+    assert rejection is not None
+    assert rejection.retry_hint_ms == 2
+
+
+def test_no_estimate_admits() -> None:
+    qos = policy(per_token=None, step=None)
+    assert check(qos, Priority.LOW, queued=10**9) is None
+    qos = policy(per_token=1.0, step=None)
+    assert check(qos, Priority.LOW, queued=10**6, running=1) is None
+
+
+def test_a_prompt_too_long_for_its_objective_waits_only_for_the_queue() -> None:
+    qos = policy()
+    # 800 tokens take 800 ms on their own, over low's 500 ms: admitted when idle...
+    assert check(qos, Priority.LOW, queued=0, prompt=800) is None
+    assert check(qos, Priority.LOW, queued=0, prompt=800, running=2) is None
+    # ...and rejected with a hint of just the queue ahead, not of the objective.
+    rejection = check(qos, Priority.LOW, queued=300, prompt=800, running=2)
+    assert rejection is not None
+    assert rejection.retry_hint_ms == 300
+
+
+def test_stats_count_by_priority() -> None:
+    qos = policy()
+    check(qos, Priority.LOW, queued=900)
+    check(qos, Priority.LOW, queued=0)
+    check(qos, Priority.NORMAL, queued=900)
+    check(qos, Priority.HIGH, queued=10**6)
+    stats = qos.stats()
+    assert stats["checked"] == {"high": 1, "normal": 1, "low": 2}
+    assert stats["rejected"] == {"high": 0, "normal": 0, "low": 1}
+    assert stats["prefill_ms_per_token"] == 1.0
+    assert stats["decode_step_ms"] == 10.0
+
+
+def test_check_rejects_negative_counts() -> None:
+    with pytest.raises(ValueError, match=">= 0"):
+        check(policy(), Priority.LOW, queued=-1)
+
+
+def test_policy_follows_new_measurements() -> None:
+    estimator = TtftEstimator(alpha=1.0)
+    qos = QosPolicy(SloConfig(), estimator)
+    estimator.observe_prefill(100, 100.0)  # 1 ms/token
+    assert check(qos, Priority.LOW, queued=300) is None  # 400 ms
+    estimator.observe_prefill(100, 200.0)  # 2 ms/token
+    rejection = check(qos, Priority.LOW, queued=300)  # 800 ms
+    assert rejection is not None
+    assert rejection.retry_hint_ms == 300
