@@ -402,8 +402,12 @@ def test_tracker_agrees_with_the_block_manager() -> None:
     blocks.allocate(seq)
     seq.num_computed = len(seq.tokens)
     blocks.commit(seq)
-    for probe in (prompt, prompt[:17], [*prompt[:9], 0, 0, 0, 0, 0, 0], [*prompt, 5, 6, 7]):
-        assert tracker.match(probe) == blocks.cached_prefix(probe)
+    probes = (prompt, prompt[:17], [*prompt[:9], 0, 0, 0, 0, 0, 0], [*prompt, 5, 6, 7])
+    for seq_id, probe in enumerate(probes, start=1):
+        again = Sequence(seq_id, probe, SamplingParams(max_tokens=1))
+        blocks.allocate(again)
+        assert tracker.match(probe) == again.num_cached
+        blocks.free(again)
 
 
 def test_tracker_evicts_least_recently_recorded_later_blocks_first() -> None:
