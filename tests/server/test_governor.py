@@ -389,3 +389,18 @@ def test_refuse_is_the_cheap_check_before_admission() -> None:
     assert cold is not None
     assert cold.reason is YieldReason.COLD_START
     assert gov.stats().yielded_total == 2
+
+
+def test_an_unchanged_yield_is_handed_back_again_and_still_counted() -> None:
+    clock = FakeClock()
+    gov = make(clock, max_inflight=1, initial_exec_ms=100)
+    admit(gov)
+    first = refuse(gov)
+    assert refuse(gov) is first
+    clock.advance_ms(10)
+    later = refuse(gov)
+    assert later is not first
+    assert (first.retry_hint_ms, later.retry_hint_ms) == (100, 90)
+    assert gov.stats().yielded_total == 3
+    with pytest.raises(AttributeError):
+        later.retry_hint_ms = 0  # type: ignore[misc]

@@ -623,14 +623,15 @@ def test_running_out_of_descriptors_does_not_kill_the_server() -> None:
 @pytest.mark.parametrize("rid", ["a", 'quote " and \\ back', "caf\u00e9 \u2603", "\n\t"])
 def test_yield_replies_are_encode_yield_byte_for_byte(rid: str) -> None:
     replies = _YieldReplies()
+    same = Yield(4, YieldReason.SATURATED, 1, 1)
     refusals = [
         Yield(5, YieldReason.SATURATED, 1, 1),
-        Yield(5, YieldReason.SATURATED, 1, 1),
+        same,
+        same,
         Yield(4, YieldReason.SATURATED, 1, 1),
-        Yield(4, YieldReason.SATURATED, 2, 2),
         Yield(4, YieldReason.SATURATED, 2, 3),
         Yield(4, YieldReason.COLD_START, 2, 3),
-        Yield(4, YieldReason.COLD_START, 2, 3),
+        same,
     ]
     for refusal in refusals:
         expected = encode_yield(

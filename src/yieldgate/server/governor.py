@@ -132,13 +132,13 @@ class Rejection:
 AdmissionHook = Callable[[AdmissionRequest], Rejection | None]
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class Yield:
     """A submit that was not admitted; send it back at once.
 
-    Built for every refused submit, so a plain slotted record that the
-    Governor builds positionally (a frozen or keyword-only one costs several
-    times as much); treat it as read-only.
+    A saturated server refuses thousands of submits a second with the same
+    hint (it moves by the millisecond), so the Governor hands back the same
+    ``Yield`` for as long as its fields would not change.
     """
 
     retry_hint_ms: int
@@ -256,6 +256,7 @@ class Governor:
         self._cold_expected_s = 0.0
         self._shutting_down = False
         self._idle_waiters: list[Callable[[], None]] = []
+        self._last_yield = Yield(-1, _SATURATED, 0, 0)  # matches no real yield
         self._set_limits()
 
     # -- state --------------------------------------------------------------
@@ -387,8 +388,17 @@ class Governor:
             hint = self._min_hint
         elif hint > self._max_hint:
             hint = self._max_hint
+        last = self._last_yield
+        if (
+            last.retry_hint_ms == hint
+            and last.inflight == inflight
+            and last.reason is reason
+            and last.max_inflight == self._capacity
+        ):
+            return last
         # max_inflight is the limit in force: lower than configured while capacity ramps up.
-        return Yield(hint, reason, inflight, self._capacity)
+        self._last_yield = last = Yield(hint, reason, inflight, self._capacity)
+        return last
 
     def _cold_hint(self, now: float) -> float:
         assert self._cold_until is not None

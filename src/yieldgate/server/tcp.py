@@ -106,21 +106,20 @@ class _Connection:
 class _YieldReplies:
     """``encode_yield``, remembering the bytes after the id of the last reply.
 
-    A saturated server answers nearly every submit with a yield that differs
-    from the previous one only in its ``id``: the hint moves by the
-    millisecond. Only a yield whose fields changed is encoded in full.
+    A saturated server answers nearly every submit with the same ``Yield``
+    (the Governor reuses it until the hint moves, by the millisecond): only
+    the ``id`` differs, and only a new ``Yield`` is encoded in full.
     """
 
-    __slots__ = ("_fields", "_tail")
+    __slots__ = ("_last", "_tail")
 
     def __init__(self) -> None:
-        self._fields: tuple[int, int, int, str] | None = None
+        self._last: Yield | None = None
         self._tail = b""
 
     def encode(self, rid: str, refusal: Yield) -> bytes:
         quoted = encode_basestring(rid).encode("utf-8")
-        fields = (refusal.retry_hint_ms, refusal.inflight, refusal.max_inflight, refusal.reason)
-        if fields == self._fields:
+        if refusal is self._last:
             return b'{"id":' + quoted + self._tail
         reply = encode_yield(
             rid,
@@ -131,7 +130,7 @@ class _YieldReplies:
         )
         head = b'{"id":' + quoted
         if reply.startswith(head):
-            self._fields = fields
+            self._last = refusal
             self._tail = reply[len(head) :]
         return reply
 
