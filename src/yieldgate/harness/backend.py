@@ -27,21 +27,28 @@ from __future__ import annotations
 import asyncio
 import codecs
 import contextlib
+import itertools
 import logging
 import math
 import queue
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import anyio
 import torch
 
+from yieldgate.harness.disagg import Disaggregation
 from yieldgate.harness.engine import Engine, EngineConfig, StepResult
-from yieldgate.harness.sequence import SamplingParams, Sequence
+from yieldgate.harness.metrics import ServingMetrics
+from yieldgate.harness.prefill_worker import WorkerSpec
+from yieldgate.harness.qos import QosPolicy, SloConfig, TtftEstimator
+from yieldgate.harness.router import Router, RouterConfig, RouterConfigFile
+from yieldgate.harness.sequence import SamplingParams, Sequence, SequenceStatus
 from yieldgate.server.backends import BackendError, Emit, Work
-from yieldgate.server.governor import Governor
+from yieldgate.server.governor import AdmissionHook, AdmissionRequest, Governor, Rejection
 
 __all__ = ["HarnessBackend", "HarnessConfig"]
 
@@ -50,6 +57,8 @@ log = logging.getLogger("yieldgate.harness")
 # A warm-up prompt long enough to exercise a multi-block prefill.
 _WARMUP_PROMPT = list(b"yieldgate warm-up: " * 8)
 _WARMUP_TOKENS = 8
+# Rough start-up time of one prefill worker process (torch import, model load).
+_WORKER_START_S = 2.0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -65,6 +74,13 @@ class HarnessConfig:
     default_max_tokens: int = 16
     torch_threads: int = 1
     expected_load_s: float = 0.5
+    prefill_workers: int = 0
+    router: RouterConfig | Path = field(default_factory=RouterConfig)
+    slo: SloConfig = field(default_factory=SloConfig)
+    qos: bool = False
+    worker_timeout_s: float = 60.0
+    # Testing only: the prefill workers corrupt this many of their first KV transfers.
+    corrupt_transfers: int = 0
 
     def __post_init__(self) -> None:
         if self.default_max_tokens < 1:
@@ -73,6 +89,25 @@ class HarnessConfig:
             raise ValueError("torch_threads must be >= 1")
         if not (self.expected_load_s >= 0 and math.isfinite(self.expected_load_s)):
             raise ValueError("expected_load_s must be a finite number >= 0")
+        if self.prefill_workers < 0:
+            raise ValueError("prefill_workers must be >= 0")
+        if not (self.worker_timeout_s > 0 and math.isfinite(self.worker_timeout_s)):
+            raise ValueError("worker_timeout_s must be a positive number")
+
+    def worker_spec(self) -> WorkerSpec:
+        engine = self.engine
+        model = {name: getattr(engine.model, name) for name in engine.model.__dataclass_fields__}
+        return WorkerSpec(
+            model=model,
+            checkpoint=str(engine.checkpoint) if engine.checkpoint else None,
+            device=engine.device,
+            num_blocks=engine.num_blocks,
+            block_size=engine.block_size,
+            max_batch_tokens=engine.scheduler.max_num_batched_tokens,
+            torch_threads=self.torch_threads,
+            timeout_s=self.worker_timeout_s,
+            corrupt_first=self.corrupt_transfers,
+        )
 
 
 class _Request:
@@ -88,6 +123,7 @@ class _Request:
         "sampling",
         "seq",
         "started_at",
+        "token_times",
         "wakeup",
     )
 
@@ -99,6 +135,7 @@ class _Request:
         self.first_token_at: float | None = None
         self.last_token_at = 0.0
         self.pending: list[int] = []
+        self.token_times: list[float] = []
         self.finished = False
         self.error: BaseException | None = None
         self.wakeup = anyio.Event()
@@ -112,21 +149,38 @@ class HarnessBackend:
     def __init__(self, config: HarnessConfig | None = None) -> None:
         self.config = config or HarnessConfig()
         self.engine: Engine | None = None
-        self._inbox: queue.SimpleQueue[tuple[str, _Request | None]] = queue.SimpleQueue()
+        self.disagg: Disaggregation | None = None
+        self._inbox: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._live: dict[int, _Request] = {}  # engine thread only
         self._closed = False
+        cfg = self.config
+        self.metrics = ServingMetrics(cfg.slo)
+        self._metrics_lock = threading.Lock()  # recorded from both threads
+        self.qos = QosPolicy(cfg.slo, TtftEstimator()) if cfg.qos else None
+        # (prompt tokens waiting for a prefill, running sequences): published by
+        # the engine thread for the admission hook, as one tuple.
+        self._load_now: tuple[int, int] = (0, 0)
+        # Prompt tokens handed to the engine thread (written on the loop only) and
+        # taken in by it (written on the engine thread only): the difference is
+        # what waits in the inbox, a queue the engine has not seen yet.
+        self._tokens_sent = 0
+        self._tokens_taken = 0
 
     # -- lifecycle ------------------------------------------------------------
 
     async def start(self, governor: Governor) -> None:
-        governor.begin_cold_start(self.config.expected_load_s)
+        # Each prefill worker is a process that imports torch and loads the model.
+        expected_s = self.config.expected_load_s + _WORKER_START_S * self.config.prefill_workers
+        governor.begin_cold_start(expected_s)
         # Admit no more than the engine runs at once: anything beyond would wait
         # in the engine's queue, the very buffering the Governor exists to refuse.
         max_num_seqs = self.config.engine.scheduler.max_num_seqs
         if governor.config.max_inflight > max_num_seqs:
             governor.set_capacity(max_num_seqs)
+        if self.qos is not None:
+            governor.admission_hook = _chain(governor.admission_hook, self._check_slo)
         self._loop = asyncio.get_running_loop()
         # Per process, and the engine thread's kernels are the only torch work here.
         torch.set_num_threads(self.config.torch_threads)
@@ -147,7 +201,36 @@ class HarnessBackend:
         # hints need a measured prefill and decode speed from the first request on.
         engine.generate([_WARMUP_PROMPT], SamplingParams(max_tokens=_WARMUP_TOKENS))
         engine.reset_counters()
+        if self.qos is not None:
+            estimator = self.qos.estimator
+            estimator.prefill_ms_per_token = engine.prefill_ms_per_token
+            estimator.decode_step_ms = engine.decode_step_ms
+        cfg = self.config
+        if cfg.prefill_workers:
+            router = Router(
+                RouterConfigFile(cfg.router) if isinstance(cfg.router, Path) else cfg.router
+            )
+            disagg = Disaggregation(
+                engine, router, cfg.prefill_workers, cfg.worker_spec(), self._inbox_put
+            )
+            disagg.start()  # spawns the workers and waits until they have loaded
+            self.disagg = disagg
         return engine
+
+    def _check_slo(self, request: AdmissionRequest) -> Rejection | None:
+        """Early rejection: yield ``slo`` when this request's TTFT would miss its objective."""
+        assert self.qos is not None
+        queued, running = self._load_now
+        in_inbox = max(0, self._tokens_sent - self._tokens_taken)
+        return self.qos.check(
+            request.priority,
+            prompt_tokens=len(request.body.encode("utf-8")),
+            queued_prefill_tokens=queued + in_inbox,
+            decode_running=running,
+        )
+
+    def _inbox_put(self, op: str, payload: Any) -> None:
+        self._inbox.put((op, payload))
 
     async def aclose(self) -> None:
         self._closed = True
@@ -157,6 +240,8 @@ class HarnessBackend:
         self._inbox.put(("stop", None))
         await anyio.to_thread.run_sync(thread.join)
         self._thread = None
+        if self.disagg is not None:
+            await anyio.to_thread.run_sync(self.disagg.close)
 
     # -- requests -------------------------------------------------------------
 
@@ -206,6 +291,7 @@ class HarnessBackend:
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         pieces: list[str] = []
         tokens: list[int] = []
+        self._tokens_sent += len(prompt)
         self._inbox.put(("add", request))
         try:
             while True:
@@ -225,7 +311,16 @@ class HarnessBackend:
         finally:
             if not request.finished:
                 self._inbox.put(("abort", request))
-        return self._result(request, "".join(pieces), tokens)
+        result = self._result(request, "".join(pieces), tokens)
+        times = request.token_times
+        with self._metrics_lock:
+            self.metrics.record_request(
+                ttft_ms=result["ttft_ms"],
+                tpot_ms=result["tpot_ms"] if len(tokens) > 1 else None,
+                itl_ms=[(b - a) * 1000.0 for a, b in itertools.pairwise(times)],
+                priority=work.priority,
+            )
+        return result
 
     def _result(self, request: _Request, text: str, tokens: list[int]) -> dict[str, Any]:
         seq = request.seq
@@ -250,7 +345,14 @@ class HarnessBackend:
         """The engine's counters (for the server's ``stats``)."""
         if self.engine is None:
             return {"state": "loading"}
-        return self.engine.stats()
+        stats = self.engine.stats()
+        if self.disagg is not None:
+            stats.update(self.disagg.stats())
+        with self._metrics_lock:
+            stats["serving"] = self.metrics.snapshot()
+        if self.qos is not None:
+            stats["qos"] = self.qos.stats()
+        return stats
 
     # -- the engine thread ----------------------------------------------------
 
@@ -274,6 +376,13 @@ class HarnessBackend:
                     # with the admission checks, but never busy-loop if it does.
                     time.sleep(0.001)
                 continue
+            if self.qos is not None:
+                estimator = self.qos.estimator
+                if result.is_prefill:
+                    estimator.observe_prefill(result.num_new_tokens, result.duration_ms)
+                else:
+                    estimator.observe_decode_step(result.duration_ms)
+            self._publish_load(engine)
             self._publish(result)
         stopped = RuntimeError("the engine stopped")
         self._post([(request, None, False) for request in self._live.values()], error=stopped)
@@ -288,23 +397,63 @@ class HarnessBackend:
         except queue.Empty:
             return True
         while True:
-            op, request = item
+            op, payload = item
             if op == "stop":
                 return False
-            assert request is not None
-            if op == "add":
-                try:
-                    request.seq = seq = engine.add(request.prompt, request.sampling)
-                except ValueError as exc:
-                    self._post([(request, None, False)], error=exc)
-                else:
-                    self._live[seq.id] = request
-            elif request.seq is not None and self._live.pop(request.seq.id, None) is not None:
-                engine.abort(request.seq)
+            self._apply(engine, op, payload)
             try:
                 item = self._inbox.get_nowait()
             except queue.Empty:
+                self._publish_load(engine)
                 return True
+
+    def _apply(self, engine: Engine, op: str, payload: Any) -> None:
+        disagg = self.disagg
+        if op == "add":
+            request: _Request = payload
+            self._tokens_taken += len(request.prompt)
+            try:
+                request.seq = seq = engine.create(request.prompt, request.sampling)
+            except ValueError as exc:
+                self._post([(request, None, False)], error=exc)
+                return
+            self._live[seq.id] = request
+            if disagg is None:
+                engine.scheduler.add(seq)
+                remote = False
+            else:
+                disagg.place(seq)
+                remote = seq.status is SequenceStatus.REMOTE
+            with self._metrics_lock:
+                self.metrics.record_route(remote)
+        elif op == "abort":
+            request = payload
+            if request.seq is not None and self._live.pop(request.seq.id, None) is not None:
+                engine.abort(request.seq)
+        elif disagg is not None and op == "kv":
+            request_id, start, kv, transfer = payload
+            with self._metrics_lock:
+                self.metrics.record_transfer(nbytes=transfer.nbytes, ms=transfer.transfer_ms)
+            if self.qos is not None and kv.shape[2]:
+                self.qos.estimator.observe_prefill(kv.shape[2], transfer.compute_ms)
+            disagg.kv_arrived(self._seq(request_id), start, kv, transfer)
+        elif disagg is not None and op == "remote_failed":
+            request_id, _reason = payload
+            disagg.fallback(self._seq(request_id))
+        elif disagg is not None and op == "worker_dead":
+            disagg.worker_died(payload)
+
+    def _publish_load(self, engine: Engine) -> None:
+        sched = engine.scheduler
+        queued = sum(len(s.tokens) - s.num_computed for s in sched.waiting)
+        queued += sum(len(s.tokens) - s.num_computed for s in sched.ready)
+        if self.disagg is not None:
+            queued += self.disagg.remote_queued_tokens()
+        self._load_now = (queued, len(sched.running))
+
+    def _seq(self, request_id: int) -> Sequence | None:
+        request = self._live.get(request_id)
+        return None if request is None else request.seq
 
     def _publish(self, result: StepResult) -> None:
         now = time.monotonic()
@@ -344,6 +493,7 @@ class HarnessBackend:
                     request.first_token_at = now
                 request.last_token_at = now
                 request.pending.append(token)
+                request.token_times.append(now)
             request.finished = request.finished or finished
             request.wakeup.set()
 
@@ -354,3 +504,14 @@ class HarnessBackend:
                 engine.abort(request.seq)
         self._live.clear()
         self._post([(request, None, False) for request in failed], error=exc)
+
+
+def _chain(first: AdmissionHook | None, second: AdmissionHook) -> AdmissionHook:
+    """An admission hook that asks ``first`` (if any), then ``second``."""
+    if first is None:
+        return second
+
+    def both(request: AdmissionRequest) -> Rejection | None:
+        return first(request) or second(request)
+
+    return both

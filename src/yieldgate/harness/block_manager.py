@@ -74,15 +74,22 @@ class BlockManager:
     def blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
 
+    def cached_prefix(self, tokens: list[int]) -> int:
+        """How many leading tokens of a prompt ``tokens`` the prefix cache would supply."""
+        return len(self._match_tokens(tokens)) * self.block_size
+
     def _match(self, seq: Sequence) -> list[_Block]:
-        """The cached blocks that start ``seq``, leaving its last token to compute."""
+        return self._match_tokens(seq.tokens)
+
+    def _match_tokens(self, all_tokens: list[int]) -> list[_Block]:
+        """The cached blocks that start ``all_tokens``, leaving the last token to compute."""
         size = self.block_size
         matched: list[_Block] = []
         prev = _NO_HASH
         # The block holding the last token is never taken from the cache: that
         # token must run through the model to give the next token's logits.
-        for start in range(0, len(seq.tokens) - 1 - size + 1, size):
-            tokens = tuple(seq.tokens[start : start + size])
+        for start in range(0, len(all_tokens) - 1 - size + 1, size):
+            tokens = tuple(all_tokens[start : start + size])
             h = chain_hash(prev, tokens)
             block_id = self._by_hash.get(h)
             if block_id is None or self._blocks[block_id].tokens != tokens:

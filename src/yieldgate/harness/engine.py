@@ -128,11 +128,50 @@ class Engine:
 
     def add(self, prompt: list[int], params: SamplingParams) -> Sequence:
         """Queue a request; it joins the running batch at the next step that has room."""
+        seq = self.create(prompt, params)
+        self.scheduler.add(seq)
+        return seq
+
+    def create(self, prompt: list[int], params: SamplingParams) -> Sequence:
+        """A checked sequence, not scheduled yet: ``scheduler.add`` or ``reserve_remote`` it."""
         self.check(len(prompt), params)
         seq = Sequence(self._next_id, prompt, params)
         self._next_id += 1
-        self.scheduler.add(seq)
         return seq
+
+    # -- disaggregated prefill ------------------------------------------------
+
+    def reserve_remote(self, seq: Sequence) -> bool:
+        """Allocate ``seq``'s blocks for a prefill worker to fill; ``False`` when none are free."""
+        return self.scheduler.reserve_remote(seq)
+
+    def write_kv(self, seq: Sequence, start: int, kv: torch.Tensor) -> None:
+        """Put a prefill worker's KV for positions ``start..`` into ``seq``'s blocks.
+
+        ``kv`` is ``(2, n_layers, tokens, n_heads, head_dim)``: keys then values.
+        The sequence then prefills its remaining tokens here (usually the last
+        one, whose logits give the first new token).
+        """
+        count = kv.shape[2]
+        if start != seq.num_cached or start + count > len(seq.tokens) - 1:
+            raise ValueError(f"KV for {start}..{start + count} does not fit {seq!r}")
+        slots = self.runner.slots(seq, start + count)[start:]
+        kv = kv.to(self.device)
+        for layer in range(self.model.config.n_layers):
+            self.cache.k[layer].index_copy_(0, slots, kv[0, layer])
+            self.cache.v[layer].index_copy_(0, slots, kv[1, layer])
+        self.scheduler.kv_arrived(seq, start + count)
+
+    def read_kv(self, seq: Sequence, start: int, end: int) -> torch.Tensor:
+        """A contiguous CPU copy of ``seq``'s KV for positions ``start..end - 1``."""
+        slots = self.runner.slots(seq, end)[start:]
+        k = self.cache.k.index_select(1, slots)
+        v = self.cache.v.index_select(1, slots)
+        return torch.stack((k, v)).cpu().contiguous()
+
+    def remote_failed(self, seq: Sequence) -> None:
+        """The prefill worker could not deliver: prefill ``seq`` here instead."""
+        self.scheduler.remote_failed(seq)
 
     def abort(self, seq: Sequence) -> None:
         """Stop ``seq`` now, wherever it is, and free its KV blocks."""

@@ -36,7 +36,8 @@ class ModelRunner:
         """Drop per-sequence state (its sampling generator) once it has finished."""
         self._generators.pop(seq.id, None)
 
-    def _slots(self, seq: Sequence, num_tokens: int) -> Tensor:
+    def slots(self, seq: Sequence, num_tokens: int) -> Tensor:
+        """The cache slots of ``seq``'s first ``num_tokens`` positions."""
         table = torch.tensor(seq.block_table, device=self.device)
         return (table.unsqueeze(1) * self.block_size + self._offsets).reshape(-1)[:num_tokens]
 
@@ -54,7 +55,7 @@ class ModelRunner:
             tokens.extend(seq.tokens[start:end])
             positions.extend(range(start, end))
             starts.append(starts[-1] + end - start)
-            slots = self._slots(seq, end)
+            slots = self.slots(seq, end)
             slot_mapping.append(slots[start:])
             contexts.append(slots)
             cached.append(start)

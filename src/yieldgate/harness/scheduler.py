@@ -71,12 +71,52 @@ class Scheduler:
         self.blocks = blocks
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
+        # Disaggregated prefill: sequences whose KV a prefill worker computes
+        # into blocks reserved here, and those whose KV has arrived.
+        self.remote: dict[int, Sequence] = {}
+        self.ready: deque[Sequence] = deque()
         self.num_preemptions = 0
         self._watermark_blocks = int(config.watermark * blocks.num_blocks)
 
     @property
     def has_work(self) -> bool:
-        return bool(self.waiting or self.running)
+        """Whether a step could run now (sequences at a prefill worker do not count)."""
+        return bool(self.waiting or self.running or self.ready)
+
+    @property
+    def num_unfinished(self) -> int:
+        return len(self.waiting) + len(self.running) + len(self.remote) + len(self.ready)
+
+    def reserve_remote(self, seq: Sequence) -> bool:
+        """Give ``seq`` its KV blocks now, for a prefill worker to fill; ``False`` if none.
+
+        Allocating before the transfer is the backpressure of disaggregation:
+        a prefill worker only ever computes KV that has somewhere to go.
+        """
+        need = self.blocks.blocks_for(len(seq.tokens))
+        if not self.blocks.can_allocate(seq) or (
+            self.blocks.num_available - need < self._watermark_blocks
+        ):
+            return False
+        self.blocks.allocate(seq)
+        seq.status = SequenceStatus.REMOTE
+        seq.prefix_hit_tokens += seq.num_cached
+        self.remote[seq.id] = seq
+        return True
+
+    def kv_arrived(self, seq: Sequence, num_computed: int) -> None:
+        """The KV of ``seq``'s first ``num_computed`` tokens is in its blocks now."""
+        del self.remote[seq.id]
+        seq.num_computed = num_computed
+        seq.status = SequenceStatus.READY
+        self.ready.append(seq)
+
+    def remote_failed(self, seq: Sequence) -> None:
+        """The prefill worker gave up on ``seq``: prefill it here, in the blocks it holds."""
+        del self.remote[seq.id]
+        seq.num_computed = seq.num_cached
+        seq.status = SequenceStatus.READY
+        self.ready.append(seq)
 
     def add(self, seq: Sequence) -> None:
         seq.status = SequenceStatus.WAITING
@@ -89,6 +129,12 @@ class Scheduler:
             self.blocks.free(seq)
         elif seq.status is SequenceStatus.WAITING:
             self.waiting.remove(seq)
+        elif seq.status is SequenceStatus.REMOTE:
+            del self.remote[seq.id]
+            self.blocks.free(seq)
+        elif seq.status is SequenceStatus.READY:
+            self.ready.remove(seq)
+            self.blocks.free(seq)
         seq.status = SequenceStatus.FINISHED
 
     def schedule(self) -> Batch | None:
@@ -102,6 +148,18 @@ class Scheduler:
         cfg = self.config
         seqs: list[Sequence] = []
         budget = cfg.max_num_batched_tokens
+        # Sequences that already hold their blocks (KV from a prefill worker) first:
+        # usually one token each, the last of the prompt.
+        while self.ready:
+            seq = self.ready[0]
+            new_tokens = len(seq.tokens) - seq.num_computed
+            if seqs and new_tokens > budget:
+                break
+            budget -= new_tokens
+            self.ready.popleft()
+            seq.status = SequenceStatus.RUNNING
+            seq.prefill_tokens += new_tokens
+            seqs.append(seq)
         while self.waiting and len(self.running) + len(seqs) < cfg.max_num_seqs:
             seq = self.waiting[0]
             need = self.blocks.blocks_for(len(seq.tokens))

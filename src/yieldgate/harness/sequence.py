@@ -25,7 +25,9 @@ class SamplingParams:
 
 
 class SequenceStatus(enum.Enum):
-    WAITING = "waiting"
+    WAITING = "waiting"  # no blocks yet
+    REMOTE = "remote"  # holds blocks; a prefill worker is computing their KV
+    READY = "ready"  # holds blocks with KV up to num_computed; the rest prefills locally
     RUNNING = "running"
     FINISHED = "finished"
 

@@ -1,0 +1,148 @@
+"""Disaggregated prefill, on the decode worker's engine thread.
+
+``Disaggregation`` decides, for each new request, where its prompt is
+prefilled: here (colocated with decode) or on a prefill worker, by the
+``Router`` (seed 002's conditional disaggregation plus a latency cost per
+worker). A remote prefill reserves the request's KV blocks here first, then
+sends the job; the KV comes back over ``torch.distributed`` into those very
+blocks, and the decode worker computes the prompt's last token itself, in
+its next prefill step.
+
+Faults: a worker that reports failure or dies leaves its requests holding
+their blocks; they are prefilled locally instead, so nothing hangs and
+nothing is lost. A dead worker is never chosen again.
+
+Every method runs on the engine thread, except the pool callbacks, which
+only put events into the engine's inbox.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from yieldgate.harness.engine import Engine
+from yieldgate.harness.prefill_pool import PrefillPool, TransferStats
+from yieldgate.harness.prefill_worker import WorkerSpec
+from yieldgate.harness.router import PrefixTracker, Route, Router, WorkerLoad
+from yieldgate.harness.sequence import Sequence, SequenceStatus
+
+__all__ = ["Disaggregation"]
+
+log = logging.getLogger("yieldgate.harness.prefill")
+
+Post = Callable[[str, Any], None]
+
+
+class Disaggregation:
+    """Routes prompts to prefill workers and folds their KV back into the engine."""
+
+    def __init__(
+        self, engine: Engine, router: Router, num_workers: int, spec: WorkerSpec, post: Post
+    ) -> None:
+        self.engine = engine
+        self.router = router
+        self.pool = PrefillPool(
+            num_workers,
+            spec,
+            on_kv=lambda rid, start, kv, stats: post("kv", (rid, start, kv, stats)),
+            on_failed=lambda rid, reason: post("remote_failed", (rid, reason)),
+            on_dead=lambda index: post("worker_dead", index),
+        )
+        self.trackers = [PrefixTracker(engine.config.block_size) for _ in range(num_workers)]
+        self.remote_prefills = 0
+        self.local_prefills = 0
+        self.fallbacks = 0
+        self.dead_workers = 0
+        self.last_transfer: TransferStats | None = None
+
+    def start(self) -> None:
+        self.pool.start()
+
+    def close(self) -> None:
+        self.pool.close()
+
+    def worker_loads(self, tokens: list[int]) -> list[WorkerLoad]:
+        return [
+            WorkerLoad(
+                index=worker.index,
+                alive=worker.alive,
+                queued=worker.queued,
+                queued_tokens=worker.queued_tokens,
+                cached_tokens=self.trackers[worker.index].match(tokens),
+            )
+            for worker in self.pool.workers
+        ]
+
+    def remote_queued_tokens(self) -> int:
+        """Prompt tokens queued at the prefill workers, per live worker (they run in parallel)."""
+        alive = [worker for worker in self.pool.workers if worker.alive]
+        if not alive:
+            return 0
+        return sum(worker.queued_tokens for worker in alive) // len(alive)
+
+    def route(self, seq: Sequence) -> Route:
+        """Where ``seq``'s prompt should be prefilled now."""
+        return self.router.route(
+            prompt_tokens=len(seq.tokens),
+            prefix_hit_tokens=self.engine.blocks.cached_prefix(seq.tokens),
+            decode_running=len(self.engine.scheduler.running),
+            workers=self.worker_loads(seq.tokens),
+        )
+
+    def place(self, seq: Sequence) -> Route:
+        """Schedule a new ``seq``: on a prefill worker when routed there and possible."""
+        route = self.route(seq)
+        worker = route.worker
+        if route.remote and worker is not None and self.engine.reserve_remote(seq):
+            if self.pool.submit(worker, seq.id, seq.tokens, seq.num_cached):
+                self.trackers[worker].record(seq.tokens)
+                self.remote_prefills += 1
+                return route
+            self.engine.remote_failed(seq)  # the worker is gone: prefill here
+            self.fallbacks += 1
+            return route
+        self.engine.scheduler.add(seq)
+        self.local_prefills += 1
+        return route
+
+    # -- events from the pool (through the engine's inbox) ---------------------
+
+    def kv_arrived(
+        self, seq: Sequence | None, start: int, kv: torch.Tensor, stats: TransferStats
+    ) -> None:
+        self.last_transfer = stats
+        if seq is None or seq.status is not SequenceStatus.REMOTE:
+            return  # aborted meanwhile: its blocks are already free
+        try:
+            self.engine.write_kv(seq, start, kv)
+        except ValueError:
+            log.exception("KV for %r does not fit; prefilling it here", seq)
+            self.fallback(seq)
+
+    def fallback(self, seq: Sequence | None) -> None:
+        if seq is not None and seq.status is SequenceStatus.REMOTE:
+            self.engine.remote_failed(seq)
+            self.fallbacks += 1
+
+    def worker_died(self, index: int) -> None:
+        self.dead_workers += 1
+        log.warning("prefill worker %d is gone; routing around it", index)
+
+    def stats(self) -> dict[str, Any]:
+        placed = self.remote_prefills + self.local_prefills
+        out = self.pool.stats()
+        out.update(
+            {
+                "remote_prefills": self.remote_prefills,
+                "local_prefills": self.local_prefills,
+                "offload_ratio": self.remote_prefills / placed if placed else 0.0,
+                "prefill_fallbacks": self.fallbacks,
+                "prefill_workers_dead": self.dead_workers,
+                "router": self.router.stats(),
+            }
+        )
+        return out
