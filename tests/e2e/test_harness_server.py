@@ -7,7 +7,9 @@ NDJSON connection for what the protocol itself must show.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -207,3 +209,68 @@ async def test_a_request_arriving_mid_stream_finishes_first(server: ServerProces
     # was still generating.
     assert short["completion_tokens"] == 4
     assert received < 400
+
+
+async def test_disaggregated_server_with_qos_and_a_live_router_config(tmp_path: Path) -> None:
+    config = tmp_path / "router.json"
+    config.write_text(json.dumps({"prefill_length_threshold": 100_000}))
+    proc = start_server(
+        "--backend",
+        "harness",
+        "--max-inflight",
+        "8",
+        "--prefill-workers",
+        "1",
+        "--router-config",
+        str(config),
+        "--qos",
+        "--slo-ttft-ms",
+        "1,none,none",
+        "--max-num-batched-tokens",
+        "1100",
+        timeout=60,
+    )
+    try:
+        client = await wait_warm(proc)
+        try:
+            # A prefill queue: six 1,000-token prompts, one prefill step each.
+            long_ids = []
+            for i in range(6):
+                rid = client.next_id()
+                long_ids.append(rid)
+                body = f"{i} " + "x" * 998
+                await client.send(submit_frame(rid, body, params={"max_tokens": 20}))
+            with anyio.fail_after(20):
+                while (await client.stats())["backend"]["waiting"] < 2:  # noqa: ASYNC110
+                    await anyio.sleep(0.005)
+            low = await client.submit("low", priority="low", params={"max_tokens": 2})
+            assert low["status"] == "yield"
+            assert low["reason"] == "slo"
+            assert low["retry_hint_ms"] >= 1
+            high = await client.submit("high", priority="high", params={"max_tokens": 2})
+            assert high["status"] == "ok"
+            for rid in long_ids:
+                reply = await client.recv_for(rid, timeout=60)
+                assert reply["status"] == "ok"
+            stats = await client.stats()
+            assert stats["backend"]["qos"]["rejected"]["low"] >= 1
+            assert stats["backend"]["remote_prefills"] == 0
+            # Lower the threshold in the file: the router picks it up without a restart.
+            config.write_text(
+                json.dumps({"prefill_length_threshold": 64, "busy_length_threshold": 32})
+            )
+            with anyio.fail_after(20):
+                for n in range(1_000):
+                    # A fresh prompt each time: a cached prefix would keep it local.
+                    reply = await client.submit(f"{n:04d}" + "y" * 300, params={"max_tokens": 2})
+                    assert reply["status"] == "ok"
+                    stats = (await client.stats())["backend"]
+                    if stats["remote_prefills"]:
+                        break
+                    await anyio.sleep(0.2)
+            assert stats["router"]["config_reloads"] >= 1
+            assert stats["prefill_workers"][0]["transfers"] >= 1
+        finally:
+            await client.aclose()
+    finally:
+        proc.stop()

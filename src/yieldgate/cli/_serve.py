@@ -143,6 +143,31 @@ def add_parser(sub: Any) -> None:
     har.add_argument(
         "--torch-threads", type=int, default=1, help="torch threads of the engine (default 1)"
     )
+    har.add_argument(
+        "--prefill-workers",
+        type=int,
+        default=0,
+        help="prefill worker processes (0: prefill colocated with decode)",
+    )
+    har.add_argument(
+        "--qos",
+        action="store_true",
+        help="reject early (yield 'slo') requests whose estimated TTFT would miss its objective",
+    )
+    har.add_argument(
+        "--slo-ttft-ms",
+        metavar="LOW,NORMAL,HIGH",
+        default="500,2000,none",
+        help="TTFT objectives by priority, in ms; 'none' for no objective (default 500,2000,none)",
+    )
+    har.add_argument(
+        "--slo-tpot-ms", type=float, default=100.0, help="TPOT objective for goodput (default 100)"
+    )
+    har.add_argument(
+        "--router-config",
+        type=Path,
+        help="JSON file of routing thresholds, reread when it changes (default: built in)",
+    )
 
     p.add_argument(
         "--log-level",
@@ -189,6 +214,8 @@ def _harness_backend(args: argparse.Namespace) -> Any:
             ModelConfig,
             SchedulerConfig,
         )
+        from yieldgate.harness.qos import SloConfig
+        from yieldgate.harness.router import RouterConfig, RouterConfigFile
     except ImportError as exc:
         raise CliError(
             f"--backend harness needs torch ({exc}); install the extra: "
@@ -204,13 +231,41 @@ def _harness_backend(args: argparse.Namespace) -> Any:
             max_num_seqs=args.max_inflight, max_num_batched_tokens=args.max_num_batched_tokens
         ),
     )
+    low, normal, high = _parse_slo_ttft(args.slo_ttft_ms)
+    slo = SloConfig(
+        ttft_ms_low=low, ttft_ms_normal=normal, ttft_ms_high=high, tpot_ms=args.slo_tpot_ms
+    )
+    router: Any = RouterConfig()
+    if args.router_config is not None:
+        RouterConfigFile(args.router_config)  # a bad file fails here, before serving
+        router = args.router_config
     return HarnessBackend(
         HarnessConfig(
             engine=engine,
             default_max_tokens=args.default_max_tokens,
             torch_threads=args.torch_threads,
+            prefill_workers=args.prefill_workers,
+            router=router,
+            slo=slo,
+            qos=args.qos,
         )
     )
+
+
+def _parse_slo_ttft(text: str) -> tuple[float | None, float | None, float | None]:
+    parts = [part.strip().lower() for part in text.split(",")]
+    if len(parts) != 3:
+        raise ValueError(f"--slo-ttft-ms needs LOW,NORMAL,HIGH, got {text!r}")
+    values: list[float | None] = []
+    for part in parts:
+        if part == "none":
+            values.append(None)
+            continue
+        try:
+            values.append(float(part))
+        except ValueError:
+            raise ValueError(f"--slo-ttft-ms: {part!r} is not a number or 'none'") from None
+    return values[0], values[1], values[2]
 
 
 def build_server(args: argparse.Namespace) -> Any:
