@@ -333,7 +333,12 @@ def build_app(front: HttpFront) -> ASGIApp:
     """The ASGI app for ``front``: every route, counted."""
     created = int(time.time())
     ids = itertools.count(1)
-    metrics = MetricsExporter(front.governor.stats, front.requests)
+    backend_stats = getattr(front.backend, "stats", None)
+    metrics = MetricsExporter(
+        front.governor.stats,
+        front.requests,
+        backend_stats if callable(backend_stats) else None,
+    )
 
     def inference(dialect: Dialect) -> _Inference:
         return _Inference(front, dialect, ids)

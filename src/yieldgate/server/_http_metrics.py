@@ -1,13 +1,21 @@
 """``GET /metrics``: the Governor's counters in Prometheus text format.
 
-A private ``CollectorRegistry`` (never the process-global one) with one
-custom collector that reads the counters when scraped, so nothing is counted
-twice and nothing has to be kept in step.
+A private ``CollectorRegistry`` (never the process-global one) with custom
+collectors that read the counters when scraped, so nothing is counted twice
+and nothing has to be kept in step.
+
+A backend with a ``stats()`` method (the harness) is exported too, as gauges
+named ``yieldgate_backend_<path>``: numbers as they are, booleans as 0 / 1,
+percentile records (``p50``/``p95``/``p99``) as one gauge with a
+``quantile`` label, lists of records with an ``index`` label. Text is left
+out.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterator, Mapping
+from typing import Any
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -73,16 +81,64 @@ class _GovernorCollector(Collector):
         yield requests
 
 
+_QUANTILES = {"p50": "0.5", "p95": "0.95", "p99": "0.99"}
+_UNSAFE = re.compile(r"[^a-zA-Z0-9_]")
+
+
+class _BackendCollector(Collector):
+    def __init__(self, stats: Callable[[], Mapping[str, Any]]) -> None:
+        self._stats = stats
+
+    def collect(self) -> Iterator[Metric]:
+        yield from _flatten("yieldgate_backend", self._stats())
+
+
+def _flatten(name: str, value: Any) -> Iterator[Metric]:
+    if isinstance(value, bool):
+        yield GaugeMetricFamily(name, "Backend statistic.", int(value))
+    elif isinstance(value, int | float):
+        yield GaugeMetricFamily(name, "Backend statistic.", value)
+    elif isinstance(value, Mapping):
+        if value and set(value) <= set(_QUANTILES) | {"count", "total"}:
+            family = GaugeMetricFamily(name, "Backend latency percentile.", labels=["quantile"])
+            for key, quantile in _QUANTILES.items():
+                if isinstance(value.get(key), int | float):
+                    family.add_metric([quantile], value[key])
+            yield family
+            return
+        for key, item in value.items():
+            yield from _flatten(f"{name}_{_UNSAFE.sub('_', str(key))}", item)
+    elif isinstance(value, list) and value and all(isinstance(i, Mapping) for i in value):
+        keys = sorted({k for item in value for k, v in item.items() if _number(v)})
+        for key in keys:
+            family = GaugeMetricFamily(
+                f"{name}_{_UNSAFE.sub('_', key)}", "Backend statistic.", labels=["index"]
+            )
+            for index, item in enumerate(value):
+                if _number(item.get(key)):
+                    family.add_metric(
+                        [str(index)], int(item[key]) if isinstance(item[key], bool) else item[key]
+                    )
+            yield family
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float)
+
+
 class MetricsExporter:
-    """Renders the counters of one Governor and HTTP front on demand."""
+    """Renders the counters of one Governor and HTTP front (and its backend) on demand."""
 
     def __init__(
         self,
         stats: Callable[[], GovernorStats],
         requests: Mapping[tuple[str, str], int],
+        backend_stats: Callable[[], Mapping[str, Any]] | None = None,
     ) -> None:
         self._registry = CollectorRegistry(auto_describe=False)
         self._registry.register(_GovernorCollector(stats, requests))
+        if backend_stats is not None:
+            self._registry.register(_BackendCollector(backend_stats))
 
     def render(self) -> bytes:
         return generate_latest(self._registry)
