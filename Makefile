@@ -36,6 +36,7 @@ bench: $(STAMP)
 	$(PY) bench/overhead.py
 	$(PY) bench/burst_efficiency.py
 	$(PY) bench/harness_decode.py
+	$(PY) bench/harness_disagg.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis
