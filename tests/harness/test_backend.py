@@ -189,3 +189,25 @@ async def test_the_governor_admits_no_more_than_the_engine_runs() -> None:
         assert governor.capacity == 3
     finally:
         await harness.aclose()
+
+
+async def test_a_failure_while_placing_a_request_fails_only_that_request(
+    backend: HarnessBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert backend.engine is not None
+    scheduler = backend.engine.scheduler
+    real_add = scheduler.add
+    calls = 0
+
+    def flaky(seq: Any) -> None:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            raise RuntimeError("placement bug")
+        real_add(seq)
+
+    monkeypatch.setattr(scheduler, "add", flaky)
+    with pytest.raises(BackendError, match="placement bug"):
+        await backend.execute(work("first", max_tokens=3), None)
+    result = await backend.execute(work("second", max_tokens=3), None)
+    assert result["completion_tokens"] == 3

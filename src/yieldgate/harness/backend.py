@@ -155,6 +155,7 @@ class HarnessBackend:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._live: dict[int, _Request] = {}  # engine thread only
         self._closed = False
+        self._stopped = False  # the engine thread has ended
         cfg = self.config
         self.metrics = ServingMetrics(cfg.slo)
         self._metrics_lock = threading.Lock()  # recorded from both threads
@@ -284,7 +285,7 @@ class HarnessBackend:
         return engine.estimate_ms(len(prompt), sampling.max_tokens)
 
     async def execute(self, work: Work, emit: Emit | None) -> Any:
-        if self.engine is None or self._thread is None:
+        if self.engine is None or self._thread is None or self._stopped:
             raise BackendError("the harness engine is not running", retryable=True)
         prompt, sampling = self._parse(work)
         request = _Request(prompt, sampling)
@@ -359,10 +360,22 @@ class HarnessBackend:
     def _run(self) -> None:
         engine = self.engine
         assert engine is not None
+        stopped: BaseException = RuntimeError("the engine stopped")
+        try:
+            self._step_until_stopped(engine)
+        except Exception as exc:  # a bug: say so, and fail what is in flight
+            log.exception("the engine thread crashed")
+            stopped = exc
+        finally:
+            self._stopped = True
+            self._post([(request, None, False) for request in self._live.values()], error=stopped)
+            self._live.clear()
+
+    def _step_until_stopped(self, engine: Engine) -> None:
         while True:
             # Block for new requests only when nothing is running.
             if not self._drain(block=not engine.has_work):
-                break
+                return
             try:
                 result = engine.step()
             except Exception as exc:
@@ -384,9 +397,6 @@ class HarnessBackend:
                     estimator.observe_decode_step(result.duration_ms)
             self._publish_load(engine)
             self._publish(result)
-        stopped = RuntimeError("the engine stopped")
-        self._post([(request, None, False) for request in self._live.values()], error=stopped)
-        self._live.clear()
 
     def _drain(self, *, block: bool) -> bool:
         """Apply queued adds and aborts; ``False`` once asked to stop."""
@@ -400,7 +410,15 @@ class HarnessBackend:
             op, payload = item
             if op == "stop":
                 return False
-            self._apply(engine, op, payload)
+            try:
+                self._apply(engine, op, payload)
+            except Exception as exc:
+                # Never let one bad event end the engine thread: whatever it was
+                # about fails, everything else goes on.
+                log.exception("engine thread: handling %r failed", op)
+                if op == "add":
+                    self._forget(engine, payload)
+                    self._post([(payload, None, False)], error=exc)
             try:
                 item = self._inbox.get_nowait()
             except queue.Empty:
@@ -450,6 +468,19 @@ class HarnessBackend:
         if self.disagg is not None:
             queued += self.disagg.remote_queued_tokens()
         self._load_now = (queued, len(sched.running))
+
+    def _forget(self, engine: Engine, request: _Request) -> None:
+        """Drop a request whose placement failed, wherever it got to."""
+        seq = request.seq
+        if seq is None:
+            return
+        self._live.pop(seq.id, None)
+        try:
+            engine.abort(seq)
+        except ValueError:  # it never reached a queue
+            seq.status = SequenceStatus.FINISHED
+            if seq.block_table:
+                engine.blocks.free(seq)
 
     def _seq(self, request_id: int) -> Sequence | None:
         request = self._live.get(request_id)
