@@ -16,7 +16,10 @@ machine (goal: >= 0.70).
 
 Server and client CPU use over the measured window are printed too: when the
 client is pinned at 100% it, not the server, sets the pace, and the ratio
-flatters the server.
+flatters the server. So is the CPU that everything else on the machine used
+meanwhile ("other cpu", Linux only): on a machine with few cores a neighbour's
+build or test run moves the ratio by more than most changes do, so a run with
+more than a few percent there is a run to repeat.
 
 Run it (from the repository root)::
 
@@ -61,6 +64,7 @@ _READ_SIZE = 65536
 _READY_TIMEOUT_S = 30.0
 _CONNECT_BATCH = 100
 _CONNECT_ATTEMPTS = 5
+_NOISY_OTHER_CPU_PCT = 5.0
 _BROKEN = (anyio.BrokenResourceError, anyio.ClosedResourceError, anyio.EndOfStream, OSError)
 
 ReplyCheck = Callable[[bytes], bool]
@@ -95,6 +99,7 @@ class RunResult:
     error_sample: str | None
     server_cpu_pct: float | None
     client_cpu_pct: float
+    other_cpu_pct: float | None
     latencies_s: list[float] = field(repr=False)  # sorted; pooled across rounds, not written
 
     @property
@@ -113,6 +118,7 @@ class Summary:
     errors: int
     server_cpu_pct: float | None
     client_cpu_pct: float
+    other_cpu_pct: float | None
 
     @property
     def server_us_per_reply(self) -> float | None:
@@ -128,6 +134,17 @@ def percentile_ms(sorted_s: Sequence[float], q: float) -> float:
         return math.nan
     rank = max(1, math.ceil(q * len(sorted_s)))
     return sorted_s[rank - 1] * 1000.0
+
+
+def machine_busy_seconds() -> float | None:
+    """CPU seconds every process on the machine has used since boot (Linux only)."""
+    try:
+        with open("/proc/stat") as stat:
+            ticks = [int(v) for v in stat.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    idle = ticks[3] + ticks[4]  # idle, iowait
+    return (sum(ticks[:8]) - idle) / os.sysconf("SC_CLK_TCK")
 
 
 def governor_command() -> list[str]:
@@ -341,15 +358,22 @@ async def measure(target: str, round_no: int, server: ServerProcess, spec: LoadS
                 tg.start_soon(closed_loop, stream, frame, make_check(frame), window, tally)
             await anyio.sleep(spec.warmup_s)
             cpu0, client0, t0 = server.cpu_seconds(), time.process_time(), time.perf_counter()
+            busy0 = machine_busy_seconds()
             window.measuring = True
             await anyio.sleep(spec.duration_s)
             window.measuring = False
             cpu1, client1, t1 = server.cpu_seconds(), time.process_time(), time.perf_counter()
+            busy1 = machine_busy_seconds()
             tg.cancel_scope.cancel()
     finally:
         await close_all(streams + holders)
     elapsed = t1 - t0
     server_cpu = None if cpu0 is None or cpu1 is None else 100.0 * (cpu1 - cpu0) / elapsed
+    client_cpu = 100.0 * (client1 - client0) / elapsed
+    other_cpu = None
+    if busy0 is not None and busy1 is not None and server_cpu is not None:
+        # Clock ticks are coarse: a quiet machine can read a little below zero.
+        other_cpu = max(0.0, 100.0 * (busy1 - busy0) / elapsed - server_cpu - client_cpu)
     latencies = sorted(tally.latencies_s)
     return RunResult(
         target=target,
@@ -362,7 +386,8 @@ async def measure(target: str, round_no: int, server: ServerProcess, spec: LoadS
         errors_by_kind=dict(tally.errors),
         error_sample=tally.error_sample,
         server_cpu_pct=server_cpu,
-        client_cpu_pct=100.0 * (client1 - client0) / elapsed,
+        client_cpu_pct=client_cpu,
+        other_cpu_pct=other_cpu,
         latencies_s=latencies,
     )
 
@@ -385,6 +410,7 @@ def run_target(target: str, round_no: int, spec: LoadSpec) -> RunResult:
 def summarise(target: str, results: Sequence[RunResult], pooled_s: Sequence[float]) -> Summary:
     window = sum(r.window_s for r in results)
     cpus = [r.server_cpu_pct for r in results]
+    others = [r.other_cpu_pct for r in results]
     return Summary(
         target=target,
         replies_per_s=sum(r.replies for r in results) / window,
@@ -393,6 +419,7 @@ def summarise(target: str, results: Sequence[RunResult], pooled_s: Sequence[floa
         errors=sum(r.errors for r in results),
         server_cpu_pct=None if None in cpus else sum(c or 0.0 for c in cpus) / len(cpus),
         client_cpu_pct=sum(r.client_cpu_pct for r in results) / len(results),
+        other_cpu_pct=None if None in others else sum(o or 0.0 for o in others) / len(others),
     )
 
 
@@ -407,14 +434,14 @@ def _us(value: float | None) -> str:
 def format_table(rows: Sequence[Summary]) -> str:
     head = (
         f"{'target':<10} {'replies/s':>10} {'p50 ms':>8} {'p99 ms':>8} {'errors':>7}"
-        f" {'server cpu':>10} {'client cpu':>10} {'server us/reply':>16}"
+        f" {'server cpu':>10} {'client cpu':>10} {'server us/reply':>16} {'other cpu':>9}"
     )
     lines = [head, "-" * len(head)]
     for row in rows:
         lines.append(
             f"{row.target:<10} {row.replies_per_s:>10,.0f} {row.p50_ms:>8.2f} {row.p99_ms:>8.2f}"
             f" {row.errors:>7} {_pct(row.server_cpu_pct):>10} {_pct(row.client_cpu_pct):>10}"
-            f" {_us(row.server_us_per_reply):>16}"
+            f" {_us(row.server_us_per_reply):>16} {_pct(row.other_cpu_pct):>9}"
         )
     return "\n".join(lines)
 
@@ -521,6 +548,13 @@ def report(args: argparse.Namespace, runs: list[RunResult]) -> int:
     for r in runs:
         if r.errors:
             print(f"{r.target} round {r.round} errors {r.errors_by_kind}: {r.error_sample}")
+    noisy = [r for r in runs if (r.other_cpu_pct or 0.0) > _NOISY_OTHER_CPU_PCT]
+    if noisy:
+        worst = max(r.other_cpu_pct or 0.0 for r in noisy)
+        print(
+            f"warning: other processes used up to {worst:.0f}% CPU during {len(noisy)} of"
+            f" {len(runs)} measured windows; the ratio is unreliable, run it again"
+        )
     print(f"ratio governor/echo (replies/s): {ratio:.2f} (goal >= {GOAL_RATIO:.2f})")
     echo_us = summaries[ECHO].server_us_per_reply
     gov_us = summaries[GOVERNOR].server_us_per_reply
