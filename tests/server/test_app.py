@@ -136,9 +136,16 @@ def test_grace_must_not_be_negative() -> None:
         Server(Governor(), OddBackend(), grace_s=-1)
 
 
+async def fresh_client(server: Server) -> RawClient:
+    """A new connection: a connection's reader picks the fast path when it starts."""
+    assert server.tcp.address is not None
+    return RawClient(await anyio.connect_tcp(*server.tcp.address))
+
+
 async def test_submits_without_the_fast_path(running: Any) -> None:
-    server, _, client = running
+    server, _, _ = running
     server.tcp._fast_submit = None  # as when msgspec is not installed
+    client = await fresh_client(server)
     assert (await client.submit("plain"))["result"] == "plain"
     await client.send(submit("hang", "hang"))
     await client.send(submit("hang2", "hang"))
@@ -146,6 +153,24 @@ async def test_submits_without_the_fast_path(running: Any) -> None:
     assert stats["inflight"] == 2
     refused = await client.submit("third")
     assert (refused["status"], refused["reason"]) == ("yield", "saturated")
+    await client.aclose()
+
+
+async def test_a_fast_path_that_raises_costs_only_that_line(running: Any) -> None:
+    server, _, _ = running
+
+    def broken(line: bytes) -> None:
+        if b'"submit"' in line:
+            raise RuntimeError("decoder bug")
+        # anything else goes on to the reference decoder
+
+    server.tcp._fast_submit = broken
+    client = await fresh_client(server)
+    await client.send(submit("s", "plain"))
+    reply = await client.recv()
+    assert (reply["status"], reply["code"], reply["id"]) == ("error", "bad_frame", None)
+    assert (await client.stats())["errors_total"] == 1  # same connection, still served
+    await client.aclose()
 
 
 async def test_an_unencodable_backend_error_is_still_answered(running: Any) -> None:

@@ -293,15 +293,16 @@ class TcpFront:
                     return False
                 line = bytes(buf[start:nl])
                 start = scanned = nl + 1
-                # fast path: a well-formed submit, decoded and checked in one go
-                fast = None if fast_submit is None else fast_submit(line)
-                if fast is None:
-                    self._on_line_safely(conn, line, work, out)
-                    continue
                 try:
-                    on_submit(conn, fast, work, out)
+                    # fast path: a well-formed submit, decoded and checked in one go
+                    fast = None if fast_submit is None else fast_submit(line)
+                    if fast is None:
+                        self._on_line(conn, line, work, out)
+                    else:
+                        on_submit(conn, fast, work, out)
                 except Exception:
-                    self._on_line_failed(line, out)
+                    log.exception("could not handle a %d-byte line; answered bad_frame", len(line))
+                    out.append(self._error(None, ErrorCode.BAD_FRAME, "frame could not be handled"))
             if start:
                 del buf[:start]
             scanned = len(buf)
@@ -332,18 +333,6 @@ class TcpFront:
         # A message quoting client or backend text may hold lone surrogates.
         message = message.encode("utf-8", "backslashreplace").decode("utf-8")
         return encode_frame(error_frame(rid, code, message, retryable=retryable))
-
-    def _on_line_safely(
-        self, conn: _Connection, line: bytes, work: anyio.abc.TaskGroup, out: list[bytes]
-    ) -> None:
-        try:
-            self._on_line(conn, line, work, out)
-        except Exception:
-            self._on_line_failed(line, out)
-
-    def _on_line_failed(self, line: bytes, out: list[bytes]) -> None:
-        log.exception("could not handle a %d-byte line; answered bad_frame", len(line))
-        out.append(self._error(None, ErrorCode.BAD_FRAME, "frame could not be handled"))
 
     def _on_line(
         self, conn: _Connection, line: bytes, work: anyio.abc.TaskGroup, out: list[bytes]
