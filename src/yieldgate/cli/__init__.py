@@ -1,4 +1,4 @@
-"""The ``yieldgate`` command: ``serve`` and ``demo``.
+"""The ``yieldgate`` command: ``serve``, ``burst`` and ``demo``.
 
 Thin on purpose: parse flags into the library's frozen configs, run, report.
 Heavy modules are imported inside the subcommand that needs them.
@@ -16,7 +16,7 @@ __all__ = ["main"]
 
 
 def _parser() -> argparse.ArgumentParser:
-    from yieldgate.cli import _demo, _serve
+    from yieldgate.cli import _burst, _demo, _serve
 
     parser = argparse.ArgumentParser(
         prog="yieldgate",
@@ -24,6 +24,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _serve.add_parser(sub)
+    _burst.add_parser(sub)
     _demo.add_parser(sub)
     return parser
 

@@ -1,0 +1,150 @@
+"""The results, for people: a rich table (strategies as columns) and a Markdown table."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from yieldgate.burst._results import BurstReport, Percentiles, StrategyResult
+
+__all__ = ["markdown_table", "render_table", "summary_line"]
+
+
+def _f(value: float | None, digits: int = 2) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def _pcts(p: Percentiles | None, digits: int) -> str:
+    if p is None or p.count == 0:
+        return "-"
+    return f"{_f(p.p50, digits)} / {_f(p.p95, digits)} / {_f(p.p99, digits)}"
+
+
+def _errors(r: StrategyResult, sep: str) -> str:
+    if not r.errors_by_kind:
+        return "-"
+    return sep.join(
+        f"{kind.removesuffix('Error')} {n}" for kind, n in sorted(r.errors_by_kind.items())
+    )
+
+
+def _ratio(r: StrategyResult) -> str:
+    ratio = r.makespan_ratio
+    return "n/a" if ratio is None else f"{ratio:.2f}"
+
+
+def _slo_text(report: BurstReport) -> str:
+    slo: Mapping[str, Any] = report.config.get("slo", {})
+    parts = [
+        f"{k.removesuffix('_ms').upper()} <= {v:g} ms" for k, v in slo.items() if v is not None
+    ]
+    return ", ".join(parts) if parts else "no SLO: every success counts"
+
+
+def _serving(r: StrategyResult, key: str) -> str:
+    if r.server is None or not r.server.serving:
+        return "-"
+    value = r.server.serving.get(key)
+    if not isinstance(value, Mapping):
+        return "-"
+    return " / ".join(_f(value.get(q), 1) for q in ("p50", "p95", "p99"))
+
+
+def _streaming_cell(key: str) -> Callable[[StrategyResult], str]:
+    def cell(r: StrategyResult) -> str:
+        return _pcts(r.streaming.get(key) if r.streaming else None, 1)
+
+    return cell
+
+
+def _rows(report: BurstReport, sep: str) -> list[tuple[str, Callable[[StrategyResult], str]]]:
+    rows: list[tuple[str, Callable[[StrategyResult], str]]] = [
+        ("success", lambda r: f"{r.success_rate:.1%}"),
+        ("attempts / request", lambda r: f"{r.attempts_per_request:.2f} ({r.attempts})"),
+        ("yields seen", lambda r: str(r.yields)),
+        ("errors by kind", lambda r: _errors(r, sep)),
+        ("makespan s", lambda r: _f(r.makespan_s)),
+        ("lower bound s", lambda r: _f(r.lower_bound_s)),
+        ("makespan / bound", _ratio),
+        ("latency p50/p95/p99 s", lambda r: _pcts(r.latency_s, 2)),
+    ]
+    if any(r.streaming for r in report.results):
+        for key, name in (("ttft_ms", "TTFT"), ("tpot_ms", "TPOT"), ("itl_ms", "ITL")):
+            rows.append((f"{name} p50/p95/p99 ms", _streaming_cell(key)))
+    rows.append(
+        (
+            "goodput",
+            lambda r: f"{r.goodput_ratio:.1%}, {r.goodput_per_s:.1f}/s",
+        )
+    )
+    if any(r.server is not None for r in report.results):
+        rows.append(
+            (
+                "server executed / yielded",
+                lambda r: (
+                    "-"
+                    if r.server is None
+                    else f"{r.server.delta['executed']} / {r.server.delta['yielded']}"
+                ),
+            )
+        )
+        rows.append(
+            (
+                "server exec ms (ewma)",
+                lambda r: "-" if r.server is None else _f(r.server.exec_ms_ewma, 1),
+            )
+        )
+    if any(r.server is not None and r.server.serving for r in report.results):
+        rows.append(("server TTFT p50/p95/p99 ms", lambda r: _serving(r, "ttft_ms")))
+        rows.append(("server TPOT p50/p95/p99 ms", lambda r: _serving(r, "tpot_ms")))
+    return rows
+
+
+def _title(report: BurstReport) -> str:
+    c = report.config
+    name = f"{c['scenario']}: " if c.get("scenario") else ""
+    stream = ", streaming" if c.get("stream") else ""
+    fresh = "fresh server per strategy" if c.get("fresh_server_per_strategy") else "shared server"
+    return (
+        f"{name}{c['requests']} requests, {c['profile']['spec']}{stream} -> {c['target']} ({fresh})"
+    )
+
+
+def summary_line(report: BurstReport) -> str:
+    """One line per goal verdict, for the end of the output."""
+    return "\n".join(
+        f"{label}: {text}: {'met' if met else 'NOT met'}" for label, met, text in report.verdicts()
+    )
+
+
+def render_table(report: BurstReport, console: Any = None) -> None:
+    """Print the results as a rich table: one column per strategy."""
+    from rich.console import Console
+    from rich.table import Table
+
+    if console is None:
+        console = Console()
+        if not console.is_terminal:
+            console = Console(width=120)  # piped: wide enough for four strategies
+    table = Table(title=_title(report), title_justify="left", show_lines=False)
+    table.add_column("", style="bold")
+    for r in report.results:
+        table.add_column(r.label, justify="right")
+    for name, cell in _rows(report, "\n"):
+        table.add_row(name, *(cell(r) for r in report.results))
+    console.print(table)
+    console.print(f"goodput: {_slo_text(report)}")
+    verdicts = summary_line(report)
+    if verdicts:
+        console.print(verdicts)
+
+
+def markdown_table(report: BurstReport) -> str:
+    """The same figures as a Markdown table (one row per strategy), for docs."""
+    rows = _rows(report, "; ")
+    head = "| strategy | " + " | ".join(name for name, _ in rows) + " |"
+    rule = "| --- |" + " ---: |" * len(rows)
+    lines = [head, rule]
+    for r in report.results:
+        lines.append(f"| {r.label} | " + " | ".join(cell(r) for _, cell in rows) + " |")
+    return "\n".join(lines)

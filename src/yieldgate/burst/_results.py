@@ -1,0 +1,408 @@
+"""What a run measured: per-strategy results, their summary figures, the report.
+
+Every figure is computed from what the client saw (``Request`` records and
+its Gate's statistics); the server's counters, when it has a ``stats`` op or
+``GET /stats``, are kept beside them so the two can be checked against each
+other.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from yieldgate.burst._targets import Request
+
+__all__ = [
+    "SCHEMA_ID",
+    "BurstReport",
+    "Goal",
+    "Percentiles",
+    "ServerCounters",
+    "Slo",
+    "StrategyResult",
+    "TimelinePoint",
+    "makespan_lower_bound",
+    "summarise",
+]
+
+SCHEMA_ID = "yieldgate.burst/1"
+_COUNTERS = ("admitted", "executed", "failed", "cancelled", "yielded", "errors")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Percentiles:
+    """Nearest-rank percentiles of a sample (all ``None`` when it is empty)."""
+
+    count: int = 0
+    p50: float | None = None
+    p95: float | None = None
+    p99: float | None = None
+    mean: float | None = None
+
+    @classmethod
+    def of(cls, values: Sequence[float], scale: float = 1.0) -> Percentiles:
+        if not values:
+            return cls()
+        ordered = sorted(v * scale for v in values)
+
+        def rank(q: float) -> float:
+            return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
+
+        return cls(
+            count=len(ordered),
+            p50=rank(0.50),
+            p95=rank(0.95),
+            p99=rank(0.99),
+            mean=sum(ordered) / len(ordered),
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "count": self.count,
+            "p50": self.p50,
+            "p95": self.p95,
+            "p99": self.p99,
+            "mean": self.mean,
+        }
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Slo:
+    """Service-level objectives for goodput; ``None`` means no objective."""
+
+    ttft_ms: float | None = None
+    tpot_ms: float | None = None
+    e2e_ms: float | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("ttft_ms", "tpot_ms", "e2e_ms"):
+            value = getattr(self, name)
+            if value is not None and not (value > 0 and math.isfinite(value)):
+                raise ValueError(f"slo {name} must be a finite number > 0")
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"ttft_ms": self.ttft_ms, "tpot_ms": self.tpot_ms, "e2e_ms": self.e2e_ms}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Goal:
+    """What a scenario expects of the ``yieldgate`` strategy."""
+
+    min_success_rate: float = 1.0
+    max_attempts_per_request: float | None = None
+    max_makespan_ratio: float | None = None
+
+    def verdict(self, result: StrategyResult) -> tuple[bool, str]:
+        parts = [f"success {result.success_rate:.1%} (goal >= {self.min_success_rate:.0%})"]
+        met = result.success_rate >= self.min_success_rate
+        if self.max_attempts_per_request is not None:
+            parts.append(
+                f"{result.attempts_per_request:.2f} attempts/request "
+                f"(goal <= {self.max_attempts_per_request:g})"
+            )
+            met = met and result.attempts_per_request <= self.max_attempts_per_request
+        if self.max_makespan_ratio is not None:
+            ratio = result.makespan_ratio
+            shown = "n/a" if ratio is None else f"{ratio:.2f}x"
+            parts.append(f"makespan {shown} the lower bound (goal <= {self.max_makespan_ratio:g})")
+            met = met and ratio is not None and ratio <= self.max_makespan_ratio
+        return met, ", ".join(parts)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "min_success_rate": self.min_success_rate,
+            "max_attempts_per_request": self.max_attempts_per_request,
+            "max_makespan_ratio": self.max_makespan_ratio,
+        }
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TimelinePoint:
+    """One sample, taken every ``sample_interval_s`` while a strategy runs."""
+
+    t_s: float
+    client_inflight: int
+    client_attempts: int
+    client_yields: int
+    completed: int
+    failed: int
+    server_inflight: int | None = None
+    server_executed: int | None = None
+    server_yielded: int | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "t_s": round(self.t_s, 4),
+            "client_inflight": self.client_inflight,
+            "client_attempts": self.client_attempts,
+            "client_yields": self.client_yields,
+            "completed": self.completed,
+            "failed": self.failed,
+            "server_inflight": self.server_inflight,
+            "server_executed": self.server_executed,
+            "server_yielded": self.server_yielded,
+        }
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ServerCounters:
+    """The server's counters around one strategy's run (its ``stats`` op)."""
+
+    max_inflight: int
+    exec_ms_ewma: float | None
+    inflight_peak: int
+    delta: Mapping[str, int]
+    yielded_by_reason: Mapping[str, int]
+    serving: Mapping[str, Any] | None = None
+
+    @classmethod
+    def between(cls, before: Mapping[str, Any], after: Mapping[str, Any]) -> ServerCounters:
+        delta = {k: int(after[f"{k}_total"]) - int(before[f"{k}_total"]) for k in _COUNTERS}
+        reasons_before = before.get("yielded_by_reason", {})
+        reasons = {
+            reason: int(n) - int(reasons_before.get(reason, 0))
+            for reason, n in after.get("yielded_by_reason", {}).items()
+        }
+        backend = after.get("backend")
+        serving = backend.get("serving") if isinstance(backend, Mapping) else None
+        ewma = after.get("exec_ms_ewma")
+        return cls(
+            max_inflight=int(after["max_inflight"]),
+            exec_ms_ewma=None if ewma is None else float(ewma),
+            inflight_peak=int(after.get("inflight_peak", 0)),
+            delta=delta,
+            yielded_by_reason={k: v for k, v in reasons.items() if v},
+            serving=serving,
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "max_inflight": self.max_inflight,
+            "exec_ms_ewma": self.exec_ms_ewma,
+            "inflight_peak": self.inflight_peak,
+            "delta": dict(self.delta),
+            "yielded_by_reason": dict(self.yielded_by_reason),
+            "serving": None if self.serving is None else dict(self.serving),
+        }
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StrategyResult:
+    """One strategy's run, summarised. ``as_dict`` is its JSON form (docs/burst.md)."""
+
+    strategy: str
+    label: str
+    requests: int
+    succeeded: int
+    attempts: int
+    yields: int
+    errors_by_kind: Mapping[str, int]
+    makespan_s: float
+    lower_bound_s: float | None
+    latency_s: Percentiles
+    streaming: Mapping[str, Percentiles] | None
+    goodput_good: int
+    slo: Slo
+    server: ServerCounters | None
+    timeline: tuple[TimelinePoint, ...] = field(default=())
+
+    @property
+    def failed(self) -> int:
+        return self.requests - self.succeeded
+
+    @property
+    def success_rate(self) -> float:
+        return self.succeeded / self.requests if self.requests else 0.0
+
+    @property
+    def attempts_per_request(self) -> float:
+        return self.attempts / self.requests if self.requests else 0.0
+
+    @property
+    def makespan_ratio(self) -> float | None:
+        if self.lower_bound_s is None or self.lower_bound_s <= 0:
+            return None
+        return self.makespan_s / self.lower_bound_s
+
+    @property
+    def goodput_ratio(self) -> float:
+        return self.goodput_good / self.requests if self.requests else 0.0
+
+    @property
+    def goodput_per_s(self) -> float:
+        return self.goodput_good / self.makespan_s if self.makespan_s > 0 else 0.0
+
+    def as_dict(self, *, timeline: bool = True) -> dict[str, Any]:
+        return {
+            "strategy": self.strategy,
+            "label": self.label,
+            "requests": self.requests,
+            "succeeded": self.succeeded,
+            "failed": self.failed,
+            "success_rate": self.success_rate,
+            "attempts": self.attempts,
+            "attempts_per_request": self.attempts_per_request,
+            "yields": self.yields,
+            "errors_by_kind": dict(sorted(self.errors_by_kind.items())),
+            "makespan_s": self.makespan_s,
+            "lower_bound_s": self.lower_bound_s,
+            "makespan_ratio": self.makespan_ratio,
+            "latency_s": self.latency_s.as_dict(),
+            "streaming": None
+            if self.streaming is None
+            else {k: v.as_dict() for k, v in self.streaming.items()},
+            "goodput": {
+                "slo": self.slo.as_dict(),
+                "good": self.goodput_good,
+                "ratio": self.goodput_ratio,
+                "per_s": self.goodput_per_s,
+            },
+            "server": None if self.server is None else self.server.as_dict(),
+            "timeline": [p.as_dict() for p in self.timeline] if timeline else [],
+        }
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BurstReport:
+    """A whole run: its configuration, the machine, one result per strategy."""
+
+    config: Mapping[str, Any]
+    machine: Mapping[str, Any]
+    created: str
+    results: tuple[StrategyResult, ...]
+    goal: Goal | None = None
+
+    def verdicts(self) -> list[tuple[str, bool, str]]:
+        """``(label, met, text)`` for each ``yieldgate`` result, when the run has a goal."""
+        if self.goal is None:
+            return []
+        out = []
+        for result in self.results:
+            if result.strategy == "yieldgate":
+                met, text = self.goal.verdict(result)
+                out.append((result.label, met, text))
+        return out
+
+    def as_dict(self, *, timeline: bool = True) -> dict[str, Any]:
+        return {
+            "schema": SCHEMA_ID,
+            "created": self.created,
+            "config": dict(self.config),
+            "machine": dict(self.machine),
+            "goal": None if self.goal is None else self.goal.as_dict(),
+            "results": [r.as_dict(timeline=timeline) for r in self.results],
+        }
+
+
+def makespan_lower_bound(
+    requests: int,
+    exec_s: float,
+    max_inflight: int,
+    *,
+    cold_start_s: float = 0.0,
+    ramp_s: float = 0.0,
+    last_arrival_s: float = 0.0,
+) -> float:
+    """The least time ``requests`` executions of ``exec_s`` could take on ``max_inflight``
+    slots, when capacity is 0 for ``cold_start_s`` and then rises one slot at a time
+    from 1 to ``max_inflight`` over ``ramp_s`` (as the reference server ramps), and
+    the last request arrives at ``last_arrival_s``."""
+    if requests <= 0 or exec_s <= 0 or max_inflight < 1:
+        return 0.0
+    step = ramp_s / (max_inflight - 1) if ramp_s > 0 and max_inflight > 1 else 0.0
+    opens = [cold_start_s + k * step for k in range(max_inflight)]
+    work = requests * exec_s
+
+    def slot_seconds(t: float) -> float:
+        return sum(max(0.0, t - o) for o in opens)
+
+    lo, hi = 0.0, cold_start_s + ramp_s + work + exec_s
+    for _ in range(100):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if slot_seconds(mid) < work else (lo, mid)
+    return max(hi, cold_start_s + exec_s, last_arrival_s + exec_s)
+
+
+def summarise(
+    *,
+    strategy: str,
+    label: str,
+    requests: Sequence[Request],
+    attempts: int,
+    yields: int,
+    slo: Slo,
+    stream: bool,
+    server: ServerCounters | None,
+    timeline: Sequence[TimelinePoint],
+    cold_start_s: float = 0.0,
+    ramp_s: float = 0.0,
+) -> StrategyResult:
+    """Turn the raw records of one run into its figures."""
+    ends = [r.end_s for r in requests if r.end_s is not None]
+    makespan = max(ends) if ends else 0.0
+    oks = [r for r in requests if r.ok]
+    latencies = [r.end_s - r.arrival_s for r in oks if r.end_s is not None]
+    errors: dict[str, int] = {}
+    for r in requests:
+        if not r.ok:
+            kind = r.error or "unfinished"
+            errors[kind] = errors.get(kind, 0) + 1
+
+    streaming: dict[str, Percentiles] | None = None
+    ttft: dict[int, float] = {}
+    tpot: dict[int, float] = {}
+    if stream:
+        itl: list[float] = []
+        for r in oks:
+            if not r.chunk_s or r.end_s is None:
+                continue
+            ttft[r.index] = r.chunk_s[0] - r.arrival_s
+            if len(r.chunk_s) > 1:
+                tpot[r.index] = (r.chunk_s[-1] - r.chunk_s[0]) / (len(r.chunk_s) - 1)
+                itl.extend(b - a for a, b in zip(r.chunk_s, r.chunk_s[1:], strict=False))
+        streaming = {
+            "ttft_ms": Percentiles.of(list(ttft.values()), 1000.0),
+            "tpot_ms": Percentiles.of(list(tpot.values()), 1000.0),
+            "itl_ms": Percentiles.of(itl, 1000.0),
+        }
+
+    def good(r: Request) -> bool:
+        assert r.end_s is not None
+        if slo.e2e_ms is not None and (r.end_s - r.arrival_s) * 1000 > slo.e2e_ms:
+            return False
+        if stream and slo.ttft_ms is not None and ttft.get(r.index, math.inf) * 1000 > slo.ttft_ms:
+            return False
+        return not (
+            stream and slo.tpot_ms is not None and tpot.get(r.index, 0.0) * 1000 > slo.tpot_ms
+        )
+
+    bound = None
+    if server is not None and server.exec_ms_ewma is not None:
+        bound = makespan_lower_bound(
+            len(requests),
+            server.exec_ms_ewma / 1000,
+            server.max_inflight,
+            cold_start_s=cold_start_s,
+            ramp_s=ramp_s,
+            last_arrival_s=max((r.arrival_s for r in requests), default=0.0),
+        )
+    return StrategyResult(
+        strategy=strategy,
+        label=label,
+        requests=len(requests),
+        succeeded=len(oks),
+        attempts=attempts,
+        yields=yields,
+        errors_by_kind=errors,
+        makespan_s=makespan,
+        lower_bound_s=bound,
+        latency_s=Percentiles.of(latencies),
+        streaming=streaming,
+        goodput_good=sum(1 for r in oks if good(r)),
+        slo=slo,
+        server=server,
+        timeline=tuple(timeline),
+    )
