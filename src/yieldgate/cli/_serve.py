@@ -38,6 +38,18 @@ def add_parser(sub: Any) -> None:
         help="longest accepted frame; longer ones get frame_too_large and the connection closes",
     )
     net.add_argument(
+        "--idle-timeout-s",
+        type=float,
+        default=300.0,
+        help="close a TCP connection that has nothing in flight and completes no frame this long",
+    )
+    net.add_argument(
+        "--max-connections",
+        type=int,
+        default=10_000,
+        help="TCP connections beyond this many are closed at once (default 10000)",
+    )
+    net.add_argument(
         "--secret-file",
         type=Path,
         help="file holding a shared secret; every request must then carry it as 'auth'",
@@ -316,6 +328,8 @@ def build_server(args: argparse.Namespace) -> Any:
             port=args.port,
             max_frame_bytes=args.max_frame_bytes,
             secret=_read_secret(args.secret_file),
+            idle_timeout_s=args.idle_timeout_s,
+            max_connections=args.max_connections,
         )
         http = None
         if args.http_port is not None:

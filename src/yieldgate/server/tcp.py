@@ -21,6 +21,7 @@ logged and answered ``bad_frame``.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from json.encoder import encode_basestring
@@ -71,8 +72,17 @@ class TcpConfig:
     port: int = 7070
     max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
     secret: str | None = None
+    # A connection with nothing in flight that completes no frame for this long
+    # is closed (idle clients, and slowloris lines that never end).
+    idle_timeout_s: float = 300.0
+    # Connections beyond this many are closed as soon as they are accepted.
+    max_connections: int = 10_000
 
     def __post_init__(self) -> None:
+        if not (self.idle_timeout_s > 0 and math.isfinite(self.idle_timeout_s)):
+            raise ValueError("idle_timeout_s must be a positive number")
+        if self.max_connections < 1:
+            raise ValueError("max_connections must be >= 1")
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port must be in [0, 65535], got {self.port}")
         if self.max_frame_bytes < 64:
@@ -82,14 +92,42 @@ class TcpConfig:
 
 
 class _Connection:
-    __slots__ = ("closed", "idle", "inflight", "send_lock", "stream")
+    __slots__ = (
+        "closed",
+        "idle",
+        "idle_scope",
+        "idle_timeout_s",
+        "inflight",
+        "send_lock",
+        "stream",
+    )
 
-    def __init__(self, stream: anyio.abc.SocketStream) -> None:
+    def __init__(self, stream: anyio.abc.SocketStream, idle_timeout_s: float) -> None:
         self.stream = stream
         self.send_lock = anyio.Lock()
         self.inflight: set[str] = set()
         self.closed = False
         self.idle: anyio.Event | None = None  # set when inflight empties, while draining
+        self.idle_timeout_s = idle_timeout_s
+        self.idle_scope: anyio.CancelScope | None = None  # ends the read loop when idle
+
+    def touch(self) -> None:
+        """Restart the idle clock, or stop it while work is in flight.
+
+        Called once per read that completed a frame: the deadline (a timer
+        reset) only moves when it would move by more than a tenth of the
+        timeout, so a busy connection costs a clock read, not a timer, per read.
+        """
+        scope = self.idle_scope
+        if scope is None:
+            return
+        if self.inflight:
+            if scope.deadline != math.inf:
+                scope.deadline = math.inf
+            return
+        deadline = anyio.current_time() + self.idle_timeout_s
+        if deadline - scope.deadline > 0.1 * self.idle_timeout_s or scope.deadline == math.inf:
+            scope.deadline = deadline
 
     async def send(self, data: bytes) -> None:
         if self.closed:
@@ -156,6 +194,9 @@ class TcpFront:
         self._accepting = True
         self._conns_scope: anyio.CancelScope | None = None
         self._connections: set[_Connection] = set()
+        self._connections_refused = 0
+        self._open = 0
+        self._connections_idle_closed = 0
         self._connections_total = 0
         self._outstanding = Outstanding()
         # Well-formed submits skip the reference decoder when msgspec is installed.
@@ -201,6 +242,11 @@ class TcpFront:
                 log.warning("accept failed (%s); pausing new connections for 100 ms", exc)
                 await anyio.sleep(_ACCEPT_BACKOFF_S)
                 continue
+            if self._open >= self.config.max_connections:
+                self._connections_refused += 1
+                await stream.aclose()
+                continue
+            self._open += 1  # counted now, not when its task starts: bursts see the limit
             conns.start_soon(self._handle, stream)
 
     def stop_accepting(self) -> None:
@@ -221,19 +267,27 @@ class TcpFront:
 
     def connection_stats(self) -> dict[str, int]:
         return {
-            "connections_open": len(self._connections),
+            "connections_open": self._open,
             "connections_total": self._connections_total,
+            "connections_refused_total": self._connections_refused,
+            "connections_idle_closed_total": self._connections_idle_closed,
         }
 
     # -- one connection -----------------------------------------------------
 
     async def _handle(self, stream: anyio.abc.SocketStream) -> None:
-        conn = _Connection(stream)
+        conn = _Connection(stream, self.config.idle_timeout_s)
         self._connections.add(conn)
         self._connections_total += 1
         try:
             async with stream, anyio.create_task_group() as work:
-                peer_gone = await self._read_loop(conn, work)
+                with anyio.CancelScope() as conn.idle_scope:
+                    conn.touch()
+                    peer_gone = await self._read_loop(conn, work)
+                if conn.idle_scope.cancelled_caught:
+                    self._connections_idle_closed += 1
+                    peer_gone = True  # idle: close it like a peer that left
+                conn.idle_scope = None
                 if not peer_gone:
                     # frame_too_large: answer the admitted work, but still notice
                     # (by reading and discarding) a peer that leaves meanwhile.
@@ -244,6 +298,7 @@ class TcpFront:
                     work.cancel_scope.cancel()
         finally:
             self._connections.discard(conn)
+            self._open -= 1
 
     async def _drain(self, conn: _Connection) -> bool:
         """Discard input until the connection's work is answered (False) or the peer leaves."""
@@ -305,6 +360,7 @@ class TcpFront:
                     out.append(self._error(None, ErrorCode.BAD_FRAME, "frame could not be handled"))
             if start:
                 del buf[:start]
+                conn.touch()  # a complete frame: the connection is not idle
             scanned = len(buf)
             if len(buf) > limit:
                 await self._too_large(conn, out)
@@ -413,8 +469,10 @@ class TcpFront:
         finally:
             # The id stays in flight until its terminal reply is out (duplicate_id).
             conn.inflight.discard(req.id)
-            if not conn.inflight and conn.idle is not None:
-                conn.idle.set()
+            if not conn.inflight:
+                conn.touch()
+                if conn.idle is not None:
+                    conn.idle.set()
             self._outstanding.done()
 
     async def _execute(self, conn: _Connection, req: SubmitRequest, admitted: Admitted) -> bytes:
