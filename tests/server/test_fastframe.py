@@ -109,6 +109,14 @@ def test_everything_else_falls_back() -> None:
         + b'","deadline_ms":'
         + str(2**53).encode()
         + b"}",
+        # Found by bench/fuzz_frames.py: invalid UTF-8 inside a string raised
+        # UnicodeDecodeError, and inside an unknown key it was skipped unchecked.
+        b'{"op":"submit","id":"a\xff","body":"","sha256":"' + sha256_hex("").encode() + b'"}',
+        b'{"op":"submit","id":"a","body":"\xc3","sha256":"' + sha256_hex("").encode() + b'"}',
+        b'{"op":"submit","id":"a","body":"","sha256":"'
+        + sha256_hex("").encode()
+        + b'","pri\xcfty":"low"}',
+        b'{"op":"submit","id":"a","body":"","sha256":"' + sha256_hex("").encode() + b'","x":1}',
     ):
         assert fast(line) is None
 

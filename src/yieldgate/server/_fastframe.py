@@ -62,7 +62,9 @@ def fast_submit_decoder(secret: str | None) -> FastDecode | None:
         return None
 
     # Not tracked by the cycle collector: a decoded frame cannot refer to itself.
-    class _Submit(msgspec.Struct, gc=False):
+    # Unknown fields send the frame to the reference decoder: msgspec skips them
+    # without checking their bytes, and the reference refuses invalid UTF-8 anywhere.
+    class _Submit(msgspec.Struct, gc=False, forbid_unknown_fields=True):
         op: Literal["submit"]
         id: str
         body: str
@@ -85,7 +87,7 @@ def fast_submit_decoder(secret: str | None) -> FastDecode | None:
             )
 
     decode = msgspec.json.Decoder(_Submit).decode
-    errors = (msgspec.DecodeError, msgspec.ValidationError, RecursionError)
+    errors = (msgspec.DecodeError, msgspec.ValidationError, RecursionError, UnicodeDecodeError)
     sha256 = hashlib.sha256
     secret_bytes = None if secret is None else secret.encode("utf-8")
 
