@@ -20,8 +20,6 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
-import httpx
-
 import yieldgate
 
 __all__ = ["Request", "Send", "StatsSource", "Target", "TargetKind", "Workload", "open_target"]
@@ -235,6 +233,8 @@ async def open_target(
         async with _open_tcp(target, gate, workload) as opened:
             yield opened
         return
+    import httpx  # here: the package's import pulls in its CLI (rich, click)
+
     chosen = dialect or target.default_dialect
     async with httpx.AsyncClient(base_url=target.http_base, timeout=10.0) as plain:
         stats = _http_stats(plain)
@@ -249,7 +249,9 @@ async def open_target(
                 yield send, stats
 
 
-def _http_stats(client: httpx.AsyncClient) -> StatsSource:
+def _http_stats(client: Any) -> StatsSource:
+    import httpx
+
     available = True
 
     async def stats() -> dict[str, Any] | None:
