@@ -15,8 +15,10 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet --disable-pip-version-check "$(TORCH)" -e ".[dev,server,burst,harness]"
 	touch $(STAMP)
 
+# The burst comparison against the disaggregated harness; the seed scenario is
+# `.venv/bin/yieldgate demo --seed-scenario`.
 demo: $(STAMP)
-	$(VENV)/bin/yieldgate demo
+	$(VENV)/bin/yieldgate demo --plot build/demo-plot.png --json build/demo.json
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests bench examples

@@ -1,8 +1,15 @@
-"""``yieldgate demo``: the seed scenario, replayed against a real server process.
+"""``yieldgate demo``: one burst, three client strategies, against a real model server.
 
-``max_inflight 1``, 20 clients submit at the same instant, execution takes 10 s:
-exactly one executes, nineteen are yielded at once, ``inflight`` never passes 1.
-Counters are sampled with ``stats`` and printed as they change.
+By default: ``yieldgate serve --backend harness --prefill-workers 1`` (the
+tiny torch model, prefill disaggregated to a worker process) is started fresh
+for each of ``yieldgate``, ``naive`` and ``tenacity``; each fires the same
+burst of streamed requests (a quarter of them long prompts) at it; the
+comparison table is printed and the plot written.
+
+``--seed-scenario`` replays the seed instead: ``max_inflight 1``, 20 clients
+submit at the same instant, execution takes 10 s: exactly one executes,
+nineteen are yielded at once, ``inflight`` never passes 1. Counters are
+sampled with ``stats`` and printed as they change.
 """
 
 from __future__ import annotations
@@ -13,6 +20,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -26,17 +34,52 @@ from yieldgate.protocol import encode_frame, stats_frame, submit_frame
 def add_parser(sub: Any) -> None:
     p: argparse.ArgumentParser = sub.add_parser(
         "demo",
-        help="replay the seed scenario against a fresh server process",
+        help="one burst through yieldgate, naive and tenacity against a real model server",
         description=(
-            "Start 'yieldgate serve' with --max-inflight 1, fire N concurrent submits at once and "
-            "print the server's counters as they change."
+            "Start 'yieldgate serve --backend harness --prefill-workers 1' fresh for each "
+            "strategy (yieldgate, naive, tenacity), fire the same burst of streamed requests, "
+            "print the comparison and write the plot. With --seed-scenario: replay the seed "
+            "scenario instead (max_inflight 1, N concurrent submits at once)."
         ),
     )
-    p.add_argument("--clients", type=int, default=20, help="concurrent clients (default 20)")
-    p.add_argument(
+    burst = p.add_argument_group("the burst comparison (default)")
+    burst.add_argument("--requests", type=int, default=160, help="requests per strategy")
+    burst.add_argument("--max-inflight", type=int, default=8, help="the server's slots (default 8)")
+    burst.add_argument(
+        "--plot", type=Path, default=Path("demo-plot.png"), help="PNG to write (demo-plot.png)"
+    )
+    burst.add_argument("--json", type=Path, help="also write the results as JSON")
+    burst.add_argument("--no-progress", action="store_true", help="no progress bar")
+    seed = p.add_argument_group("the seed scenario (--seed-scenario)")
+    seed.add_argument(
+        "--seed-scenario", action="store_true", help="replay the seed scenario instead"
+    )
+    seed.add_argument("--clients", type=int, default=20, help="concurrent clients (default 20)")
+    seed.add_argument(
         "--exec-ms", type=float, default=10_000.0, help="backend execution time (default 10 s)"
     )
     p.set_defaults(run=run)
+
+
+def _burst_demo(args: argparse.Namespace) -> int:
+    from yieldgate.cli import _burst
+
+    try:
+        from yieldgate.burst import BurstConfig, demo_settings
+    except ImportError as exc:  # pragma: no cover - the burst extra is missing
+        raise CliError(f"the demo needs the 'burst' extra ({exc})") from None
+    if args.requests < 1 or args.max_inflight < 1:
+        raise CliError("--requests and --max-inflight must be at least 1")
+    config = BurstConfig(**demo_settings(requests=args.requests, max_inflight=args.max_inflight))
+    print(
+        f"demo: {args.requests} streamed requests at once against `yieldgate serve "
+        f"{' '.join(config.serve_args or ())}`, started fresh for each strategy",
+        flush=True,
+    )
+    report = _burst.execute(
+        config, progress=not args.no_progress, json_path=args.json, plot_path=args.plot
+    )
+    return 0 if all(met for _, met, _ in report.verdicts()) else 1
 
 
 @dataclass
@@ -119,6 +162,8 @@ async def _scenario(host: str, port: int, clients: int, run: _Run) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if not args.seed_scenario:
+        return _burst_demo(args)
     if args.clients < 2:
         raise CliError("--clients must be at least 2")
     print(
