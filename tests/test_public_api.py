@@ -13,7 +13,7 @@ def test_all_is_sorted_and_complete() -> None:
     exported = [name for name in yieldgate.__all__ if name != "__version__"]
     assert exported == sorted(exported)
     # Every public attribute is exported (submodules aside).
-    modules = {"protocol", "server", "cli", "gate", "transports", "dialects", "harness"}
+    modules = {"protocol", "server", "cli", "gate", "transports", "dialects", "harness", "burst"}
     assert [n for n in public if n not in modules] == exported
 
 
@@ -26,7 +26,7 @@ def test_importing_yieldgate_pulls_in_no_extra() -> None:
     code = (
         "import sys, yieldgate, yieldgate.protocol, yieldgate.server; "
         "heavy = {'torch', 'starlette', 'uvicorn', 'rich', 'matplotlib', 'prometheus_client', "
-        "'httpx2', 'openai', 'huggingface_hub'}; "
+        "'httpx2', 'openai', 'huggingface_hub', 'yieldgate.burst'}; "
         "print(sorted(heavy & set(sys.modules)))"
     )
     result = subprocess.run(

@@ -1,0 +1,161 @@
+"""Bursts against real servers: the figures agree with the server's own counters.
+
+Each strategy's attempts, successes and yields, counted by the client, must
+equal the change in the server's ``admitted``/``executed``/``yielded``
+counters over its run; the JSON form must match the documented schema.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+import anyio
+import pytest
+
+from tests.burst.conftest import schema_errors
+from tests.conftest import RawClient, ServerProcess
+from yieldgate.burst import (
+    SCHEMA,
+    ArrivalProfile,
+    BurstConfig,
+    BurstReport,
+    Slo,
+    Strategy,
+    StrategyResult,
+    Workload,
+    run_burst,
+)
+
+pytestmark = pytest.mark.e2e
+
+ALL = tuple(Strategy(name=n) for n in ("yieldgate", "naive", "tenacity", "openai-default"))
+SIM = ("--max-inflight", "4", "--exec-ms", "20")
+
+
+def assert_consistent(result: StrategyResult, *, max_inflight: int) -> None:
+    """Client-side figures against the server's counters and the timeline."""
+    server = result.server
+    assert server is not None
+    assert server.max_inflight == max_inflight
+    delta = server.delta
+    assert delta["failed"] == delta["cancelled"] == delta["errors"] == 0
+    assert result.attempts == delta["admitted"] + delta["yielded"]
+    assert result.succeeded == delta["executed"] == delta["admitted"]
+    assert result.yields == delta["yielded"]
+    assert sum(server.yielded_by_reason.values()) == delta["yielded"]
+    assert sum(result.errors_by_kind.values()) == result.failed
+    assert result.succeeded + result.failed == result.requests
+    last = result.timeline[-1]
+    assert (last.completed, last.failed) == (result.succeeded, result.failed)
+    assert last.client_attempts == result.attempts
+    assert last.server_executed == delta["executed"]
+    assert last.server_yielded == delta["yielded"]
+    assert last.server_inflight == 0
+    assert all((p.server_inflight or 0) <= max_inflight for p in result.timeline)
+    assert server.inflight_peak <= max_inflight
+    assert result.latency_s.count == result.succeeded
+
+
+def assert_valid_json(report: BurstReport) -> dict[str, Any]:
+    document: dict[str, Any] = json.loads(json.dumps(report.as_dict()))
+    assert schema_errors(document, SCHEMA) == []
+    return document
+
+
+def test_four_strategies_each_against_a_fresh_server() -> None:
+    report = run_burst(
+        BurstConfig(
+            target="tcp://",
+            serve_args=SIM,
+            requests=40,
+            strategies=ALL,
+            sample_interval_s=0.02,
+            scenario="test",
+        )
+    )
+    assert [r.strategy for r in report.results] == [s.name for s in ALL]
+    for result in report.results:
+        assert_consistent(result, max_inflight=4)
+        # Each strategy met a fresh server: the bound comes from its own counters.
+        assert result.lower_bound_s == pytest.approx(40 * 0.02 / 4, rel=0.5)
+    by = {r.strategy: r for r in report.results}
+    assert by["yieldgate"].success_rate == 1.0
+    assert by["naive"].attempts == 40  # one each, never more
+    assert by["naive"].errors_by_kind == {"YieldExhaustedError": by["naive"].failed}
+    assert by["tenacity"].success_rate == 1.0
+    document = assert_valid_json(report)
+    assert document["config"]["fresh_server_per_strategy"] is True
+    assert document["results"][0]["timeline"]
+
+
+@pytest.mark.anyio
+async def test_a_shared_server_sees_the_sum_of_every_strategy(
+    serve: Callable[..., ServerProcess],
+) -> None:
+    server = serve(*SIM)
+    config = BurstConfig(
+        target=f"tcp://{server.host}:{server.port}",
+        requests=30,
+        profile=ArrivalProfile.poisson(400),
+        strategies=(Strategy(name="yieldgate"), Strategy(name="naive")),
+        sample_interval_s=0.02,
+    )
+    report = await anyio.to_thread.run_sync(run_burst, config)
+    for result in report.results:
+        assert_consistent(result, max_inflight=4)
+    client = await RawClient.connect(server)
+    try:
+        totals = await client.stats()
+    finally:
+        await client.aclose()
+    assert totals["executed_total"] == sum(r.succeeded for r in report.results)
+    assert totals["yielded_total"] == sum(r.yields for r in report.results)
+    assert assert_valid_json(report)["config"]["fresh_server_per_strategy"] is False
+
+
+@pytest.mark.parametrize("scheme", ["openai+http://", "hf+http://", "tgi+http://"])
+def test_http_targets_streaming(scheme: str) -> None:
+    report = run_burst(
+        BurstConfig(
+            target=scheme,
+            serve_args=SIM,
+            requests=24,
+            strategies=(Strategy(name="yieldgate"), Strategy(name="openai-default")),
+            workload=Workload(stream=True, max_tokens=8),
+            slo=Slo(ttft_ms=60_000, tpot_ms=60_000),
+            sample_interval_s=0.02,
+        )
+    )
+    for result in report.results:
+        assert_consistent(result, max_inflight=4)
+        assert result.streaming is not None
+        if result.succeeded:
+            assert result.streaming["ttft_ms"].count == result.succeeded
+            assert result.streaming["itl_ms"].count > 0
+        assert result.goodput_good == result.succeeded  # objectives nobody can miss
+    assert report.results[0].success_rate == 1.0
+    assert_valid_json(report)
+
+
+def test_cold_start_is_ridden_out_and_counted() -> None:
+    report = run_burst(
+        BurstConfig(
+            target="hf+http://",
+            serve_args=("--cold-start-s", "0.5", "--ramp-s", "0.5", *SIM),
+            requests=30,
+            strategies=(Strategy(name="yieldgate"), Strategy(name="naive")),
+            sample_interval_s=0.02,
+        )
+    )
+    yieldgate_run, naive = report.results
+    for result in report.results:
+        assert_consistent(result, max_inflight=4)
+    assert yieldgate_run.success_rate == 1.0
+    assert yieldgate_run.server is not None
+    assert yieldgate_run.server.yielded_by_reason.get("cold_start", 0) > 0
+    # The bound knows about the cold start the tool asked for.
+    assert yieldgate_run.lower_bound_s is not None
+    assert yieldgate_run.lower_bound_s > 0.5
+    assert naive.success_rate == 0.0  # every request met the loading model
