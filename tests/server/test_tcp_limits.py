@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -9,7 +10,7 @@ import anyio
 import pytest
 
 from tests.conftest import RawClient, ServerProcess
-from yieldgate.protocol import submit_frame
+from yieldgate.protocol import encode_frame, submit_frame
 
 pytestmark = [pytest.mark.anyio, pytest.mark.e2e]
 
@@ -77,3 +78,38 @@ async def test_connections_past_the_limit_are_closed_at_once(
     stats = await kept[1].stats()
     assert stats["connections_refused_total"] == 1
     assert stats["connections_open"] == 3
+
+
+async def test_thousands_of_connections_opened_and_closed(
+    serve: Callable[..., ServerProcess], connect: Callable[[ServerProcess], Any]
+) -> None:
+    server = serve("--max-inflight", "4", "--exec-ms", "20")
+    fd_dir = f"/proc/{server.proc.pid}/fd"
+    checker: RawClient = await connect(server)
+    await checker.stats()
+    fds_before = len(os.listdir(fd_dir))
+
+    async def churn(i: int) -> None:
+        async with await anyio.connect_tcp(server.host, server.port) as stream:
+            if i % 3 == 0:  # leave with a submit in flight (or yielded)
+                await stream.send(encode_frame(submit_frame(f"c{i}", "x")))
+            elif i % 3 == 1:  # leave mid-line
+                await stream.send(b'{"op":"submit","id":')
+
+    with anyio.fail_after(60):
+        for start in range(0, 3000, 100):
+            async with anyio.create_task_group() as tg:
+                for i in range(start, start + 100):
+                    tg.start_soon(churn, i)
+        while True:
+            stats = await checker.stats()
+            if stats["connections_open"] == 1 and stats["inflight"] == 0:
+                break
+            await anyio.sleep(0.05)
+    assert stats["connections_total"] >= 3001
+    assert stats["admitted_total"] == (
+        stats["executed_total"] + stats["failed_total"] + stats["cancelled_total"]
+    )
+    # Every descriptor came back.
+    assert len(os.listdir(fd_dir)) <= fds_before + 2
+    assert (await checker.submit("still here"))["status"] == "ok"
