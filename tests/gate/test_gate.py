@@ -35,9 +35,11 @@ from yieldgate import (
     TransportError,
     WindowPolicy,
     YieldExhaustedError,
+    YieldgateError,
     current_attempt,
 )
 from yieldgate.gate import NullInstrumentation, Signal
+from yieldgate.protocol import Priority
 
 pytestmark = pytest.mark.anyio
 
@@ -567,8 +569,9 @@ async def test_map_raises_the_first_failure_or_returns_them() -> None:
 
 
 async def test_a_hundred_callers_with_the_same_hint_spread_out() -> None:
+    # Each caller's own hint (not shared): the jitter alone must spread them.
     g = Gate(
-        GatePolicy(window=WindowPolicy(initial=100, max=100)),
+        GatePolicy(window=WindowPolicy(initial=100, max=100), retry=RetryPolicy(share_hints=False)),
         instrumentation=NullInstrumentation(),
     )
     returns: list[float] = []
@@ -588,6 +591,65 @@ async def test_a_hundred_callers_with_the_same_hint_spread_out() -> None:
     assert min(returns) >= 1.0
     assert spread > 0.4
     assert len({round(t, 4) for t in returns}) > 90
+
+
+async def test_a_shared_hint_holds_back_the_callers_queued_behind_it() -> None:
+    # A cold upstream: yields with a 2 s hint until t=2, then serves. A hundred
+    # callers through a window of 2 must not each collect a yield of their own.
+    g = Gate(
+        GatePolicy(window=WindowPolicy(initial=2, max=8)), instrumentation=NullInstrumentation()
+    )
+    attempts: list[float] = []
+
+    async def upstream() -> Outcome:
+        now = anyio.current_time()
+        attempts.append(now)
+        await anyio.sleep(0.01)
+        if now < 2.0:
+            return Outcome.yielded(2.0 - now, reason="cold_start")
+        return Outcome.ok(None)
+
+    async with anyio.create_task_group() as tg:
+        for _ in range(100):
+            tg.start_soon(g.call, upstream)
+    assert len(attempts) <= 110
+    assert g.statistics().yields <= 10
+    assert g.statistics().calls_ok == 100
+
+
+async def test_a_shared_hint_past_the_deadline_fails_fast() -> None:
+    g = Gate(GatePolicy(timeouts=TimeoutPolicy(total_s=0.5)), instrumentation=NullInstrumentation())
+
+    async def cold() -> Outcome:
+        return Outcome.yielded(5.0, reason="cold_start")
+
+    with pytest.raises(YieldgateError):
+        await g.call(cold)
+    started = anyio.current_time()
+    with pytest.raises(DeadlineExceededError, match="asked to wait"):
+        await g.call(cold)
+    assert anyio.current_time() - started < 0.01
+
+
+async def test_a_low_priority_hint_does_not_hold_back_high_priority() -> None:
+    g = Gate(instrumentation=NullInstrumentation())
+    calls: list[str] = []
+
+    async def upstream(who: str) -> Outcome:
+        calls.append(who)
+        if who == "low" and len(calls) == 1:
+            return Outcome.yielded(1.0)
+        return Outcome.ok(None)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(functools.partial(g.call, upstream, "low", priority=Priority.LOW))
+        await anyio.sleep(0.1)
+        started = anyio.current_time()
+        await g.call(upstream, "high", priority=Priority.HIGH)
+        assert anyio.current_time() - started < 0.01
+        with anyio.move_on_after(0.1):
+            await g.call(upstream, "low-2", priority=Priority.LOW)
+        assert "low-2" not in calls  # still held back by the low-priority hint
 
 
 # -- fixes found by review: each pinned ------------------------------------------------

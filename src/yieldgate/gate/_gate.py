@@ -67,6 +67,9 @@ from yieldgate.gate._telemetry import (
 from yieldgate.gate._window import Permit, Signal, Window, WindowPolicy, WindowStatistics
 from yieldgate.protocol import Priority
 
+# Priorities in increasing order, for holds that cover a priority and those below it.
+_RANK = {Priority.LOW: 0, Priority.NORMAL: 1, Priority.HIGH: 2}
+
 __all__ = [
     "USE_POLICY",
     "AttemptInfo",
@@ -256,6 +259,9 @@ class Gate:
         self._rate: RateCap | None = None
         self._counters = _Counters()
         self._closed = False
+        # Per priority rank (low, normal, high): no attempt starts before this
+        # time, set from upstream hints when the retry policy shares them.
+        self._hold_until = [0.0, 0.0, 0.0]
 
     # -- lifecycle ----------------------------------------------------------
 
@@ -683,13 +689,21 @@ class _Call:
             breaker.check()  # fail fast before queueing for anything
         except CircuitOpenError as exc:
             raise self._circuit_error(exc) from None
-        permit = gate._window.try_acquire(self.priority)
-        waited = permit is None
-        if permit is None:
-            permit = await self._wait(
-                functools.partial(gate._window.acquire, self.priority),
-                "waiting for a window slot",
-            )
+        waited = await self._wait_out_hint()
+        while True:
+            permit = gate._window.try_acquire(self.priority)
+            if permit is None:
+                waited = True
+                permit = await self._wait(
+                    functools.partial(gate._window.acquire, self.priority),
+                    "waiting for a window slot",
+                )
+            # A hint may have come in while this call queued for the slot: then
+            # the slot goes back and the call waits the hint out like the rest.
+            if gate._hold_until[_RANK[self.priority]] <= anyio.current_time():
+                break
+            gate._window.release(permit, Signal.CANCELLED)
+            await self._wait_out_hint()
         try:
             # The rate token is taken last, by a caller that can start at once:
             # taken before the window, tokens would pile up in its queue and
@@ -744,6 +758,23 @@ class _Call:
             last_outcome=self.last,
         )
 
+    async def _wait_out_hint(self) -> bool:
+        """Wait until a hint the upstream gave this Gate has passed; ``True`` if it waited."""
+        until = self.gate._hold_until[_RANK[self.priority]]
+        if until <= 0.0:
+            return False
+        now = anyio.current_time()
+        if until <= now:
+            return False
+        if self.deadline is not None and until > self.deadline:
+            raise self._error(
+                DeadlineExceededError,
+                f"the upstream asked to wait {until - now:.3f} s, past the call's deadline "
+                f"({self.deadline - now:.3f} s left), after {self.attempts} attempt(s)",
+            )
+        await self._sleep(until - now)
+        return True
+
     async def _wait(self, fn: Callable[[], Awaitable[T]], while_: str) -> T:
         """Await ``fn()`` within the call's deadline."""
         if self.deadline is None:
@@ -790,6 +821,16 @@ class _Call:
             gate._counters.failures += 1
         if outcome.reason == "cold_start" and gate._rate is not None:
             gate._rate.restart_ramp()
+        if outcome.hint_s is not None and (
+            kind is OutcomeKind.YIELD or kind is OutcomeKind.OVERLOADED
+        ):
+            retry = gate.policy.retry
+            if retry.share_hints and retry.honour_hints:
+                until = anyio.current_time() + min(max(outcome.hint_s, 0.0), retry.max_hint_s)
+                holds = gate._hold_until
+                for rank in range(_RANK[self.priority] + 1):
+                    if until > holds[rank]:
+                        holds[rank] = until
         if self.observer is not NULL_OBSERVER:
             self.observer.on_attempt(
                 AttemptDetails(

@@ -26,6 +26,11 @@ class RetryPolicy:
     attempt and its retries after failures); ``max_yields`` caps the waits on
     yields and overloads. Both are further bounded by the call's total
     timeout and, for failures and overloads, by the retry budget.
+
+    ``share_hints``: a yield or overload that carries a hint holds back every
+    attempt of the Gate at that priority and below until the hint has passed,
+    not only the retry of the call that got it. Calls queued behind a cold or
+    full upstream then wait once, instead of each collecting a yield of its own.
     """
 
     max_attempts: int = 4
@@ -36,6 +41,7 @@ class RetryPolicy:
     hint_jitter: float = 0.5
     max_hint_s: float = 120.0
     honour_hints: bool = True
+    share_hints: bool = True
 
     def __post_init__(self) -> None:
         if self.max_attempts < 1:
