@@ -105,3 +105,36 @@ async def test_a_cancellation_storm_leaks_nothing(serve: Any) -> None:
         )
         # And the client still works.
         assert await client.submit("after the storm") == {"text": "after the storm"}
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        b'{"id":"1","status":"ok","res',  # a reply cut off, then the connection closes
+        b"",  # the connection closes with no reply at all
+        b'{"id":"1","status":"ok","result":{"text":"x"},"exec_ms":1}',  # no newline, then close
+    ],
+)
+async def test_truncated_replies_and_resets_are_typed_errors(answer: bytes) -> None:
+    async with await anyio.create_tcp_listener(local_host="127.0.0.1") as listener:
+        port = listener.extra(anyio.abc.SocketAttribute.local_port)
+        async with anyio.create_task_group() as server:
+
+            async def truncate(stream: anyio.abc.SocketStream) -> None:
+                with anyio.move_on_after(5):
+                    await stream.receive()
+                    if answer:
+                        await stream.send(answer)
+                    # SO_LINGER 0 would be a hard reset; closing mid-line is what matters.
+                    await stream.aclose()
+
+            server.start_soon(listener.serve, truncate)
+            policy = GatePolicy(retry=RetryPolicy(base_s=0.01), timeouts=TimeoutPolicy(total_s=2))
+            gate = Gate(policy)
+            async with GovernedClient(f"tcp://127.0.0.1:{port}", gate=gate) as client:
+                started = anyio.current_time()
+                with pytest.raises(YieldgateError):
+                    await client.submit("x")
+                assert anyio.current_time() - started < 2.5
+            assert no_slots_held(gate)
+            server.cancel_scope.cancel()
