@@ -454,7 +454,7 @@ class HarnessBackend:
                 self.metrics.record_transfer(nbytes=transfer.nbytes, ms=transfer.transfer_ms)
             if self.qos is not None and kv.shape[2]:
                 self.qos.estimator.observe_prefill(kv.shape[2], transfer.compute_ms)
-            disagg.kv_arrived(self._seq(request_id), start, kv, transfer)
+            disagg.kv_arrived(self._seq(request_id), start, kv)
         elif disagg is not None and op == "remote_failed":
             request_id, _reason = payload
             disagg.fallback(self._seq(request_id))

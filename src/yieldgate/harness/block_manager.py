@@ -100,7 +100,9 @@ class BlockManager:
 
     def can_allocate(self, seq: Sequence) -> bool:
         """Whether ``allocate(seq)`` would succeed now."""
-        matched = self._match(seq)
+        return self._fits(seq, self._match(seq))
+
+    def _fits(self, seq: Sequence, matched: list[_Block]) -> bool:
         reused_idle = sum(1 for block in matched if block.ref_count == 0)
         fresh = self.blocks_for(len(seq.tokens)) - len(matched)
         return fresh + reused_idle <= self.num_available
@@ -116,9 +118,9 @@ class BlockManager:
         """
         if seq.block_table:
             raise RuntimeError(f"{seq!r} already holds blocks")
-        if not self.can_allocate(seq):
-            raise MemoryError(f"not enough KV blocks for {seq!r}")
         matched = self._match(seq)
+        if not self._fits(seq, matched):
+            raise MemoryError(f"not enough KV blocks for {seq!r}")
         for block in matched:
             if block.ref_count == 0:
                 del self._evictable[block.id]

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from yieldgate.harness.engine import Engine
-from yieldgate.harness.prefill_pool import PrefillPool, TransferStats
+from yieldgate.harness.prefill_pool import PrefillPool
 from yieldgate.harness.prefill_worker import WorkerSpec
 from yieldgate.harness.router import PrefixTracker, Route, Router, WorkerLoad
 from yieldgate.harness.sequence import Sequence, SequenceStatus
@@ -57,7 +57,6 @@ class Disaggregation:
         self.local_prefills = 0
         self.fallbacks = 0
         self.dead_workers = 0
-        self.last_transfer: TransferStats | None = None
 
     def start(self) -> None:
         self.pool.start()
@@ -111,10 +110,7 @@ class Disaggregation:
 
     # -- events from the pool (through the engine's inbox) ---------------------
 
-    def kv_arrived(
-        self, seq: Sequence | None, start: int, kv: torch.Tensor, stats: TransferStats
-    ) -> None:
-        self.last_transfer = stats
+    def kv_arrived(self, seq: Sequence | None, start: int, kv: torch.Tensor) -> None:
         if seq is None or seq.status is not SequenceStatus.REMOTE:
             return  # aborted meanwhile: its blocks are already free
         try:

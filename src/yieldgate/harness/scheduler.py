@@ -83,26 +83,26 @@ class Scheduler:
         """Whether a step could run now (sequences at a prefill worker do not count)."""
         return bool(self.waiting or self.running or self.ready)
 
-    @property
-    def num_unfinished(self) -> int:
-        return len(self.waiting) + len(self.running) + len(self.remote) + len(self.ready)
-
     def reserve_remote(self, seq: Sequence) -> bool:
         """Give ``seq`` its KV blocks now, for a prefill worker to fill; ``False`` if none.
 
         Allocating before the transfer is the backpressure of disaggregation:
         a prefill worker only ever computes KV that has somewhere to go.
         """
-        need = self.blocks.blocks_for(len(seq.tokens))
-        if not self.blocks.can_allocate(seq) or (
-            self.blocks.num_available - need < self._watermark_blocks
-        ):
+        if not self._room_for(seq, keep_watermark=True):
             return False
         self.blocks.allocate(seq)
         seq.status = SequenceStatus.REMOTE
         seq.prefix_hit_tokens += seq.num_cached
         self.remote[seq.id] = seq
         return True
+
+    def _room_for(self, seq: Sequence, *, keep_watermark: bool) -> bool:
+        """Whether ``seq`` can have its blocks now, leaving the watermark free if asked."""
+        if not self.blocks.can_allocate(seq):
+            return False
+        need = self.blocks.blocks_for(len(seq.tokens))
+        return not keep_watermark or self.blocks.num_available - need >= self._watermark_blocks
 
     def kv_arrived(self, seq: Sequence, num_computed: int) -> None:
         """The KV of ``seq``'s first ``num_computed`` tokens is in its blocks now."""
@@ -162,10 +162,7 @@ class Scheduler:
             seqs.append(seq)
         while self.waiting and len(self.running) + len(seqs) < cfg.max_num_seqs:
             seq = self.waiting[0]
-            need = self.blocks.blocks_for(len(seq.tokens))
-            if not self.blocks.can_allocate(seq) or (
-                self.running and self.blocks.num_available - need < self._watermark_blocks
-            ):
+            if not self._room_for(seq, keep_watermark=bool(self.running)):
                 break
             self.blocks.allocate(seq)
             new_tokens = len(seq.tokens) - seq.num_computed
