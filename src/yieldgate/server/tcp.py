@@ -193,7 +193,6 @@ class TcpFront:
         self._accept_scope: anyio.CancelScope | None = None
         self._accepting = True
         self._conns_scope: anyio.CancelScope | None = None
-        self._connections: set[_Connection] = set()
         self._connections_refused = 0
         self._open = 0
         self._connections_idle_closed = 0
@@ -277,7 +276,6 @@ class TcpFront:
 
     async def _handle(self, stream: anyio.abc.SocketStream) -> None:
         conn = _Connection(stream, self.config.idle_timeout_s)
-        self._connections.add(conn)
         self._connections_total += 1
         try:
             async with stream, anyio.create_task_group() as work:
@@ -297,7 +295,6 @@ class TcpFront:
                     conn.closed = True
                     work.cancel_scope.cancel()
         finally:
-            self._connections.discard(conn)
             self._open -= 1
 
     async def _drain(self, conn: _Connection) -> bool:
