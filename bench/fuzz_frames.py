@@ -34,7 +34,6 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import subprocess
 import sys
 import time
 from collections import Counter
@@ -43,6 +42,7 @@ from typing import Any
 
 import anyio
 
+from yieldgate.burst._server import serve
 from yieldgate.protocol import (
     FrameError,
     ProtocolError,
@@ -251,16 +251,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     replies = frames(rng, args.frames // 5, valid_reply)
     print(f"generated {len(requests):,} request and {len(replies):,} reply frames")
     problems = check_parsers(requests, replies)
-    cmd = [sys.executable, "-m", "yieldgate", "serve", "--port", "0", "--max-inflight", "4"]
-    cmd += ["--exec-ms", "1"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
-    try:
-        assert proc.stdout is not None
-        url = proc.stdout.readline().strip().removeprefix("listening ")
-        problems += anyio.run(check_live, requests[: args.live], url)
-    finally:
-        proc.terminate()
-        proc.wait(10)
+    with serve(["--max-inflight", "4", "--exec-ms", "1"], http=False) as server:
+        host, port = server.tcp
+        problems += anyio.run(check_live, requests[: args.live], f"tcp://{host}:{port}")
     took = time.perf_counter() - started
     if problems:
         print(f"PROBLEMS after {took:.1f} s:")

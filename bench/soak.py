@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 import sys
 import time
 from collections import Counter
@@ -36,6 +35,7 @@ from dataclasses import dataclass, field
 import anyio
 
 import yieldgate
+from yieldgate.burst._server import serve
 
 MAX_INFLIGHT = 8
 
@@ -68,28 +68,6 @@ def rss_kib(pid: int) -> int:
 
 def fds(pid: int) -> int:
     return len(os.listdir(f"/proc/{pid}/fd"))
-
-
-def start_server() -> tuple[subprocess.Popen[str], str]:
-    cmd = [
-        sys.executable,
-        "-m",
-        "yieldgate",
-        "serve",
-        "--port",
-        "0",
-        "--max-inflight",
-        str(MAX_INFLIGHT),
-        "--exec-ms",
-        "20",
-    ]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
-    assert proc.stdout is not None
-    line = proc.stdout.readline().strip()
-    if not line.startswith("listening tcp://"):
-        proc.kill()
-        raise RuntimeError(f"server did not start: {line!r}")
-    return proc, line.removeprefix("listening ")
 
 
 async def soak(args: argparse.Namespace, server_pid: int, url: str) -> tuple[list[Sample], Tally]:
@@ -148,12 +126,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--sample-s", type=float, default=10.0)
     args = parser.parse_args(argv)
 
-    proc, url = start_server()
-    try:
-        samples, tally = anyio.run(soak, args, proc.pid, url)
-    finally:
-        proc.terminate()
-        proc.wait(10)
+    command = ["--max-inflight", str(MAX_INFLIGHT), "--exec-ms", "20"]
+    with serve(command, http=False) as server:
+        host, port = server.tcp
+        samples, tally = anyio.run(soak, args, server.proc.pid, f"tcp://{host}:{port}")
     first, last = samples[0], samples[-1]
     calls = tally.ok + sum(tally.gave_up.values()) + sum(tally.errors.values())
     print(
