@@ -22,23 +22,26 @@ import os
 import time
 
 import openai
+from openai.types.chat import ChatCompletionMessageParam
 
 import yieldgate
 
 
 async def one(client: openai.AsyncOpenAI, n: int, stream: bool) -> str:
-    messages: list[dict[str, str]] = [{"role": "user", "content": f"Say hello to caller {n}."}]
+    messages: list[ChatCompletionMessageParam] = [
+        {"role": "user", "content": f"Say hello to caller {n}."}
+    ]
     if not stream:
         reply = await client.chat.completions.create(
             model="yieldgate-sim",
-            messages=messages,  # type: ignore[arg-type]
+            messages=messages,
             max_tokens=32,
         )
         return reply.choices[0].message.content or ""
     pieces = []
     chunks = await client.chat.completions.create(
         model="yieldgate-sim",
-        messages=messages,  # type: ignore[arg-type]
+        messages=messages,
         max_tokens=32,
         stream=True,
     )
