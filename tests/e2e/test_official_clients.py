@@ -9,11 +9,7 @@ never passes 4. The cold-start tests start the server cold and ramping.
 from __future__ import annotations
 
 import functools
-import os
-import subprocess
-import sys
 from collections.abc import Awaitable, Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import anyio
@@ -30,7 +26,6 @@ pytestmark = [pytest.mark.anyio, pytest.mark.e2e]
 
 CALLS = 200
 SLOTS = 4
-ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
@@ -255,35 +250,3 @@ async def test_huggingface_client_rides_out_a_cold_start(
     stats = gate.statistics()
     assert stats.yields > 0
     assert stats.failures == 0
-
-
-# -- the examples ------------------------------------------------------------------------
-
-
-def run_example(name: str, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
-    return subprocess.run(
-        [sys.executable, str(ROOT / "examples" / name), *args],
-        capture_output=True,
-        text=True,
-        timeout=90,
-        env=env,
-        check=False,
-    )
-
-
-@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
-def test_example_openai_chat(server: ServerProcess, stream: bool) -> None:
-    args = ["--base-url", f"{server.http_url}/v1", "--requests", "40"]
-    result = run_example("openai_chat.py", *args, *(["--stream"] if stream else []))
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert "40/40 succeeded" in result.stdout
-
-
-@pytest.mark.parametrize("server", [COLD], indirect=True)
-@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
-def test_example_huggingface_text_across_a_cold_start(server: ServerProcess, stream: bool) -> None:
-    args = ["--url", f"{server.http_url}/models/tiny", "--requests", "40"]
-    result = run_example("huggingface_text.py", *args, *(["--stream"] if stream else []))
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert "40/40 succeeded" in result.stdout
