@@ -13,6 +13,7 @@ dependency's exception type escapes the public API::
      ├── DeadlineExceededError      the call's total time ran out (or would have)
      ├── AttemptTimeoutError        one attempt ran past its timeout (retryable)
      ├── TransportError             the connection failed or broke (retryable)
+     ├── StreamInterruptedError     a stream failed after its first chunk (.chunks)
      ├── RemoteError                the server answered an error (.code, .retryable)
      ├── ProtocolError              a peer broke the governed protocol (PROTOCOL.md)
      │    ├── FrameError            one frame could not be decoded or failed validation
@@ -40,6 +41,7 @@ __all__ = [
     "ResponseFormatError",
     "RetriesExhaustedError",
     "RetryBudgetExhaustedError",
+    "StreamInterruptedError",
     "TransportError",
     "YieldExhaustedError",
     "YieldgateError",
@@ -113,6 +115,22 @@ class AttemptTimeoutError(YieldgateError):
 
 class TransportError(YieldgateError):
     """The connection could not be made, or broke mid-request. Retryable."""
+
+
+class StreamInterruptedError(YieldgateError):
+    """A stream failed after its first chunk had been delivered: the commit point.
+
+    Before the first chunk, a stream is retried (or hedged) like any call;
+    after it, trying again would repeat output the caller has already seen,
+    so the failure is raised instead. ``chunks`` holds what arrived before it
+    (the chunks' ``data`` for the governed protocol, raw body bytes for HTTP);
+    ``__cause__`` is the failure itself (a ``TransportError``, a
+    ``RemoteError``, the HTTP library's read error).
+    """
+
+    def __init__(self, message: str, *, chunks: list[Any], **kw: Any) -> None:
+        super().__init__(message, **kw)
+        self.chunks = chunks
 
 
 class RemoteError(YieldgateError):

@@ -683,7 +683,7 @@ async def test_a_probe_is_chosen_when_it_can_send_not_while_it_queues() -> None:
             results[tag] = exc
 
     async with anyio.create_task_group() as tg, g.hold(ok):  # the only slot is busy...
-        g._breaker._cb.open()  # ...when failures elsewhere open the breaker
+        g._upstreams[0].breaker._cb.open()  # ...when failures elsewhere open the breaker
         await anyio.sleep(5)  # a probe is now due
         tg.start_soon(caller, "first")
         await anyio.sleep(0.1)

@@ -25,6 +25,7 @@ from yieldgate import (
     GatePolicy,
     RetriesExhaustedError,
     RetryPolicy,
+    StreamInterruptedError,
     TimeoutPolicy,
     WindowPolicy,
     YieldExhaustedError,
@@ -296,15 +297,42 @@ async def test_a_body_that_breaks_mid_read_counts_as_a_failure() -> None:
             raise httpx2.ReadError("connection reset")
 
     def handler(request: httpx2.Request) -> httpx2.Response:
-        return httpx2.Response(200, stream=Broken())
+        headers = {"content-type": "text/event-stream"}
+        return httpx2.Response(200, stream=Broken(), headers=headers)
 
     gate = Gate(GatePolicy(window=WindowPolicy(initial=4, min=1, max=8)), name="upstream")
     async with http_client(gate, inner=httpx2.MockTransport(handler)) as client:
-        with pytest.raises(httpx2.ReadError):
+        # Past the first chunk: a typed error with what arrived, not a retry.
+        with pytest.raises(StreamInterruptedError) as caught:
             await client.get(URL)
+    assert caught.value.chunks == [b"partial"]
+    assert isinstance(caught.value.__cause__, httpx2.ReadError)
     stats = gate.statistics()
+    assert stats.attempts == 1
     assert stats.window.inflight == 0
     assert stats.window.increases == 0  # a failed body is no success
+
+
+async def test_a_body_that_breaks_before_its_first_chunk_is_retried() -> None:
+    class Broken(httpx2.AsyncByteStream):
+        async def __aiter__(self) -> AsyncIterator[bytes]:
+            raise httpx2.ReadError("connection reset")
+            yield b""  # pragma: no cover - makes this a generator
+
+    sent = []
+
+    def handler(request: httpx2.Request) -> httpx2.Response:
+        sent.append(request)
+        if len(sent) == 1:
+            return httpx2.Response(200, stream=Broken())
+        return httpx2.Response(200, content=b"whole")
+
+    gate = Gate(GatePolicy(retry=RetryPolicy(base_s=0.01)), name="upstream")
+    async with http_client(gate, inner=httpx2.MockTransport(handler)) as client:
+        response = await client.get(URL)
+    assert response.content == b"whole"
+    assert len(sent) == 2
+    assert gate.statistics().window.inflight == 0
 
 
 def test_unknown_flavor_and_dialect_are_refused() -> None:

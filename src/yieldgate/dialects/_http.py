@@ -38,6 +38,11 @@ On top of these, each family reads its own bodies:
   ``reason``; then the HuggingFace and TGI rules. It also sends the attempt's
   remaining time upstream (``x-yieldgate-deadline-ms``).
 
+``openai`` and ``governed-http`` send an ``Idempotency-Key`` header, one key
+per call and the same on each of its retries and hedges, so that a server
+which deduplicates can tell a retry from a new request. HuggingFace's and
+TGI's APIs have no such header.
+
 Error bodies are read only for non-2xx responses, and only as JSON; a body
 that is not JSON simply matches no body rule.
 """
@@ -209,6 +214,9 @@ class HttpDialect:
     name: str
     rules: tuple[Rule, ...] = ()
     propagate_deadline: bool = False
+    # The header that carries one key per call, the same on every attempt and
+    # hedge of it, for servers that deduplicate; None where the family has none.
+    idempotency_header: str | None = None
 
     def classify(self, response: ResponseLike) -> Outcome:
         """The Outcome of one response; its body must be loaded unless it is 2xx."""
@@ -234,11 +242,14 @@ def _is_response(value: Any) -> bool:
     return isinstance(getattr(value, "status_code", None), int) and hasattr(value, "headers")
 
 
-OPENAI = HttpDialect("openai", (_openai_quota,))
+OPENAI = HttpDialect("openai", (_openai_quota,), idempotency_header="Idempotency-Key")
 HUGGINGFACE = HttpDialect("huggingface", (_hf_loading,))
 TGI = HttpDialect("tgi", (_tgi,))
 GOVERNED_HTTP = HttpDialect(
-    "governed-http", (_governed_yield, _hf_loading, _tgi), propagate_deadline=True
+    "governed-http",
+    (_governed_yield, _hf_loading, _tgi),
+    propagate_deadline=True,
+    idempotency_header="Idempotency-Key",
 )
 
 DIALECTS: Mapping[str, HttpDialect] = {d.name: d for d in (OPENAI, HUGGINGFACE, TGI, GOVERNED_HTTP)}

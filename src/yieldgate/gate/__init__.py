@@ -16,6 +16,7 @@ from yieldgate.gate._gate import (
     UsePolicy,
     current_attempt,
 )
+from yieldgate.gate._hedge import HedgePolicy
 from yieldgate.gate._outcome import (
     Classifier,
     Outcome,
@@ -36,6 +37,7 @@ from yieldgate.gate._telemetry import (
     WaitDetails,
     WindowChange,
 )
+from yieldgate.gate._upstream import UpstreamStatistics
 from yieldgate.gate._window import Signal, WindowPolicy, WindowStatistics
 
 __all__ = [
@@ -51,6 +53,7 @@ __all__ = [
     "Gate",
     "GatePolicy",
     "GateStatistics",
+    "HedgePolicy",
     "Instrumentation",
     "Lease",
     "NullInstrumentation",
@@ -63,6 +66,7 @@ __all__ = [
     "RetryPolicy",
     "Signal",
     "TimeoutPolicy",
+    "UpstreamStatistics",
     "UsePolicy",
     "WaitDetails",
     "WindowChange",

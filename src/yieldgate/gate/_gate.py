@@ -18,7 +18,7 @@ import contextvars
 import functools
 import math
 import random
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, ParamSpec, TypeVar, TypeVarTuple, overload
 
@@ -36,8 +36,9 @@ from yieldgate._exceptions import (
     YieldExhaustedError,
     YieldgateError,
 )
-from yieldgate.gate._breaker import Breaker, BreakerPolicy, BreakerState, Verdict
+from yieldgate.gate._breaker import Breaker, BreakerPolicy, BreakerState, BreakerTicket, Verdict
 from yieldgate.gate._budget import RetryBudget, RetryBudgetPolicy
+from yieldgate.gate._hedge import HedgePolicy, LatencyTracker
 from yieldgate.gate._outcome import (
     Classifier,
     Outcome,
@@ -64,6 +65,7 @@ from yieldgate.gate._telemetry import (
     WaitDetails,
     WindowChange,
 )
+from yieldgate.gate._upstream import Upstream, UpstreamStatistics, choose
 from yieldgate.gate._window import Permit, Signal, Window, WindowPolicy, WindowStatistics
 from yieldgate.protocol import Priority
 
@@ -110,7 +112,9 @@ _SIGNALS: Final = {
 class GatePolicy:
     """Everything a Gate does, in one frozen record. The defaults are safe:
     slow start from 2 up to 64 in flight, 4 attempts, a 20% retry budget, a
-    breaker after 5 consecutive failures, 60 s per attempt and 300 s in all.
+    breaker after 5 consecutive failures, 60 s per attempt and 300 s in all,
+    no rate cap and no hedging. With several upstreams, ``window`` and
+    ``breaker`` apply to each of them.
     """
 
     window: WindowPolicy = field(default_factory=WindowPolicy)
@@ -119,6 +123,7 @@ class GatePolicy:
     breaker: BreakerPolicy = field(default_factory=BreakerPolicy)
     timeouts: TimeoutPolicy = field(default_factory=TimeoutPolicy)
     rate: RatePolicy | None = None
+    hedge: HedgePolicy | None = None
 
     @classmethod
     def cold_start(cls, *, max_concurrency: int = 16, per_s: float | None = None) -> GatePolicy:
@@ -171,16 +176,31 @@ class GateStatistics:
     waited_s: float
     rejected_open: int
     rate_per_s: float | None
+    hedges: int = 0
+    hedge_wins: int = 0
+    hedges_denied: int = 0
+    losers_cancelled: int = 0
+    upstreams: tuple[UpstreamStatistics, ...] = ()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class AttemptInfo:
-    """The attempt running now in this task (see ``current_attempt``)."""
+    """The attempt running now in this task (see ``current_attempt``).
+
+    ``upstream`` names the member of the Gate's upstream set this attempt was
+    sent to and ``target`` is what was registered for it (a URL, a client);
+    both are ``None`` for a Gate without upstreams. ``hedging`` is true when
+    the call may run several attempts at once (a hedge policy is set): a
+    transport then keeps each attempt cancellable on its own.
+    """
 
     gate: str
     number: int
     priority: Priority
     deadline: float | None
+    upstream: str | None = None
+    target: Any = None
+    hedging: bool = False
 
     def remaining_s(self) -> float | None:
         """Seconds left for this attempt (its timeout or the call's deadline), or None."""
@@ -189,8 +209,20 @@ class AttemptInfo:
         return max(0.0, self.deadline - anyio.current_time())
 
 
-# Holds the running call; the AttemptInfo record is only built when asked for.
-_current: contextvars.ContextVar[_Call | None] = contextvars.ContextVar(
+class _Attempt:
+    """One attempt in flight: what ``current_attempt`` reports."""
+
+    __slots__ = ("call", "deadline", "number", "upstream")
+
+    def __init__(self, call: _Call, number: int, deadline: float | None, upstream: Upstream):
+        self.call = call
+        self.number = number
+        self.deadline = deadline
+        self.upstream = upstream
+
+
+# Holds the running attempt; the AttemptInfo record is only built when asked for.
+_current: contextvars.ContextVar[_Attempt | None] = contextvars.ContextVar(
     "yieldgate_attempt", default=None
 )
 
@@ -198,16 +230,24 @@ _current: contextvars.ContextVar[_Call | None] = contextvars.ContextVar(
 def current_attempt() -> AttemptInfo | None:
     """The attempt this code runs under, or ``None`` outside a Gate.
 
-    Transports read it to send the remaining budget upstream (``deadline_ms``).
+    Transports read it to send the remaining budget upstream (``deadline_ms``)
+    and, for a Gate over several upstreams, to learn where to send.
     """
-    call = _current.get()
-    if call is None:
+    attempt = _current.get()
+    if attempt is None:
         return None
+    call = attempt.call
+    gate = call.gate
+    upstream = attempt.upstream
+    named = gate._named
     return AttemptInfo(
-        gate=call.gate.name,
-        number=call.attempts,
+        gate=gate.name,
+        number=attempt.number,
         priority=call.priority,
-        deadline=call.attempt_deadline,
+        deadline=attempt.deadline,
+        upstream=upstream.name if named else None,
+        target=upstream.target if named else None,
+        hedging=call.hedge is not None,
     )
 
 
@@ -223,6 +263,10 @@ class _Counters:
     retries: int = 0
     waited_s: float = 0.0
     rejected_open: int = 0
+    hedges: int = 0
+    hedge_wins: int = 0
+    hedges_denied: int = 0
+    losers_cancelled: int = 0
 
 
 class Gate:
@@ -234,6 +278,16 @@ class Gate:
     Use one Gate per upstream and share it among the tasks calling that
     upstream: the window, breaker and budget are only as good as the traffic
     they see.
+
+    ``upstreams`` makes it a Gate over a set of interchangeable upstreams
+    (names, or a mapping from name to a target such as a URL or a client):
+    each keeps its own window, breaker and hint hold, every attempt goes to
+    the one with the lowest latency cost (in flight, recent latency, recent
+    yields and failures) whose breaker is not open, and a retry or a hedge
+    prefers another one than the attempt before it. The attempt function
+    reads ``current_attempt().upstream`` / ``.target`` to know where to send;
+    ``GovernedClient`` and ``http_client`` do that themselves. The retry
+    budget and the rate cap stay shared by the whole set.
     """
 
     def __init__(
@@ -244,6 +298,7 @@ class Gate:
         classify: Classifier | None = None,
         instrumentation: Instrumentation | None = None,
         rng: random.Random | None = None,
+        upstreams: Mapping[str, Any] | Iterable[str] | None = None,
     ) -> None:
         self.policy = policy or GatePolicy()
         self.name = name
@@ -251,17 +306,71 @@ class Gate:
         self._instr: Instrumentation = instrumentation or OtelInstrumentation()
         self._rng = rng or random.Random()  # noqa: S311 - jitter, not secrets
         clock = anyio.current_time
-        self._window = Window(self.policy.window, on_change=self._window_changed)
-        self._breaker = Breaker(
-            self.policy.breaker, clock, name=name, on_change=self._breaker_changed
-        )
         self._budget = RetryBudget(self.policy.budget, clock)
         self._rate: RateCap | None = None
         self._counters = _Counters()
         self._closed = False
-        # Per priority rank (low, normal, high): no attempt starts before this
-        # time, set from upstream hints when the retry policy shares them.
-        self._hold_until = [0.0, 0.0, 0.0]
+        hedge = self.policy.hedge
+        self._latency_size = 200 if hedge is None else hedge.window
+        self._latency = LatencyTracker(self._latency_size)
+        self._upstreams: list[Upstream] = []
+        # True once upstreams are named: attempts then report where they go.
+        self._named = False
+        if upstreams is None:
+            self._upstreams.append(self._make_upstream(name, None, label=name))
+        else:
+            items = (
+                upstreams.items()
+                if isinstance(upstreams, Mapping)
+                else ((u, None) for u in upstreams)
+            )
+            for upstream_name, target in items:
+                self.add_upstream(upstream_name, target)
+            if not self._upstreams:
+                raise ValueError("upstreams, when given, must name at least one upstream")
+
+    def _make_upstream(self, name: str, target: Any, *, label: str) -> Upstream:
+        def window_changed(old: int, new: int) -> None:
+            self._instr.on_window_change(WindowChange(gate=label, old=old, new=new))
+
+        def breaker_changed(old: BreakerState, new: BreakerState) -> None:
+            self._instr.on_breaker_change(BreakerChange(gate=label, old=str(old), new=str(new)))
+
+        window = Window(self.policy.window, on_change=window_changed)
+        breaker = Breaker(
+            self.policy.breaker, anyio.current_time, name=label, on_change=breaker_changed
+        )
+        return Upstream(name, target, window, breaker, self._latency_size)
+
+    def add_upstream(self, name: str, target: Any = None) -> None:
+        """Add ``name`` (sent to ``target``) to the Gate's upstream set.
+
+        Adding a name that is there already with the same target does
+        nothing; with another target it is a ``ValueError``. A Gate built
+        without ``upstreams`` cannot take any: its one upstream is implicit.
+        """
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"an upstream name must be a non-empty string, got {name!r}")
+        if self._upstreams and not self._named:
+            raise ValueError(
+                f"gate {self.name!r} was built without upstreams; "
+                "pass upstreams=[...] to Gate() to use several"
+            )
+        for upstream in self._upstreams:
+            if upstream.name == name:
+                if upstream.target != target:
+                    raise ValueError(
+                        f"upstream {name!r} is already registered with target "
+                        f"{upstream.target!r}, not {target!r}"
+                    )
+                return
+        self._named = True
+        self._upstreams.append(self._make_upstream(name, target, label=f"{self.name}/{name}"))
+
+    @property
+    def upstreams(self) -> tuple[str, ...]:
+        """The names of the Gate's upstreams (empty for a Gate without a set)."""
+        return tuple(u.name for u in self._upstreams) if self._named else ()
 
     # -- lifecycle ----------------------------------------------------------
 
@@ -281,21 +390,35 @@ class Gate:
     def closed(self) -> bool:
         return self._closed
 
-    # -- telemetry hooks ----------------------------------------------------
-
-    def _window_changed(self, old: int, new: int) -> None:
-        self._instr.on_window_change(WindowChange(gate=self.name, old=old, new=new))
-
-    def _breaker_changed(self, old: BreakerState, new: BreakerState) -> None:
-        self._instr.on_breaker_change(BreakerChange(gate=self.name, old=str(old), new=str(new)))
+    # -- statistics ---------------------------------------------------------
 
     def statistics(self) -> GateStatistics:
+        """A snapshot of the Gate. With several upstreams, ``window`` adds theirs
+        up, ``breaker`` is their common state (or ``"mixed"``) and ``upstreams``
+        has each one."""
         c = self._counters
+        ups = self._upstreams
+        if len(ups) == 1:
+            window = ups[0].window.statistics()
+            breaker = str(ups[0].breaker.state)
+        else:
+            each = [u.window.statistics() for u in ups]
+            window = WindowStatistics(
+                limit=sum(w.limit for w in each),
+                inflight=sum(w.inflight for w in each),
+                waiting=sum(w.waiting for w in each),
+                slow_start=any(w.slow_start for w in each),
+                increases=sum(w.increases for w in each),
+                decreases=sum(w.decreases for w in each),
+            )
+            states = {str(u.breaker.state) for u in ups}
+            breaker = states.pop() if len(states) == 1 else "mixed"
+        now = anyio.current_time()
         return GateStatistics(
             name=self.name,
-            window=self._window.statistics(),
-            breaker=str(self._breaker.state),
-            breaker_failures=self._breaker.failures,
+            window=window,
+            breaker=breaker,
+            breaker_failures=sum(u.breaker.failures for u in ups),
             retry_allowance=self._budget.allowance(),
             calls=c.calls,
             calls_ok=c.calls_ok,
@@ -308,6 +431,11 @@ class Gate:
             waited_s=c.waited_s,
             rejected_open=c.rejected_open,
             rate_per_s=None if self._rate is None else self._rate.rate_now(),
+            hedges=c.hedges,
+            hedge_wins=c.hedge_wins,
+            hedges_denied=c.hedges_denied,
+            losers_cancelled=c.losers_cancelled,
+            upstreams=tuple(u.statistics(now) for u in ups) if self._named else (),
         )
 
     def _rate_cap(self) -> RateCap | None:
@@ -364,9 +492,9 @@ class Gate:
         circuit).
         """
         outer = _current.get()
-        if outer is not None and outer.gate is self:
+        if outer is not None and outer.call.gate is self:
             return await self._nested(fn, args, classify)
-        call = self._new_call(fn, args, priority, timeout, classify, hold=False)
+        call = self._new_call(fn, args, priority, timeout, classify, hold=False, discard=None)
         value: Any = await self._run(call)
         return value
 
@@ -396,6 +524,7 @@ class Gate:
         priority: Priority | str = Priority.NORMAL,
         timeout: float | UsePolicy | None = USE_POLICY,
         classify: Classifier | None = None,
+        discard: Callable[[Any], Awaitable[None]] | None = None,
     ) -> AsyncIterator[Any]:
         """Like ``call``, but keep the window slot until the ``async with`` block exits.
 
@@ -403,9 +532,12 @@ class Gate:
         chunk, a response body read later. The retries (and ``timeout``) cover
         getting the value; what the block then does is bounded by the caller.
         A block that raises tells the window its attempt failed.
+
+        ``discard`` closes a value nobody will use: when hedged attempts both
+        succeed, the one that lost the race is handed to it (a stream to close).
         """
         value, lease = await self.call_and_hold(
-            fn, *args, priority=priority, timeout=timeout, classify=classify
+            fn, *args, priority=priority, timeout=timeout, classify=classify, discard=discard
         )
         outcome = Signal.FAILURE
         try:
@@ -426,6 +558,7 @@ class Gate:
         priority: Priority | str = Priority.NORMAL,
         timeout: float | UsePolicy | None = USE_POLICY,
         classify: Classifier | None = None,
+        discard: Callable[[Any], Awaitable[None]] | None = None,
     ) -> tuple[Any, Lease]:
         """``call``, returning the value and a ``Lease`` on the window slot it used.
 
@@ -436,13 +569,14 @@ class Gate:
         ``finally``.
         """
         outer = _current.get()
-        if outer is not None and outer.gate is self:
+        if outer is not None and outer.call.gate is self:
             # Inside one of our own attempts: it holds the slot already.
-            return await self._nested(fn, args, classify), Lease(self._window, None)
-        call = self._new_call(fn, args, priority, timeout, classify, hold=True)
+            return await self._nested(fn, args, classify), Lease(outer.upstream.window, None)
+        call = self._new_call(fn, args, priority, timeout, classify, hold=True, discard=discard)
         value = await self._run(call)
-        assert call.held is not None
-        return value, Lease(self._window, call.held)
+        held = call.held
+        assert held is not None
+        return value, Lease(held[0].window, held[1])
 
     def _new_call(
         self,
@@ -453,6 +587,7 @@ class Gate:
         classify: Classifier | None,
         *,
         hold: bool,
+        discard: Callable[[Any], Awaitable[None]] | None,
     ) -> _Call:
         if self._closed:
             raise GateClosedError(f"gate {self.name!r} is closed")
@@ -464,6 +599,7 @@ class Gate:
         deadline = None if total is None else started + total
         call = _Call(self, fn, args, prio, deadline, classify or self._classify, started)
         call.hold = hold
+        call.discard = discard
         return call
 
     async def _run(self, call: _Call) -> Any:
@@ -608,6 +744,20 @@ class Lease:
             self._window.release(permit, outcome)
 
 
+class _Slot:
+    """What an attempt holds before it is sent: an upstream, a window slot, a breaker ticket."""
+
+    __slots__ = ("permit", "ticket", "upstream", "waited")
+
+    def __init__(
+        self, upstream: Upstream, permit: Permit, ticket: BreakerTicket, waited: bool
+    ) -> None:
+        self.upstream = upstream
+        self.permit = permit
+        self.ticket = ticket
+        self.waited = waited
+
+
 class _Call:
     """One call's state across its attempts."""
 
@@ -624,19 +774,29 @@ class _Call:
         self.gate = gate
         self.started = started
         self.hold = False
-        self.held: Permit | None = None
+        self.held: tuple[Upstream, Permit] | None = None
+        self.discard: Callable[[Any], Awaitable[None]] | None = None
         self.fn = fn
         self.args = args
         self.priority = priority
+        self.rank = _RANK[priority]
         self.deadline = deadline
         self.classify = classify
+        self.hedge = gate.policy.hedge
         self.observer: CallObserver
         self.attempts = 0
         self.congestion = 0
         self.last: Outcome | None = None
         self.last_hint_s: float | None = None
         self.stop_error: YieldgateError | None = None
-        self.attempt_deadline: float | None = None
+        # The attempt whose success is the call's (the first to succeed).
+        self.winner: _Slot | None = None
+        # Upstreams this call's attempts are using now, and the one that failed last.
+        self.running: list[Upstream] = []
+        self.last_failed: Upstream | None = None
+        # Set by a yield or an overload: no more hedges for this call.
+        self.hedging_off = False
+        self.won: Outcome | None = None
 
     def forget(self) -> None:
         """Drop what the call carried, once it is over.
@@ -648,6 +808,8 @@ class _Call:
         self.fn = _done
         self.args = ()
         self.last = None
+        self.won = None
+        self.discard = None
 
     def _error(self, cls: type[YieldgateError], message: str, **extra: Any) -> YieldgateError:
         return cls(
@@ -662,7 +824,7 @@ class _Call:
         # No scope spans the whole call: attempts carry the deadline in their own
         # scope, waits for the window or rate cap get one only when they must
         # wait, and a retry wait that would pass the deadline is never started.
-        outcome = await self.attempt()
+        outcome = await self.round()
         if outcome.kind is not OutcomeKind.OK and outcome.kind is not OutcomeKind.FATAL:
             outcome = await self.retry_loop(outcome)
         return self.finish(outcome)
@@ -680,30 +842,66 @@ class _Call:
             f"call exceeded its total timeout {while_} after {self.attempts} attempt(s)",
         )
 
-    # -- one attempt --------------------------------------------------------
+    async def round(self) -> Outcome:
+        """One attempt, or, under a hedge policy, one attempt and its hedges."""
+        if self.hedge is None or self.hedging_off:
+            return await self._send(await self._admit())
+        return await self._hedged_round(self.hedge)
 
-    async def attempt(self) -> Outcome:
+    # -- getting ready to send ------------------------------------------------
+
+    def _avoid(self) -> set[Upstream]:
+        avoid = set(self.running)
+        if self.last_failed is not None:
+            avoid.add(self.last_failed)
+        return avoid
+
+    def _pick(self) -> Upstream:
+        """The upstream for the next attempt: one upstream, or the cheapest open one."""
+        ups = self.gate._upstreams
+        if len(ups) == 1:
+            up = ups[0]
+            try:
+                up.breaker.check()  # fail fast before queueing for anything
+            except CircuitOpenError as exc:
+                raise self._circuit_error(exc) from None
+            return up
         gate = self.gate
-        breaker = gate._breaker
-        try:
-            breaker.check()  # fail fast before queueing for anything
-        except CircuitOpenError as exc:
-            raise self._circuit_error(exc) from None
-        waited = await self._wait_out_hint()
+        order = choose(ups, self.rank, anyio.current_time(), gate._rng, self._avoid())
+        refusal: CircuitOpenError | None = None
+        for up in order:
+            try:
+                up.breaker.check()
+            except CircuitOpenError as exc:
+                # Fail over; report the breaker that will let a probe through first.
+                if refusal is None or (exc.retry_after_s or math.inf) < (
+                    refusal.retry_after_s or math.inf
+                ):
+                    refusal = exc
+                continue
+            return up
+        assert refusal is not None
+        raise self._circuit_error(refusal)
+
+    async def _admit(self) -> _Slot:
+        """Wait for what an attempt needs: a hint to pass, a window slot, the rate cap."""
+        gate = self.gate
+        up = self._pick()
+        waited = await self._wait_out_hint(up)
         while True:
-            permit = gate._window.try_acquire(self.priority)
+            permit = up.window.try_acquire(self.priority)
             if permit is None:
                 waited = True
                 permit = await self._wait(
-                    functools.partial(gate._window.acquire, self.priority),
+                    functools.partial(up.window.acquire, self.priority),
                     "waiting for a window slot",
                 )
             # A hint may have come in while this call queued for the slot: then
             # the slot goes back and the call waits the hint out like the rest.
-            if gate._hold_until[_RANK[self.priority]] <= anyio.current_time():
+            if up.hold_until[self.rank] <= anyio.current_time():
                 break
-            gate._window.release(permit, Signal.CANCELLED)
-            await self._wait_out_hint()
+            up.window.release(permit, Signal.CANCELLED)
+            await self._wait_out_hint(up)
         try:
             # The rate token is taken last, by a caller that can start at once:
             # taken before the window, tokens would pile up in its queue and
@@ -713,24 +911,72 @@ class _Call:
                 waited = True
                 await self._wait(rate.acquire, "waiting for the rate cap")
             # Claimed only now that we can send: a half-open probe never queues.
-            ticket = breaker.acquire()
+            ticket = up.breaker.acquire()
         except BaseException as exc:
-            gate._window.release(permit, Signal.CANCELLED)
+            up.window.release(permit, Signal.CANCELLED)
             if isinstance(exc, CircuitOpenError):
                 raise self._circuit_error(exc) from None
             raise
+        return _Slot(up, permit, ticket, waited)
+
+    async def _admit_hedge(self) -> _Slot | None:
+        """What a hedge needs, taken now or not at all: a hedge never waits in a queue.
+
+        It needs an upstream with no hint hold and a closed breaker, a free
+        window slot there, a rate token at hand, and a withdrawal from the
+        retry budget.
+        """
+        gate = self.gate
+        now = anyio.current_time()
+        if self.deadline is not None and now >= self.deadline:
+            return None
+        ups = gate._upstreams
+        order = ups if len(ups) == 1 else choose(ups, self.rank, now, gate._rng, self._avoid())
+        rate = gate._rate_cap()
+        for up in order:
+            if up.hold_until[self.rank] > now:
+                continue
+            try:
+                up.breaker.check()
+            except CircuitOpenError:
+                continue
+            permit = up.window.try_acquire(self.priority)
+            if permit is None:
+                continue
+            try:
+                ticket = up.breaker.acquire()
+            except CircuitOpenError:
+                up.window.release(permit, Signal.CANCELLED)
+                continue
+            if (rate is not None and not await rate.try_acquire()) or (
+                not gate._budget.try_withdraw()
+            ):
+                up.breaker.record(ticket, Verdict.NEUTRAL)
+                up.window.release(permit, Signal.CANCELLED)
+                gate._counters.hedges_denied += 1
+                return None
+            return _Slot(up, permit, ticket, True)
+        return None
+
+    # -- one attempt --------------------------------------------------------
+
+    async def _send(self, slot: _Slot) -> Outcome:
+        gate = self.gate
+        up = slot.upstream
         self.attempts += 1
         number = self.attempts
         gate._counters.attempts += 1
-        started = anyio.current_time() if waited or number > 1 else self.started
+        started = anyio.current_time() if slot.waited or number > 1 else self.started
         if number == 1:
             # A request, for the retry budget, is a call that sent something; it
             # counts from when it was sent.
             gate._budget.deposit(started)
         signal = Signal.CANCELLED
         verdict = Verdict.NEUTRAL
+        won = False
+        self.running.append(up)
         try:
-            outcome = await self._invoke(number, started)
+            outcome = await self._invoke(number, started, up)
             if outcome.kind is OutcomeKind.OK:
                 signal, verdict = Signal.SUCCESS, Verdict.SUCCESS
             else:
@@ -740,12 +986,25 @@ class _Call:
                     # shows under overload: narrow the window as for a yield.
                     signal = Signal.CONGESTION
         finally:
-            if self.hold and signal is Signal.SUCCESS:
-                self.held = permit  # released by Gate.hold when its block exits
+            self.running.remove(up)
+            if signal is Signal.SUCCESS and self.winner is None:
+                self.winner = slot
+                won = True
+            elif signal is Signal.CANCELLED and self.winner is not None:
+                gate._counters.losers_cancelled += 1
+            if won and self.hold:
+                self.held = (up, slot.permit)  # released by the Lease
             else:
-                gate._window.release(permit, signal)
-            breaker.record(ticket, verdict)
-        self._note(outcome, number, started)
+                up.window.release(slot.permit, signal)
+            up.breaker.record(slot.ticket, verdict)
+        self._note(outcome, number, started, up)
+        if won:
+            self.won = outcome
+        elif signal is Signal.SUCCESS and self.discard is not None:
+            # A hedge that answered too after another had won: its value (an
+            # open stream, say) is closed, never returned.
+            with anyio.CancelScope(shield=True):
+                await self.discard(outcome.value)
         return outcome
 
     def _circuit_error(self, exc: CircuitOpenError) -> CircuitOpenError:
@@ -758,9 +1017,9 @@ class _Call:
             last_outcome=self.last,
         )
 
-    async def _wait_out_hint(self) -> bool:
+    async def _wait_out_hint(self, up: Upstream) -> bool:
         """Wait until a hint the upstream gave this Gate has passed; ``True`` if it waited."""
-        until = self.gate._hold_until[_RANK[self.priority]]
+        until = up.hold_until[self.rank]
         if until <= 0.0:
             return False
         now = anyio.current_time()
@@ -783,13 +1042,12 @@ class _Call:
             return await fn()
         raise self._deadline_error(while_)
 
-    async def _invoke(self, number: int, now: float) -> Outcome:
+    async def _invoke(self, number: int, now: float, up: Upstream) -> Outcome:
         attempt_s = self.gate.policy.timeouts.attempt_s
         limit = math.inf if attempt_s is None else now + attempt_s
         if self.deadline is not None and self.deadline < limit:
             limit = self.deadline
-        self.attempt_deadline = None if limit == math.inf else limit
-        token = _current.set(self)
+        token = _current.set(_Attempt(self, number, None if limit == math.inf else limit, up))
         try:
             # One scope bounds the attempt by whichever ends first: its own
             # timeout or the call's deadline.
@@ -807,28 +1065,39 @@ class _Call:
             AttemptTimeoutError(f"attempt {number} ran past {attempt_s} s", attempts=number)
         )
 
-    def _note(self, outcome: Outcome, number: int, started: float) -> None:
+    def _note(self, outcome: Outcome, number: int, started: float, up: Upstream) -> None:
         gate = self.gate
         self.last = outcome
         if outcome.hint_s is not None:
             self.last_hint_s = outcome.hint_s
         kind = outcome.kind
-        if kind is OutcomeKind.YIELD:
+        now = anyio.current_time()
+        congestion = kind is OutcomeKind.YIELD or kind is OutcomeKind.OVERLOADED
+        failure = kind is OutcomeKind.RETRYABLE or kind is OutcomeKind.FATAL
+        if kind is OutcomeKind.OK:
+            gate._latency.record(now - started)
+            up.latency.record(now - started)
+            if self.last_failed is up:
+                self.last_failed = None
+        elif kind is OutcomeKind.YIELD:
             gate._counters.yields += 1
         elif kind is OutcomeKind.OVERLOADED:
             gate._counters.overloads += 1
-        elif kind is OutcomeKind.RETRYABLE or kind is OutcomeKind.FATAL:
+        else:
             gate._counters.failures += 1
+            self.last_failed = up
+        up.note(ok=kind is OutcomeKind.OK, congestion=congestion, failure=failure)
+        if congestion:
+            # "Too much load" from any attempt: hedging would only add to it.
+            self.hedging_off = True
         if outcome.reason == "cold_start" and gate._rate is not None:
             gate._rate.restart_ramp()
-        if outcome.hint_s is not None and (
-            kind is OutcomeKind.YIELD or kind is OutcomeKind.OVERLOADED
-        ):
+        if outcome.hint_s is not None and congestion:
             retry = gate.policy.retry
             if retry.share_hints and retry.honour_hints:
-                until = anyio.current_time() + min(max(outcome.hint_s, 0.0), retry.max_hint_s)
-                holds = gate._hold_until
-                for rank in range(_RANK[self.priority] + 1):
+                until = now + min(max(outcome.hint_s, 0.0), retry.max_hint_s)
+                holds = up.hold_until
+                for rank in range(self.rank + 1):
                     if until > holds[rank]:
                         holds[rank] = until
         if self.observer is not NULL_OBSERVER:
@@ -839,9 +1108,74 @@ class _Call:
                     outcome=kind,
                     reason=outcome.reason,
                     hint_s=outcome.hint_s,
-                    duration_s=anyio.current_time() - started,
+                    duration_s=now - started,
                 )
             )
+
+    # -- hedging ------------------------------------------------------------
+
+    def _hedge_delay(self, hedge: HedgePolicy, up: Upstream) -> float:
+        if hedge.delay_s is not None:
+            return max(hedge.delay_s, hedge.min_delay_s)
+        tracker = up.latency if len(up.latency) >= hedge.min_samples else self.gate._latency
+        if len(tracker) < hedge.min_samples:
+            return max(hedge.initial_delay_s, hedge.min_delay_s)
+        observed = tracker.quantile(hedge.quantile)
+        assert observed is not None
+        return max(observed, hedge.min_delay_s)
+
+    async def _hedged_round(self, hedge: HedgePolicy) -> Outcome:
+        """The first attempt, plus a hedge each time it (and the hedges so far) stay
+        unanswered past the delay; the first success wins and the rest are cancelled."""
+        first = await self._admit()
+        gate = self.gate
+        outcomes: list[Outcome] = []
+        errors: list[YieldgateError] = []
+        settled = anyio.Event()
+        running = 0
+
+        async def run(slot: _Slot, scope: anyio.CancelScope) -> None:
+            nonlocal running
+            try:
+                outcomes.append(await self._send(slot))
+            except YieldgateError as exc:
+                errors.append(exc)  # the deadline passed during this attempt
+            finally:
+                running -= 1
+            if self.winner is not None:
+                scope.cancel()  # the losers: their window slots come back at once
+                settled.set()
+            elif running == 0:
+                settled.set()
+
+        async with anyio.create_task_group() as tg:
+            running = 1
+            tg.start_soon(run, first, tg.cancel_scope)
+            hedges = 0
+            while hedges < hedge.max_hedges and not settled.is_set():
+                with anyio.move_on_after(self._hedge_delay(hedge, first.upstream)):
+                    await settled.wait()
+                if settled.is_set() or self.hedging_off:
+                    break
+                slot = await self._admit_hedge()
+                if slot is None:
+                    continue  # no room to hedge now; look again after another delay
+                hedges += 1
+                running += 1
+                gate._counters.hedges += 1
+                tg.start_soon(run, slot, tg.cancel_scope)
+        if self.winner is not None:
+            if self.winner is not first:
+                gate._counters.hedge_wins += 1
+            assert self.won is not None
+            return self.won
+        if not outcomes:
+            raise errors[0]
+        # No success: what the retry loop should act on. A fatal outcome ends the
+        # call only when every attempt was fatal; a congestion carries the hint.
+        usable = [o for o in outcomes if o.kind is not OutcomeKind.FATAL] or outcomes
+        congested = [o for o in usable if o.is_congestion]
+        return (congested or usable)[-1]
 
     # -- retrying -----------------------------------------------------------
 
@@ -852,7 +1186,7 @@ class _Call:
             # The first outcome is already in hand: tenacity starts by judging it.
             if replay:
                 return replay.pop()
-            return await self.attempt()
+            return await self.round()
 
         # tenacity asks `wait` before `stop`: the decision is made in _decide
         # (the wait), and `stop` only reads it.
@@ -914,7 +1248,7 @@ class _Call:
                     f"({left:.3f} s left) after {self.attempts} attempt(s): {outcome.describe()}",
                 )
             wait = min(wait, left)
-        retry_after = gate._breaker.retry_after_s()
+        retry_after = min(u.breaker.retry_after_s() for u in gate._upstreams)
         if retry_after > wait:
             # The breaker opened meanwhile and will still be open when we wake.
             return self._stop(

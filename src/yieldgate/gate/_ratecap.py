@@ -100,6 +100,13 @@ class RateCap:
             held = max(0.0, min(float(self.policy.burst), 1.0 - leaked))
             await self._limiter.acquire(held)  # an empty bucket: never waits
 
+    async def try_acquire(self) -> bool:
+        """Take a start if one is free now and nobody is queued; never waits for one."""
+        if self._lock.locked() or not self._limiter.has_capacity():
+            return False
+        await self.acquire()
+        return True
+
     async def acquire(self) -> None:
         await acquire(self._lock)
         try:

@@ -8,6 +8,12 @@ client has given up on is cancelled there too). Bodies carry their SHA-256.
 One connection carries all requests at once; a reader task routes replies to
 their requests by ``id``. A broken connection fails its pending requests with
 ``TransportError`` (retryable) and the next attempt reconnects.
+
+Under a hedge policy each attempt has a connection to itself (reused from a
+small pool once its reply is complete): the protocol cancels admitted work
+only when its connection closes, so that is how a hedge that lost the race
+frees its slot on the server at once. Given several URLs, the client is a
+set of upstreams for its Gate, which picks one per attempt.
 """
 
 from __future__ import annotations
@@ -15,7 +21,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import math
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -28,10 +34,11 @@ from yieldgate._exceptions import (
     IntegrityError,
     ProtocolError,
     RemoteError,
+    StreamInterruptedError,
     TransportError,
     YieldgateError,
 )
-from yieldgate.gate import USE_POLICY, Gate, Outcome, UsePolicy, current_attempt
+from yieldgate.gate import USE_POLICY, AttemptInfo, Gate, Outcome, UsePolicy, current_attempt
 from yieldgate.protocol import (
     DEFAULT_MAX_FRAME_BYTES,
     ChunkReply,
@@ -76,16 +83,30 @@ def _parse_url(url: str) -> tuple[str, int]:
     return parts.hostname, parts.port
 
 
+# Idle connections kept per server for attempts that need one to themselves.
+_MAX_IDLE_EXCLUSIVE = 32
+
+
 class _Connection:
     """One TCP connection and the requests waiting on it."""
 
-    def __init__(self, stream: anyio.abc.SocketStream, max_frame_bytes: int) -> None:
+    def __init__(
+        self,
+        stream: anyio.abc.SocketStream,
+        max_frame_bytes: int,
+        *,
+        endpoint: _Endpoint | None = None,
+        exclusive: bool = False,
+    ) -> None:
         self.stream = stream
+        self.endpoint = endpoint
         self.max_frame_bytes = max_frame_bytes
         self.waiters: dict[str, MemoryObjectSendStream[Reply]] = {}
         self.send_lock = anyio.Lock()
         self.failure: YieldgateError | None = None
         self.draining = False
+        # One request at a time, closed to cancel it (see the module's docstring).
+        self.exclusive = exclusive
 
     @property
     def broken(self) -> bool:
@@ -155,6 +176,17 @@ class _Connection:
             waiter.send_nowait(reply)
 
 
+class _Endpoint:
+    """One server: its shared connection and the idle exclusive ones."""
+
+    def __init__(self, url: str) -> None:
+        self.host, self.port = _parse_url(url)
+        self.url = f"tcp://{self.host}:{self.port}"
+        self.conn: _Connection | None = None
+        self.idle: list[_Connection] = []
+        self.connect_lock = anyio.Lock()
+
+
 class GovernedClient:
     """A client of a governed server, with backpressure from its Gate.
 
@@ -164,26 +196,46 @@ class GovernedClient:
     ``gate`` defaults to a fresh ``Gate`` named after the URL; share one Gate
     between clients of the same server. ``auth`` is the server's shared
     secret, if it has one.
+
+    ``url`` may be a list of servers that can each serve any request
+    (replicas): the Gate then treats them as its upstream set, each with its
+    own window and breaker, and sends every attempt to the cheapest one that
+    is open (a Gate passed in must have been built with ``upstreams=``; the
+    URLs are added to it).
     """
 
     def __init__(
         self,
-        url: str,
+        url: str | Sequence[str],
         *,
         gate: Gate | None = None,
         auth: str | None = None,
         connect_timeout_s: float = 10.0,
         max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
     ) -> None:
-        self.host, self.port = _parse_url(url)
-        self.url = f"tcp://{self.host}:{self.port}"
-        self.gate = gate if gate is not None else Gate(name=self.url)
+        urls = [url] if isinstance(url, str) else list(url)
+        if not urls:
+            raise ValueError("GovernedClient needs at least one URL")
+        self._endpoints: dict[str, _Endpoint] = {}
+        for one in urls:
+            endpoint = _Endpoint(one)
+            self._endpoints.setdefault(endpoint.url, endpoint)
+        first = next(iter(self._endpoints.values()))
+        self.host, self.port, self.url = first.host, first.port, first.url
+        self._default = first
+        several = len(self._endpoints) > 1
+        if gate is None:
+            names = list(self._endpoints) if several else None
+            gate = Gate(name=self.url, upstreams=names and {u: u for u in names})
+        if several or gate.upstreams:
+            for name in self._endpoints:
+                gate.add_upstream(name, name)
+        self.gate = gate
         self._auth = auth
         self._connect_timeout_s = connect_timeout_s
         self._max_frame_bytes = max_frame_bytes
         self._ids = itertools.count(1)
-        self._conn: _Connection | None = None
-        self._connect_lock: anyio.Lock | None = None
+        self._open: set[_Connection] = set()
         self._tasks: anyio.abc.TaskGroup | None = None
         self._exit: contextlib.AsyncExitStack | None = None
         self._state = "new"
@@ -194,7 +246,6 @@ class GovernedClient:
         if self._state != "new":
             raise GateClosedError("a GovernedClient can be entered only once")
         self._state = "open"
-        self._connect_lock = anyio.Lock()
         self._exit = contextlib.AsyncExitStack()
         self._tasks = await self._exit.enter_async_context(anyio.create_task_group())
         return self
@@ -214,12 +265,12 @@ class GovernedClient:
         if self._state == "closed":
             return
         self._state = "closed"
-        if self._conn is not None:
-            self._conn.fail(TransportError("client closed"))
+        for conn in list(self._open):
+            conn.fail(TransportError("client closed"))
             # Closing the stream ends the reader task. (The task group's scope
             # wraps the user's own block: cancelling it would cancel them too.)
             with anyio.CancelScope(shield=True):
-                await self._conn.stream.aclose()
+                await conn.stream.aclose()
 
     def _check_open(self) -> None:
         if self._state != "open":
@@ -230,25 +281,52 @@ class GovernedClient:
             )
             raise GateClosedError(message)
 
-    async def _connection(self) -> _Connection:
-        conn = self._conn
+    def _endpoint(self, attempt: AttemptInfo | None) -> _Endpoint:
+        if attempt is None or attempt.target is None:
+            return self._default
+        endpoint = self._endpoints.get(attempt.target)
+        if endpoint is None:
+            raise ValueError(
+                f"the Gate chose upstream {attempt.upstream!r} ({attempt.target!r}), "
+                f"which is not one of this client's URLs {list(self._endpoints)}"
+            )
+        return endpoint
+
+    async def _connect(self, endpoint: _Endpoint, *, exclusive: bool) -> _Connection:
+        self._check_open()
+        try:
+            with anyio.fail_after(self._connect_timeout_s):
+                stream = await anyio.connect_tcp(endpoint.host, endpoint.port)
+        except (OSError, TimeoutError) as exc:
+            raise TransportError(f"cannot connect to {endpoint.url}: {exc}") from exc
+        conn = _Connection(stream, self._max_frame_bytes, endpoint=endpoint, exclusive=exclusive)
+        self._open.add(conn)
+        assert self._tasks is not None
+        self._tasks.start_soon(self._read, conn)
+        return conn
+
+    async def _read(self, conn: _Connection) -> None:
+        try:
+            await conn.read_loop()
+        finally:
+            self._open.discard(conn)
+
+    async def _connection(self, endpoint: _Endpoint) -> _Connection:
+        conn = endpoint.conn
         if conn is not None and not conn.broken:
             return conn
-        assert self._connect_lock is not None
-        async with self._connect_lock:
-            if self._conn is not None and not self._conn.broken:
-                return self._conn
-            self._check_open()
-            try:
-                with anyio.fail_after(self._connect_timeout_s):
-                    stream = await anyio.connect_tcp(self.host, self.port)
-            except (OSError, TimeoutError) as exc:
-                raise TransportError(f"cannot connect to {self.url}: {exc}") from exc
-            conn = _Connection(stream, self._max_frame_bytes)
-            assert self._tasks is not None
-            self._tasks.start_soon(conn.read_loop)
-            self._conn = conn
-            return conn
+        async with endpoint.connect_lock:
+            if endpoint.conn is not None and not endpoint.conn.broken:
+                return endpoint.conn
+            endpoint.conn = await self._connect(endpoint, exclusive=False)
+            return endpoint.conn
+
+    async def _exclusive(self, endpoint: _Endpoint) -> _Connection:
+        while endpoint.idle:
+            conn = endpoint.idle.pop()
+            if not conn.broken:
+                return conn
+        return await self._connect(endpoint, exclusive=True)
 
     # -- one request --------------------------------------------------------
 
@@ -264,16 +342,19 @@ class GovernedClient:
                 f"a {len(data) - 1}-byte frame exceeds max_frame_bytes={self._max_frame_bytes} "
                 "(the server's limit, 1 MiB unless configured otherwise)"
             )
-        conn = await self._connection()
+        attempt = current_attempt()
+        endpoint = self._endpoint(attempt)
+        if attempt is not None and attempt.hedging:
+            conn = await self._exclusive(endpoint)
+        else:
+            conn = await self._connection(endpoint)
         rid = frame["id"]
         send, receive = anyio.create_memory_object_stream[Reply](math.inf)
         conn.waiters[rid] = send
         try:
             await conn.send(data)
         except BaseException:
-            conn.waiters.pop(rid, None)
-            send.close()
-            receive.close()
+            await self._finish_request(conn, rid, receive, complete=False)
             raise
         return conn, rid, receive
 
@@ -285,21 +366,41 @@ class GovernedClient:
             failure = conn.failure or TransportError("connection closed")
             raise _fresh(failure) from failure
 
-    @staticmethod
-    def _finish_request(
-        conn: _Connection, rid: str, receive: MemoryObjectReceiveStream[Reply]
+    async def _finish_request(
+        self,
+        conn: _Connection,
+        rid: str,
+        receive: MemoryObjectReceiveStream[Reply],
+        *,
+        complete: bool,
     ) -> None:
+        """Stop waiting for ``rid``. An exclusive connection goes back to its pool
+        if the reply was ``complete``; if not, it is closed, which cancels the
+        request on the server."""
         waiter = conn.waiters.pop(rid, None)
         if waiter is not None:
             waiter.close()
         receive.close()
+        if not conn.exclusive:
+            return
+        if complete and not conn.broken and self._state == "open":
+            endpoint = conn.endpoint
+            if endpoint is not None and len(endpoint.idle) < _MAX_IDLE_EXCLUSIVE:
+                endpoint.idle.append(conn)
+                return
+        conn.fail(TransportError("request abandoned"))
+        with anyio.CancelScope(shield=True):
+            await conn.stream.aclose()
 
     async def _ask(self, frame: dict[str, Any]) -> Reply:
         conn, rid, receive = await self._open_request(frame)
+        complete = False
         try:
-            return await self._next_reply(conn, receive)
+            reply = await self._next_reply(conn, receive)
+            complete = not isinstance(reply, ChunkReply)
+            return reply
         finally:
-            self._finish_request(conn, rid, receive)
+            await self._finish_request(conn, rid, receive, complete=complete)
 
     def _submit_frame(
         self, body: str, priority: Priority, params: Mapping[str, Any] | None, stream: bool
@@ -379,21 +480,33 @@ class GovernedClient:
         ...         print(piece)
         ...     print(chunks.result)
 
-        Yields and failures before the first chunk are retried like any
-        call; once a chunk has arrived, a failure is raised (a retry would
-        repeat output). The Gate's window slot is held until the block exits.
+        Yields and failures before the first chunk are retried (and hedged)
+        like any call; once a chunk has arrived, a failure raises
+        ``StreamInterruptedError`` with the chunks received so far (a retry
+        would repeat output). The Gate's window slot is held until the block
+        exits; leaving the block before the end cancels the rest.
         """
         self._check_open()
         prio = Priority(priority)
         async with self.gate.hold(
-            self._stream_attempt, body, prio, params, priority=prio, timeout=timeout
+            self._stream_attempt,
+            body,
+            prio,
+            params,
+            priority=prio,
+            timeout=timeout,
+            discard=self._discard_opened,
         ) as opened:
             conn, rid, receive, first = opened
             chunks = GovernedStream(self, conn, rid, receive, first)
             try:
                 yield chunks
             finally:
-                self._finish_request(conn, rid, receive)
+                await self._finish_request(conn, rid, receive, complete=chunks.complete)
+
+    async def _discard_opened(self, opened: Any) -> None:
+        conn, rid, receive, first = opened
+        await self._finish_request(conn, rid, receive, complete=isinstance(first, OkReply))
 
     async def _stream_attempt(
         self, body: str, priority: Priority, params: Mapping[str, Any] | None
@@ -408,14 +521,14 @@ class GovernedClient:
         try:
             first = await self._next_reply(conn, receive)
         except (TransportError, ProtocolError) as exc:
-            self._finish_request(conn, rid, receive)
+            await self._finish_request(conn, rid, receive, complete=False)
             return Outcome.retryable(exc)
         except BaseException:
-            self._finish_request(conn, rid, receive)
+            await self._finish_request(conn, rid, receive, complete=False)
             raise
         if isinstance(first, ChunkReply | OkReply):
             return Outcome.ok((conn, rid, receive, first))
-        self._finish_request(conn, rid, receive)
+        await self._finish_request(conn, rid, receive, complete=True)
         return self._classify_reply(first)
 
     async def stats(self) -> dict[str, Any]:
@@ -440,7 +553,9 @@ class GovernedStream:
     """The chunks of one streamed submit, as an async iterator of their ``data``.
 
     After the iteration ends, ``result`` holds the terminal ``ok`` reply's
-    result and ``chunks`` how many chunks arrived.
+    result, ``chunks`` how many chunks arrived and ``received`` their data.
+    A failure after the first chunk raises ``StreamInterruptedError``, which
+    carries ``received`` as its ``chunks``.
     """
 
     def __init__(
@@ -457,8 +572,10 @@ class GovernedStream:
         self._receive = receive
         self._next: Reply | None = first
         self._done = False
+        self.complete = False
         self.result: Any = None
         self.chunks = 0
+        self.received: list[Any] = []
 
     def __aiter__(self) -> GovernedStream:
         return self
@@ -471,23 +588,31 @@ class GovernedStream:
         if reply is None:
             try:
                 reply = await self._client._next_reply(self._conn, self._receive)
-            except TransportError as exc:
+            except YieldgateError as exc:
                 self._done = True
-                raise TransportError(
-                    f"stream broke after {self.chunks} chunk(s): {exc.message}"
-                ) from exc
+                raise self._interrupted(exc) from exc
         if isinstance(reply, ChunkReply):
             self.chunks += 1
+            self.received.append(reply.data)
             return reply.data
         self._done = True
+        self.complete = True
         if isinstance(reply, OkReply):
             self.result = reply.result
             raise StopAsyncIteration
-        outcome = self._client._classify_reply(reply)
-        error = outcome.error
-        if isinstance(error, YieldgateError):
-            raise error
-        raise ProtocolError(f"stream ended with an unexpected {type(reply).__name__}")
+        error = self._client._classify_reply(reply).error
+        if not isinstance(error, YieldgateError):
+            error = ProtocolError(f"stream ended with an unexpected {type(reply).__name__}")
+        if not self.chunks:
+            raise error  # nothing was delivered (an ok-less first reply cannot get here)
+        raise self._interrupted(error) from error
+
+    def _interrupted(self, error: YieldgateError) -> StreamInterruptedError:
+        return StreamInterruptedError(
+            f"stream failed after {self.chunks} chunk(s), which were delivered and are "
+            f"not repeated: {error.message}",
+            chunks=list(self.received),
+        )
 
 
 def _fresh(error: YieldgateError) -> YieldgateError:

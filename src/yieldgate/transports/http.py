@@ -26,21 +26,42 @@ Per request, the header ``x-yieldgate-priority: high|normal|low`` sets the
 call's priority (it is also sent, for servers that read it, as yieldgate's
 reference server does). Use the client's own retries off (``max_retries=0``
 for openai): retrying is the Gate's job.
+
+An attempt ends at the first chunk of a 2xx body, not at its headers: a
+server that sends headers and then fails is retried, and a hedge delay
+measures the time to the first token of a stream. After the first chunk, a
+failed read raises ``StreamInterruptedError`` with the bytes received (for
+event streams and NDJSON), never a silent restart.
+
+A Gate built with ``upstreams={"a": "http://host-a:8000", ...}`` sends each
+attempt to the chosen upstream's origin (scheme, host and port; the path
+stays the client's), so one client can race or fail over between replicas.
 """
 
 from __future__ import annotations
 
 import functools
 import importlib
+import uuid
 import weakref
 from collections.abc import AsyncIterator
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 import anyio
 
-from yieldgate._exceptions import CallFailedError, YieldgateError
+from yieldgate._exceptions import CallFailedError, StreamInterruptedError, YieldgateError
 from yieldgate.dialects import HttpDialect, get_dialect
-from yieldgate.gate import USE_POLICY, Gate, Lease, Outcome, Signal, UsePolicy, current_attempt
+from yieldgate.gate import (
+    USE_POLICY,
+    AttemptInfo,
+    Gate,
+    Lease,
+    Outcome,
+    Signal,
+    UsePolicy,
+    current_attempt,
+)
 from yieldgate.protocol import PRIORITY_BY_NAME, Priority
 
 __all__ = ["DEADLINE_HEADER", "PRIORITY_HEADER", "Flavor", "gate_transport", "http_client"]
@@ -68,12 +89,14 @@ class _GatedCore:
         gate: Gate,
         dialect: HttpDialect,
         inner: Any,
+        lib: Any,
         stream_class: type,
         call_timeout: float | UsePolicy | None,
     ) -> None:
         self.gate = gate
         self.dialect = dialect
         self.inner = inner
+        self._lib = lib
         self._stream_class = stream_class
         self._call_timeout = call_timeout
 
@@ -82,6 +105,9 @@ class _GatedCore:
         # streamed upload becomes bytes that can be sent again.
         await request.aread()
         priority = _priority(request.headers.get(PRIORITY_HEADER))
+        key_header = self.dialect.idempotency_header
+        if key_header is not None and key_header not in request.headers:
+            request.headers[key_header] = uuid.uuid4().hex
         try:
             response, lease = await self.gate.call_and_hold(
                 self._attempt,
@@ -89,6 +115,7 @@ class _GatedCore:
                 priority=priority,
                 timeout=self._call_timeout,
                 classify=self.dialect,
+                discard=_close_response,
             )
         except YieldgateError as exc:
             last = exc.last_outcome
@@ -107,12 +134,17 @@ class _GatedCore:
             # ``Response(content=...)`` is): nothing will close it again.
             lease.release()
         else:
-            response.stream = self._stream_class(response.stream, lease)
+            response.stream = self._stream_class(
+                response.stream, lease, _keeps_chunks(response.headers)
+            )
         return response
 
     async def _attempt(self, request: Any) -> Any:
+        attempt = current_attempt()
+        if attempt is not None and (attempt.hedging or attempt.target is not None):
+            # Attempts that may run at once, or go elsewhere, each get a copy.
+            request = self._copy_for(request, attempt)
         if self.dialect.propagate_deadline:
-            attempt = current_attempt()
             remaining = None if attempt is None else attempt.remaining_s()
             if remaining is not None:
                 request.headers[DEADLINE_HEADER] = str(max(1, int(remaining * 1000)))
@@ -127,7 +159,36 @@ class _GatedCore:
                 # connection stays checked out of the pool.
                 with anyio.CancelScope(shield=True):
                     await response.aclose()
+            return response
+        if not getattr(response, "is_closed", False):
+            await _first_chunk(response)
         return response
+
+    def _copy_for(self, request: Any, attempt: AttemptInfo) -> Any:
+        url = request.url
+        target = attempt.target
+        if isinstance(target, str):
+            origin = urlsplit(target)
+            if not origin.scheme or not origin.hostname:
+                raise ValueError(
+                    f"upstream {attempt.upstream!r}: target {target!r} is not an http(s) URL"
+                )
+            url = url.copy_with(scheme=origin.scheme, host=origin.hostname, port=origin.port)
+        elif target is not None:
+            raise ValueError(
+                f"upstream {attempt.upstream!r}: an HTTP transport needs a URL as the "
+                f"target, got {type(target).__name__}"
+            )
+        headers = request.headers.copy()
+        if isinstance(target, str):
+            headers["host"] = url.netloc.decode("ascii")
+        return self._lib.Request(
+            request.method,
+            url,
+            headers=headers,
+            content=request.content,
+            extensions=dict(request.extensions),
+        )
 
     async def aclose(self) -> None:
         await self.inner.aclose()
@@ -144,6 +205,59 @@ def _priority(value: str | None) -> Priority:
 
 def _is_response(value: Any) -> bool:
     return hasattr(value, "status_code") and hasattr(value, "extensions")
+
+
+async def _close_response(response: Any) -> None:
+    """Close the response of a hedge that won too late: it frees its connection."""
+    await response.aclose()
+
+
+class _Prefetched:
+    """A body whose first chunk was read inside the attempt (see ``_first_chunk``)."""
+
+    def __init__(self, first: bytes | None, rest: AsyncIterator[bytes], inner: Any) -> None:
+        self.first = first
+        self.rest = rest
+        self.inner = inner
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        if self.first is None:
+            return
+        first, self.first = self.first, None
+        yield first
+        async for chunk in self.rest:
+            yield chunk
+
+    async def aclose(self) -> None:
+        close = getattr(self.inner, "aclose", None)
+        if close is not None:
+            await close()
+
+
+async def _first_chunk(response: Any) -> None:
+    """Read the first non-empty chunk of a 2xx body while the attempt is running.
+
+    A failure here is still the attempt's (retried, hedged); the chunk is
+    kept and handed out first when the body is read.
+    """
+    stream = response.stream
+    chunks = stream.__aiter__()
+    first: bytes | None = None
+    try:
+        async for chunk in chunks:
+            if chunk:
+                first = chunk
+                break
+    except BaseException:
+        with anyio.CancelScope(shield=True):
+            await response.aclose()
+        raise
+    response.stream = _Prefetched(first, chunks, stream)
+
+
+def _keeps_chunks(response_headers: Any) -> bool:
+    kind = str(response_headers.get("content-type", "")).lower()
+    return kind.startswith("text/event-stream") or "ndjson" in kind or "jsonl" in kind
 
 
 def _release_quietly(lease: Lease) -> None:
@@ -163,21 +277,34 @@ class _LeasedStreamMixin:
     slot when it is garbage collected.
     """
 
-    def __init__(self, inner: Any, lease: Lease) -> None:
+    def __init__(self, inner: Any, lease: Lease, keep: bool = False) -> None:
         self._inner = inner
         self._lease = lease
         self._outcome = Signal.SUCCESS
+        self._keep = keep
         self._finalizer = weakref.finalize(self, _release_quietly, lease)
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
+        received: list[bytes] = []
+        delivered = 0
         try:
             async for chunk in self._inner:
+                if self._keep:
+                    received.append(chunk)
+                delivered += 1
                 yield chunk
         except anyio.get_cancelled_exc_class():
             self._outcome = Signal.CANCELLED
             raise
-        except Exception:
+        except Exception as exc:
             self._outcome = Signal.FAILURE
+            if delivered and not isinstance(exc, StreamInterruptedError):
+                # Past the commit point: the caller has output a retry would repeat.
+                raise StreamInterruptedError(
+                    f"response body failed after {delivered} chunk(s), which were "
+                    f"delivered and are not repeated: {exc!r}",
+                    chunks=received,
+                ) from exc
             raise
 
     async def aclose(self) -> None:
@@ -213,6 +340,7 @@ def _classes(flavor: str) -> tuple[type, type]:
                 gate,
                 get_dialect(dialect),
                 inner if inner is not None else lib.AsyncHTTPTransport(),
+                lib,
                 LeasedStream,
                 call_timeout,
             )

@@ -1,0 +1,93 @@
+"""Hedging: a second attempt for a call whose first is slow to answer.
+
+Tail latency comes from the few attempts that land on a slow replica, a long
+batch or a cold cache. A hedge starts another attempt once the first has not
+answered within a delay (fixed, or a quantile of the latencies seen
+recently), and the first success wins; the others are cancelled at once. A
+hedge runs only where the window has a free slot, the retry budget allows a
+retry and no upstream hint is being waited out, so hedging can never add load
+to an upstream that is already saying it has too much.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass
+
+__all__ = ["HedgePolicy", "LatencyTracker"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HedgePolicy:
+    """When a Gate starts extra attempts for a call that has not answered yet.
+
+    ``max_hedges`` extra attempts at most per round of attempts (one round per
+    retry). The delay before each is ``delay_s`` when given; otherwise the
+    ``quantile`` of the last ``window`` successful attempt latencies (the time
+    to the value, or to the first chunk of a stream), once ``min_samples``
+    have been seen, and ``initial_delay_s`` until then; never less than
+    ``min_delay_s``.
+    """
+
+    max_hedges: int = 1
+    delay_s: float | None = None
+    quantile: float = 0.95
+    initial_delay_s: float = 1.0
+    min_delay_s: float = 0.01
+    min_samples: int = 20
+    window: int = 200
+
+    def __post_init__(self) -> None:
+        if self.max_hedges < 1:
+            raise ValueError("max_hedges must be >= 1")
+        for name in ("initial_delay_s", "min_delay_s"):
+            value = getattr(self, name)
+            if not (value >= 0 and math.isfinite(value)):
+                raise ValueError(f"{name} must be a finite number >= 0")
+        if self.delay_s is not None and not (self.delay_s >= 0 and math.isfinite(self.delay_s)):
+            raise ValueError("delay_s must be a finite number >= 0 or None")
+        if not 0 < self.quantile < 1:
+            raise ValueError("quantile must be between 0 and 1 (exclusive)")
+        if self.min_samples < 1:
+            raise ValueError("min_samples must be >= 1")
+        if self.window < self.min_samples:
+            raise ValueError("window must be >= min_samples")
+
+    @classmethod
+    def fixed(cls, delay_s: float, *, max_hedges: int = 1) -> HedgePolicy:
+        """Hedge after a fixed ``delay_s``."""
+        return cls(delay_s=delay_s, max_hedges=max_hedges)
+
+
+class LatencyTracker:
+    """Recent successful latencies: their quantiles, and a moving average.
+
+    Only attempts that answered are measured; a hedged attempt cancelled as a
+    loser is not, so the quantile leans towards the faster attempts.
+    """
+
+    __slots__ = ("_recent", "_sorted", "ewma_s")
+
+    def __init__(self, size: int = 200) -> None:
+        self._recent: deque[float] = deque(maxlen=size)
+        self._sorted: list[float] | None = None
+        self.ewma_s: float | None = None
+
+    def __len__(self) -> int:
+        return len(self._recent)
+
+    def record(self, seconds: float) -> None:
+        self._recent.append(seconds)
+        self._sorted = None
+        self.ewma_s = seconds if self.ewma_s is None else 0.8 * self.ewma_s + 0.2 * seconds
+
+    def quantile(self, q: float) -> float | None:
+        """The ``q`` quantile of the recent latencies (nearest rank), or None if empty."""
+        if not self._recent:
+            return None
+        if self._sorted is None:
+            self._sorted = sorted(self._recent)
+        values = self._sorted
+        rank = min(len(values) - 1, max(0, math.ceil(q * len(values)) - 1))
+        return values[rank]

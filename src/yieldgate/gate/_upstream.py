@@ -1,0 +1,135 @@
+"""Upstreams: what a Gate keeps for each place an attempt can be sent.
+
+A Gate over one upstream has one of these; a Gate over a set (two replicas, a
+large and a small model, an OpenAI-style and a HuggingFace endpoint) has one
+per member, each with its own window, breaker, hint hold and latency record,
+and picks one per attempt by an estimated latency cost.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Any
+
+from yieldgate.gate._breaker import Breaker
+from yieldgate.gate._hedge import LatencyTracker
+from yieldgate.gate._window import Window, WindowStatistics
+
+__all__ = ["UpstreamStatistics"]
+
+# Moving averages of "this attempt yielded" and "this attempt failed", per upstream.
+_ALPHA = 0.2
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class UpstreamStatistics:
+    """A snapshot of one upstream of a Gate."""
+
+    name: str
+    window: WindowStatistics
+    breaker: str
+    attempts: int
+    successes: int
+    yields: int
+    failures: int
+    latency_ewma_s: float | None
+    hold_s: float
+
+
+class Upstream:
+    """One upstream's window, breaker, hint hold and recent behaviour."""
+
+    __slots__ = (
+        "attempts",
+        "breaker",
+        "failure_rate",
+        "failures",
+        "hold_until",
+        "latency",
+        "name",
+        "successes",
+        "target",
+        "window",
+        "yield_rate",
+        "yields",
+    )
+
+    def __init__(
+        self, name: str, target: Any, window: Window, breaker: Breaker, latency_size: int
+    ) -> None:
+        self.name = name
+        self.target = target
+        self.window = window
+        self.breaker = breaker
+        self.latency = LatencyTracker(latency_size)
+        # Per priority rank (low, normal, high): no attempt starts before this
+        # time, set from upstream hints when the retry policy shares them.
+        self.hold_until = [0.0, 0.0, 0.0]
+        self.attempts = 0
+        self.successes = 0
+        self.yields = 0
+        self.failures = 0
+        self.yield_rate = 0.0
+        self.failure_rate = 0.0
+
+    def note(self, *, ok: bool, congestion: bool, failure: bool) -> None:
+        self.attempts += 1
+        self.successes += ok
+        self.yields += congestion
+        self.failures += failure
+        self.yield_rate += _ALPHA * (congestion - self.yield_rate)
+        self.failure_rate += _ALPHA * (failure - self.failure_rate)
+
+    def cost(self, rank: int, now: float, default_latency_s: float) -> float:
+        """Estimated seconds until an attempt sent here now would answer.
+
+        The time left on a hint hold, plus the recent latency scaled by how far
+        the attempt would queue behind the window, plus a penalty for recent
+        yields and failures (each worth that many latencies).
+        """
+        window = self.window
+        latency = self.latency.ewma_s
+        if latency is None:
+            latency = default_latency_s
+        limit = max(1, window.limit)
+        queued = max(0, window.inflight + window.waiting + 1 - limit)
+        cost = latency * (1.0 + queued / limit + self.yield_rate + 2.0 * self.failure_rate)
+        hold = self.hold_until[rank] - now
+        return cost + hold if hold > 0 else cost
+
+    def statistics(self, now: float) -> UpstreamStatistics:
+        return UpstreamStatistics(
+            name=self.name,
+            window=self.window.statistics(),
+            breaker=str(self.breaker.state),
+            attempts=self.attempts,
+            successes=self.successes,
+            yields=self.yields,
+            failures=self.failures,
+            latency_ewma_s=self.latency.ewma_s,
+            hold_s=max(0.0, max(self.hold_until) - now),
+        )
+
+
+def choose(
+    upstreams: list[Upstream],
+    rank: int,
+    now: float,
+    rng: random.Random,
+    avoid: set[Upstream] | frozenset[Upstream] = frozenset(),
+) -> list[Upstream]:
+    """Upstreams in the order an attempt should try them: cheapest first.
+
+    Upstreams in ``avoid`` (those this call's other attempts are using, or the
+    one that just failed it) go last, so a set of two is raced and failed over
+    across both. Ties are broken at random, so equal replicas share the load.
+    """
+    known = [u.latency.ewma_s for u in upstreams if u.latency.ewma_s is not None]
+    # An upstream not yet measured is assumed as fast as the fastest one known:
+    # it gets traffic, and so a measurement.
+    default = min(known) if known else 0.0
+    return sorted(
+        upstreams,
+        key=lambda u: (u in avoid, u.cost(rank, now, default), rng.random()),
+    )
