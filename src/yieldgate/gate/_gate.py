@@ -794,6 +794,7 @@ class _Call:
         # Upstreams this call's attempts are using now, and the one that failed last.
         self.running: list[Upstream] = []
         self.last_failed: Upstream | None = None
+        self.last_upstream: Upstream | None = None
         # Set by a yield or an overload: no more hedges for this call.
         self.hedging_off = False
         self.won: Outcome | None = None
@@ -992,6 +993,8 @@ class _Call:
                 won = True
             elif signal is Signal.CANCELLED and self.winner is not None:
                 gate._counters.losers_cancelled += 1
+                # It lost the race: slower than the winner, at least this slow.
+                up.latency.record_at_least(anyio.current_time() - started)
             if won and self.hold:
                 self.held = (up, slot.permit)  # released by the Lease
             else:
@@ -1068,6 +1071,7 @@ class _Call:
     def _note(self, outcome: Outcome, number: int, started: float, up: Upstream) -> None:
         gate = self.gate
         self.last = outcome
+        self.last_upstream = up
         if outcome.hint_s is not None:
             self.last_hint_s = outcome.hint_s
         kind = outcome.kind
@@ -1179,6 +1183,22 @@ class _Call:
 
     # -- retrying -----------------------------------------------------------
 
+    def _elsewhere(self, last: Upstream) -> bool:
+        """Whether an upstream other than ``last`` could take an attempt now."""
+        ups = self.gate._upstreams
+        if len(ups) == 1:
+            return False
+        now = anyio.current_time()
+        for up in ups:
+            if up is last or up.hold_until[self.rank] > now:
+                continue
+            try:
+                up.breaker.check()
+            except CircuitOpenError:
+                continue
+            return True
+        return False
+
     async def retry_loop(self, first: Outcome) -> Outcome:
         replay = [first]
 
@@ -1231,7 +1251,12 @@ class _Call:
                     f"gave up after {n} failed attempt(s): {outcome.describe()}",
                 )
         hint = outcome.hint_s if policy.honour_hints else None
-        if hint is not None:
+        if self.last_upstream is not None and self._elsewhere(self.last_upstream):
+            # Another upstream of the set can take the retry now: the hint or the
+            # backoff was about the one that just answered. A short jitter only.
+            wait = gate._rng.uniform(0, policy.base_s)
+            floor = 0.0
+        elif hint is not None:
             wait = hinted_wait_s(policy, hint, gate._rng)
             floor = min(hint, policy.max_hint_s)
         else:

@@ -82,6 +82,13 @@ class LatencyTracker:
         self._sorted = None
         self.ewma_s = seconds if self.ewma_s is None else 0.8 * self.ewma_s + 0.2 * seconds
 
+    def record_at_least(self, seconds: float) -> None:
+        """An attempt cancelled after ``seconds`` without answering (a hedge's loser):
+        its latency was at least that. It moves the average up, never down, and
+        stays out of the quantiles, which hold only answers."""
+        if self.ewma_s is None or seconds > self.ewma_s:
+            self.ewma_s = seconds if self.ewma_s is None else 0.8 * self.ewma_s + 0.2 * seconds
+
     def quantile(self, q: float) -> float | None:
         """The ``q`` quantile of the recent latencies (nearest rank), or None if empty."""
         if not self._recent:
