@@ -132,6 +132,11 @@ class Breaker:
         return BreakerState(self._cb.current_state)
 
     @property
+    def lets_through(self) -> bool:
+        """Closed (or disabled): ``acquire`` would hand out a plain ticket."""
+        return not self.policy.enabled or self._cb.current_state == "closed"
+
+    @property
     def failures(self) -> int:
         """Consecutive failures counted toward opening."""
         return int(self._cb.fail_counter)

@@ -210,19 +210,23 @@ class AttemptInfo:
 
 
 class _Attempt:
-    """One attempt in flight: what ``current_attempt`` reports."""
+    """One attempt of a hedged call in flight: what ``current_attempt`` reports.
 
-    __slots__ = ("call", "deadline", "number", "upstream")
+    An attempt of a call that is never hedged is described by the ``_Call``
+    itself, which has the same fields: one object less per call.
+    """
+
+    __slots__ = ("attempt_deadline", "attempt_number", "call", "upstream")
 
     def __init__(self, call: _Call, number: int, deadline: float | None, upstream: Upstream):
         self.call = call
-        self.number = number
-        self.deadline = deadline
+        self.attempt_number = number
+        self.attempt_deadline = deadline
         self.upstream = upstream
 
 
 # Holds the running attempt; the AttemptInfo record is only built when asked for.
-_current: contextvars.ContextVar[_Attempt | None] = contextvars.ContextVar(
+_current: contextvars.ContextVar[_Attempt | _Call | None] = contextvars.ContextVar(
     "yieldgate_attempt", default=None
 )
 
@@ -242,9 +246,9 @@ def current_attempt() -> AttemptInfo | None:
     named = gate._named
     return AttemptInfo(
         gate=gate.name,
-        number=attempt.number,
+        number=attempt.attempt_number,
         priority=call.priority,
-        deadline=attempt.deadline,
+        deadline=attempt.attempt_deadline,
         upstream=upstream.name if named else None,
         target=upstream.target if named else None,
         hedging=call.hedge is not None,
@@ -761,6 +765,39 @@ class _Slot:
 class _Call:
     """One call's state across its attempts."""
 
+    __slots__ = (
+        "args",
+        "attempt_deadline",
+        "attempt_number",
+        "attempts",
+        "classify",
+        "congestion",
+        "deadline",
+        "discard",
+        "fn",
+        "gate",
+        "hedge",
+        "hedging_off",
+        "held",
+        "hold",
+        "last",
+        "last_failed",
+        "last_hint_s",
+        "last_upstream",
+        "observer",
+        "permit",
+        "priority",
+        "rank",
+        "running",
+        "started",
+        "stop_error",
+        "ticket",
+        "upstream",
+        "waited",
+        "winner",
+        "won",
+    )
+
     def __init__(
         self,
         gate: Gate,
@@ -790,9 +827,17 @@ class _Call:
         self.last_hint_s: float | None = None
         self.stop_error: YieldgateError | None = None
         # The attempt whose success is the call's (the first to succeed).
-        self.winner: _Slot | None = None
-        # Upstreams this call's attempts are using now, and the one that failed last.
-        self.running: list[Upstream] = []
+        self.winner: _Slot | _Call | None = None
+        # The attempt now: a call that is not hedged is its own slot (see _admit_now).
+        self.upstream: Upstream
+        self.permit: Permit
+        self.ticket: BreakerTicket
+        self.waited = False
+        self.attempt_number = 0
+        self.attempt_deadline: float | None = None
+        # Upstreams this call's attempts are using now (tracked for a set or
+        # hedging only), and the one that failed last.
+        self.running: list[Upstream] | None = [] if gate._named or self.hedge is not None else None
         self.last_failed: Upstream | None = None
         self.last_upstream: Upstream | None = None
         # Set by a yield or an overload: no more hedges for this call.
@@ -810,7 +855,15 @@ class _Call:
         self.args = ()
         self.last = None
         self.won = None
+        self.winner = None
         self.discard = None
+        with contextlib.suppress(AttributeError):  # set only on the fast path
+            del self.permit, self.ticket
+
+    @property
+    def call(self) -> _Call:
+        """Itself, for code that reads an attempt's call (see ``_Attempt``)."""
+        return self
 
     def _error(self, cls: type[YieldgateError], message: str, **extra: Any) -> YieldgateError:
         return cls(
@@ -825,7 +878,10 @@ class _Call:
         # No scope spans the whole call: attempts carry the deadline in their own
         # scope, waits for the window or rate cap get one only when they must
         # wait, and a retry wait that would pass the deadline is never started.
-        outcome = await self.round()
+        if self.hedge is None:
+            outcome = await self._send(self._admit_now() or await self._admit())
+        else:
+            outcome = await self.round()
         if outcome.kind is not OutcomeKind.OK and outcome.kind is not OutcomeKind.FATAL:
             outcome = await self.retry_loop(outcome)
         return self.finish(outcome)
@@ -852,22 +908,15 @@ class _Call:
     # -- getting ready to send ------------------------------------------------
 
     def _avoid(self) -> set[Upstream]:
-        avoid = set(self.running)
+        avoid = set(self.running or ())
         if self.last_failed is not None:
             avoid.add(self.last_failed)
         return avoid
 
     def _pick(self) -> Upstream:
-        """The upstream for the next attempt: one upstream, or the cheapest open one."""
-        ups = self.gate._upstreams
-        if len(ups) == 1:
-            up = ups[0]
-            try:
-                up.breaker.check()  # fail fast before queueing for anything
-            except CircuitOpenError as exc:
-                raise self._circuit_error(exc) from None
-            return up
+        """The cheapest upstream of a set whose breaker lets an attempt through."""
         gate = self.gate
+        ups = gate._upstreams
         order = choose(ups, self.rank, anyio.current_time(), gate._rng, self._avoid())
         refusal: CircuitOpenError | None = None
         for up in order:
@@ -884,10 +933,41 @@ class _Call:
         assert refusal is not None
         raise self._circuit_error(refusal)
 
+    def _admit_now(self) -> _Call | None:
+        """The common case without a wait: one upstream, no hint to wait out, a free
+        slot, no rate cap, a closed breaker. ``None``: take the general path."""
+        gate = self.gate
+        ups = gate._upstreams
+        if len(ups) != 1 or gate.policy.rate is not None:
+            return None
+        up = ups[0]
+        hold = up.hold_until[self.rank]
+        if hold > 0.0 and hold > anyio.current_time():
+            return None
+        breaker = up.breaker
+        if not breaker.lets_through:
+            return None
+        permit = up.window.try_acquire(self.priority)
+        if permit is None:
+            return None
+        self.upstream = up
+        self.permit = permit
+        self.ticket = breaker.acquire()
+        self.waited = False
+        return self
+
     async def _admit(self) -> _Slot:
         """Wait for what an attempt needs: a hint to pass, a window slot, the rate cap."""
         gate = self.gate
-        up = self._pick()
+        ups = gate._upstreams
+        if len(ups) == 1:
+            up = ups[0]
+            try:
+                up.breaker.check()  # fail fast before queueing for anything
+            except CircuitOpenError as exc:
+                raise self._circuit_error(exc) from None
+        else:
+            up = self._pick()
         waited = await self._wait_out_hint(up)
         while True:
             permit = up.window.try_acquire(self.priority)
@@ -961,7 +1041,7 @@ class _Call:
 
     # -- one attempt --------------------------------------------------------
 
-    async def _send(self, slot: _Slot) -> Outcome:
+    async def _send(self, slot: _Slot | _Call) -> Outcome:
         gate = self.gate
         up = slot.upstream
         self.attempts += 1
@@ -975,7 +1055,9 @@ class _Call:
         signal = Signal.CANCELLED
         verdict = Verdict.NEUTRAL
         won = False
-        self.running.append(up)
+        running = self.running
+        if running is not None:
+            running.append(up)
         try:
             outcome = await self._invoke(number, started, up)
             if outcome.kind is OutcomeKind.OK:
@@ -987,7 +1069,8 @@ class _Call:
                     # shows under overload: narrow the window as for a yield.
                     signal = Signal.CONGESTION
         finally:
-            self.running.remove(up)
+            if running is not None:
+                running.remove(up)
             if signal is Signal.SUCCESS and self.winner is None:
                 self.winner = slot
                 won = True
@@ -1050,7 +1133,14 @@ class _Call:
         limit = math.inf if attempt_s is None else now + attempt_s
         if self.deadline is not None and self.deadline < limit:
             limit = self.deadline
-        token = _current.set(_Attempt(self, number, None if limit == math.inf else limit, up))
+        deadline = None if limit == math.inf else limit
+        if self.hedge is None:
+            self.attempt_number = number
+            self.attempt_deadline = deadline
+            self.upstream = up
+            token = _current.set(self)
+        else:
+            token = _current.set(_Attempt(self, number, deadline, up))
         try:
             # One scope bounds the attempt by whichever ends first: its own
             # timeout or the call's deadline.
@@ -1075,12 +1165,16 @@ class _Call:
         if outcome.hint_s is not None:
             self.last_hint_s = outcome.hint_s
         kind = outcome.kind
-        now = anyio.current_time()
         congestion = kind is OutcomeKind.YIELD or kind is OutcomeKind.OVERLOADED
-        failure = kind is OutcomeKind.RETRYABLE or kind is OutcomeKind.FATAL
+        # Latencies and per-upstream rates feed hedge delays and the choice of
+        # upstream: a plain Gate has neither and skips the clock read.
+        tracked = gate._named or self.hedge is not None
+        observed = self.observer is not NULL_OBSERVER
+        now = anyio.current_time() if tracked or congestion or observed else 0.0
         if kind is OutcomeKind.OK:
-            gate._latency.record(now - started)
-            up.latency.record(now - started)
+            if tracked:
+                gate._latency.record(now - started)
+                up.latency.record(now - started)
             if self.last_failed is up:
                 self.last_failed = None
         elif kind is OutcomeKind.YIELD:
@@ -1090,7 +1184,9 @@ class _Call:
         else:
             gate._counters.failures += 1
             self.last_failed = up
-        up.note(ok=kind is OutcomeKind.OK, congestion=congestion, failure=failure)
+        if gate._named:
+            failure = kind is OutcomeKind.RETRYABLE or kind is OutcomeKind.FATAL
+            up.note(ok=kind is OutcomeKind.OK, congestion=congestion, failure=failure)
         if congestion:
             # "Too much load" from any attempt: hedging would only add to it.
             self.hedging_off = True
