@@ -167,7 +167,7 @@ async def test_failover_when_an_upstream_stops_mid_run(serve: Any, how: str) -> 
     urls = [tcp(a), tcp(b)]
     gate = Gate(
         GatePolicy(retry=RetryPolicy(base_s=0.05)),
-        upstreams={u: u for u in urls},
+        upstreams=urls,  # names only: the client gives them their targets
         instrumentation=NullInstrumentation(),
     )
     done = 0
@@ -275,10 +275,8 @@ async def test_plain_httpx_retries_a_connection_refused_on_the_other_upstream(
 ) -> None:
     up = serve("--max-inflight", "4", "--http-port", "0")
     assert up.http_url is not None
-    gate = Gate(
-        upstreams={"down": "http://127.0.0.1:9", "up": up.http_url},
-        instrumentation=NullInstrumentation(),
-    )
+    down = "http://127.0.0.1:9"  # nothing listens on the discard port
+    gate = Gate(upstreams=[down, up.http_url], instrumentation=NullInstrumentation())
     async with http_client(gate, dialect="tgi", flavor="httpx") as client:
         for _ in range(10):
             response = await client.post(
@@ -286,5 +284,5 @@ async def test_plain_httpx_retries_a_connection_refused_on_the_other_upstream(
             )
             assert response.status_code == 200
     by_name = {u.name: u for u in gate.statistics().upstreams}
-    assert by_name["up"].successes == 10
+    assert by_name[up.http_url].successes == 10
     assert isinstance(client, httpx.AsyncClient)

@@ -234,6 +234,9 @@ async def test_a_gate_without_upstreams_reports_none() -> None:
 async def test_add_upstream_refuses_a_second_target_for_a_name() -> None:
     g = gate(upstreams=["a"])
     g.add_upstream("a")  # the same again: nothing happens
+    g.add_upstream("a", "tcp://a:1")  # a target for a name that had none
+    assert g._upstreams[0].target == "tcp://a:1"
+    g.add_upstream("a")
     g.add_upstream("b", "tcp://b:1")
     with pytest.raises(ValueError, match="already registered"):
         g.add_upstream("b", "tcp://c:1")

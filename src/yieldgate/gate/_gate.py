@@ -349,8 +349,9 @@ class Gate:
     def add_upstream(self, name: str, target: Any = None) -> None:
         """Add ``name`` (sent to ``target``) to the Gate's upstream set.
 
-        Adding a name that is there already with the same target does
-        nothing; with another target it is a ``ValueError``. A Gate built
+        Adding a name that is there already with the same target (or none)
+        does nothing, and gives a target to a name that had none; with another
+        target it is a ``ValueError``. A Gate built
         without ``upstreams`` cannot take any: its one upstream is implicit.
         """
         if not isinstance(name, str) or not name:
@@ -362,7 +363,9 @@ class Gate:
             )
         for upstream in self._upstreams:
             if upstream.name == name:
-                if upstream.target != target:
+                if upstream.target is None:
+                    upstream.target = target  # named first, its target given now
+                elif target is not None and upstream.target != target:
                     raise ValueError(
                         f"upstream {name!r} is already registered with target "
                         f"{upstream.target!r}, not {target!r}"

@@ -282,12 +282,18 @@ class GovernedClient:
             raise GateClosedError(message)
 
     def _endpoint(self, attempt: AttemptInfo | None) -> _Endpoint:
-        if attempt is None or attempt.target is None:
+        if attempt is None or attempt.upstream is None:
             return self._default
-        endpoint = self._endpoints.get(attempt.target)
+        where = attempt.target if attempt.target is not None else attempt.upstream
+        endpoint = self._endpoints.get(where) if isinstance(where, str) else None
+        if endpoint is None and isinstance(where, str):
+            # Named without the scheme, say: compare the normalised address.
+            with contextlib.suppress(ValueError):
+                host, port = _parse_url(where)
+                endpoint = self._endpoints.get(f"tcp://{host}:{port}")
         if endpoint is None:
             raise ValueError(
-                f"the Gate chose upstream {attempt.upstream!r} ({attempt.target!r}), "
+                f"the Gate chose upstream {attempt.upstream!r} ({where!r}), "
                 f"which is not one of this client's URLs {list(self._endpoints)}"
             )
         return endpoint

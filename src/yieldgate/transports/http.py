@@ -141,7 +141,7 @@ class _GatedCore:
 
     async def _attempt(self, request: Any) -> Any:
         attempt = current_attempt()
-        if attempt is not None and (attempt.hedging or attempt.target is not None):
+        if attempt is not None and (attempt.hedging or attempt.upstream is not None):
             # Attempts that may run at once, or go elsewhere, each get a copy.
             request = self._copy_for(request, attempt)
         if self.dialect.propagate_deadline:
@@ -166,7 +166,8 @@ class _GatedCore:
 
     def _copy_for(self, request: Any, attempt: AttemptInfo) -> Any:
         url = request.url
-        target = attempt.target
+        # An upstream named by its URL needs no separate target.
+        target = attempt.target if attempt.target is not None else attempt.upstream
         if isinstance(target, str):
             origin = urlsplit(target)
             if not origin.scheme or not origin.hostname:
