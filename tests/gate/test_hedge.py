@@ -25,6 +25,7 @@ from yieldgate import (
     TimeoutPolicy,
     TransportError,
     WindowPolicy,
+    YieldExhaustedError,
     current_attempt,
 )
 from yieldgate.gate import NullInstrumentation
@@ -375,3 +376,17 @@ def test_latency_tracker_quantiles_and_lower_bounds() -> None:
     assert t.ewma_s is not None
     assert t.ewma_s > before
     assert len(t) == 100  # lower bounds stay out of the quantiles
+
+
+async def test_no_retry_shares_no_hints() -> None:
+    # A caller that retries elsewhere is never held back by another call's yield.
+    g = gate(retry=RetryPolicy.no_retry())
+
+    async def busy() -> Any:
+        return Outcome.yielded(30.0)
+
+    with pytest.raises(YieldExhaustedError):
+        await g.call(busy)
+    start = anyio.current_time()
+    assert await g.call(Timed(0.1)) == "answer 1"
+    assert anyio.current_time() - start == pytest.approx(0.1, abs=0.01)

@@ -59,8 +59,12 @@ class RetryPolicy:
 
     @classmethod
     def no_retry(cls) -> RetryPolicy:
-        """One attempt, no waiting on yields: for callers that retry elsewhere."""
-        return cls(max_attempts=1, max_yields=0)
+        """One attempt, no waiting on yields: for callers that retry elsewhere.
+
+        Hints are not shared either: another call's yield must not hold back
+        an attempt of a caller that decides about waiting itself.
+        """
+        return cls(max_attempts=1, max_yields=0, share_hints=False)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
