@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import time
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,7 @@ from yieldgate import (
     TimeoutPolicy,
     TransportError,
     WindowPolicy,
+    YieldExhaustedError,
     YieldgateError,
 )
 
@@ -378,3 +380,28 @@ def test_remote_errors_keep_the_servers_flag() -> None:
     assert outcome.kind == "retryable"  # the client may try again...
     assert isinstance(outcome.error, RemoteError)
     assert outcome.error.retryable is False  # ...but the error says what the server said
+
+
+async def test_submit_inside_a_gate_call_sends_that_calls_priority(serve: Any) -> None:
+    # One slot for anyone, one reserved for high: while a low submit runs, only high is admitted.
+    server = serve("--max-inflight", "2", "--reserve-high", "1", "--exec-ms", "50")
+    gate = Gate(GatePolicy(retry=RetryPolicy.no_retry()))
+    async with GovernedClient(url(server), gate=gate) as client, anyio.create_task_group() as tg:
+        backlog = functools.partial(
+            client.submit, "backlog", priority="low", params={"exec_ms": 20000}
+        )
+        tg.start_soon(backlog)
+        await eventually(lambda: _inflight_is(client, 1))
+        # gate.map/gate.call place the call by their priority; submit inherits it.
+        assert await gate.call(client.submit, "urgent", priority="high") == {"text": "urgent"}
+        with pytest.raises(YieldExhaustedError):
+            await gate.call(client.submit, "routine", priority="normal")
+        with pytest.raises(YieldExhaustedError):  # an explicit priority is sent as given
+            await gate.call(
+                functools.partial(client.submit, "explicit", priority="low"), priority="high"
+            )
+        tg.cancel_scope.cancel()  # the backlog: cancelled on the server when we leave
+
+
+async def _inflight_is(client: GovernedClient, n: int) -> bool:
+    return bool((await client.stats())["inflight"] == n)

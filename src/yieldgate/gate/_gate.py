@@ -505,6 +505,13 @@ class Gate:
         value: Any = await self._run(call)
         return value
 
+    def _outer_priority(self) -> Priority | None:
+        """The priority of this Gate's call that the running code is an attempt of."""
+        outer = _current.get()
+        if outer is not None and outer.call.gate is self:
+            return outer.call.priority
+        return None
+
     async def _nested(
         self, fn: Callable[..., Awaitable[Any]], args: tuple[Any, ...], classify: Classifier | None
     ) -> Any:

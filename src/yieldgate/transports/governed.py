@@ -454,18 +454,20 @@ class GovernedClient:
         self,
         body: str,
         *,
-        priority: Priority | str = Priority.NORMAL,
+        priority: Priority | str | None = None,
         params: Mapping[str, Any] | None = None,
         timeout: float | UsePolicy | None = USE_POLICY,
     ) -> Any:
         """Submit ``body`` and return the server's result (any JSON value).
 
+        ``priority`` defaults to that of the Gate call this runs inside (as in
+        ``gate.map(client.submit, items, priority="low")``), else ``normal``.
         ``timeout`` bounds the whole call, retries included: by default the
         Gate's policy, ``None`` for no limit. Raises a ``YieldgateError`` when
         it cannot succeed.
         """
         self._check_open()
-        prio = Priority(priority)
+        prio = self._priority(priority)
         return await self.gate.call(
             self._submit_attempt, body, prio, params, priority=prio, timeout=timeout
         )
@@ -475,7 +477,7 @@ class GovernedClient:
         self,
         body: str,
         *,
-        priority: Priority | str = Priority.NORMAL,
+        priority: Priority | str | None = None,
         params: Mapping[str, Any] | None = None,
         timeout: float | UsePolicy | None = USE_POLICY,
     ) -> AsyncIterator[GovernedStream]:
@@ -490,10 +492,11 @@ class GovernedClient:
         like any call; once a chunk has arrived, a failure raises
         ``StreamInterruptedError`` with the chunks received so far (a retry
         would repeat output). The Gate's window slot is held until the block
-        exits; leaving the block before the end cancels the rest.
+        exits; leaving the block before the end cancels the rest. ``priority``
+        defaults as for ``submit``.
         """
         self._check_open()
-        prio = Priority(priority)
+        prio = self._priority(priority)
         async with self.gate.hold(
             self._stream_attempt,
             body,
@@ -509,6 +512,12 @@ class GovernedClient:
                 yield chunks
             finally:
                 await self._finish_request(conn, rid, receive, complete=chunks.complete)
+
+    def _priority(self, priority: Priority | str | None) -> Priority:
+        if priority is not None:
+            return Priority(priority)
+        outer = self.gate._outer_priority()
+        return Priority.NORMAL if outer is None else outer
 
     async def _discard_opened(self, opened: Any) -> None:
         conn, rid, receive, first = opened
