@@ -159,3 +159,30 @@ def test_cold_start_is_ridden_out_and_counted() -> None:
     assert yieldgate_run.lower_bound_s is not None
     assert yieldgate_run.lower_bound_s > 0.5
     assert naive.success_rate == 0.0  # every request met the loading model
+
+
+def test_a_programming_error_is_logged_not_only_counted(
+    serve: Callable[..., ServerProcess],
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    server = serve(*SIM)
+
+    async def broken(self: Any, *args: Any, **kwargs: Any) -> Any:
+        raise AttributeError("'Gate' object has no attribute '_breaker'")
+
+    monkeypatch.setattr("yieldgate.GovernedClient.submit", broken)
+    config = BurstConfig(
+        target=f"tcp://{server.host}:{server.port}",
+        requests=10,
+        strategies=(Strategy(name="naive"),),
+    )
+    with caplog.at_level("ERROR", logger="yieldgate.burst"):
+        report = run_burst(config)
+    (result,) = report.results
+    assert result.succeeded == 0
+    # Counted as failures as before, and the traceback shown once, not ten times.
+    logged = [r for r in caplog.records if r.name == "yieldgate.burst"]
+    assert len(logged) == 1
+    assert logged[0].exc_info is not None
+    assert "_breaker" in str(logged[0].exc_info[1])

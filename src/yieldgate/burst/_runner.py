@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime
+import logging
 import math
 import os
 import platform
@@ -32,6 +33,11 @@ from yieldgate.burst._strategies import Strategy
 from yieldgate.burst._targets import Request, StatsSource, Target, Workload, error_kind, open_target
 
 __all__ = ["BurstConfig", "Progress", "run_burst"]
+
+_log = logging.getLogger("yieldgate.burst")
+
+# Failures that say the tool or the code under test is broken, not the upstream.
+_BUGS = (AttributeError, TypeError, NameError, AssertionError, ImportError, LookupError)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -247,6 +253,8 @@ async def _run_one(
                 with anyio.move_on_after(config.sample_interval_s):
                     await done.wait()
 
+        reported: set[str] = set()
+
         async def one(request: Request, prompt: str) -> None:
             request.origin = t0
             await anyio.sleep_until(t0 + request.arrival_s)
@@ -255,6 +263,10 @@ async def _run_one(
             except Exception as exc:
                 request.error = error_kind(exc)
                 finished["failed"] += 1
+                if isinstance(exc, _BUGS) and request.error not in reported:
+                    # Counted like any failure, but a bug must not hide as a statistic.
+                    reported.add(request.error)
+                    _log.error("request failed with a programming error", exc_info=exc)
             else:
                 request.ok = True
                 finished["ok"] += 1
