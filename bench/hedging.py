@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import random
-import statistics
 import sys
 from collections.abc import Sequence
 from contextlib import ExitStack
@@ -32,6 +31,7 @@ from dataclasses import dataclass
 import anyio
 
 from yieldgate import Gate, GatePolicy, GovernedClient, HedgePolicy
+from yieldgate.burst import Percentiles
 from yieldgate.burst._server import serve
 from yieldgate.gate import NullInstrumentation
 
@@ -47,11 +47,6 @@ class Result:
     hedges: int
     cancelled_on_server: int
     failed: int
-
-
-def quantile(values: Sequence[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, round(q * len(ordered)) - 1))]
 
 
 async def run_mode(
@@ -86,13 +81,16 @@ async def run_mode(
                 tg.start_soon(one, i)
         after = [await stats_of(u) for u in urls]
     stats = gate.statistics()
+    spread = Percentiles.of(latencies, scale=1000)
+    assert spread.p50 is not None
+    assert spread.p99 is not None
     pairs = zip(after, before, strict=True)
     cancelled = sum(a["cancelled_total"] - b["cancelled_total"] for a, b in pairs)
     return Result(
         scenario=scenario,
         mode=mode,
-        p50_ms=1000 * statistics.median(latencies),
-        p99_ms=1000 * quantile(latencies, 0.99),
+        p50_ms=spread.p50,
+        p99_ms=spread.p99,
         max_ms=1000 * max(latencies),
         attempts_per_request=stats.attempts / args.calls,
         hedges=stats.hedges,
