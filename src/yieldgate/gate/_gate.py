@@ -316,12 +316,15 @@ class Gate:
         self._closed = False
         hedge = self.policy.hedge
         self._latency_size = 200 if hedge is None else hedge.window
+        # Every answer of the Gate; the one upstream of a Gate without a set shares it.
         self._latency = LatencyTracker(self._latency_size)
         self._upstreams: list[Upstream] = []
         # True once upstreams are named: attempts then report where they go.
         self._named = False
         if upstreams is None:
-            self._upstreams.append(self._make_upstream(name, None, label=name))
+            self._upstreams.append(
+                self._make_upstream(name, None, label=name, latency=self._latency)
+            )
         else:
             items = (
                 upstreams.items()
@@ -333,7 +336,9 @@ class Gate:
             if not self._upstreams:
                 raise ValueError("upstreams, when given, must name at least one upstream")
 
-    def _make_upstream(self, name: str, target: Any, *, label: str) -> Upstream:
+    def _make_upstream(
+        self, name: str, target: Any, *, label: str, latency: LatencyTracker | None = None
+    ) -> Upstream:
         def window_changed(old: int, new: int) -> None:
             self._instr.on_window_change(WindowChange(gate=label, old=old, new=new))
 
@@ -344,7 +349,9 @@ class Gate:
         breaker = Breaker(
             self.policy.breaker, anyio.current_time, name=label, on_change=breaker_changed
         )
-        return Upstream(name, target, window, breaker, self._latency_size)
+        if latency is None:
+            latency = LatencyTracker(self._latency_size)
+        return Upstream(name, target, window, breaker, latency)
 
     def add_upstream(self, name: str, target: Any = None) -> None:
         """Add ``name`` (sent to ``target``) to the Gate's upstream set.
@@ -1028,11 +1035,7 @@ class _Call:
         order = ups if len(ups) == 1 else choose(ups, self.rank, now, gate._rng, self._avoid())
         rate = gate._rate_cap()
         for up in order:
-            if up.hold_until[self.rank] > now:
-                continue
-            try:
-                up.breaker.check()
-            except CircuitOpenError:
+            if not up.takes(self.rank, now):
                 continue
             permit = up.window.try_acquire(self.priority)
             if permit is None:
@@ -1186,8 +1189,9 @@ class _Call:
         now = anyio.current_time() if tracked or congestion or observed else 0.0
         if kind is OutcomeKind.OK:
             if tracked:
-                gate._latency.record(now - started)
                 up.latency.record(now - started)
+                if up.latency is not gate._latency:  # a member of a set: the Gate's too
+                    gate._latency.record(now - started)
             if self.last_failed is up:
                 self.last_failed = None
         elif kind is OutcomeKind.YIELD:
@@ -1298,15 +1302,7 @@ class _Call:
         if len(ups) == 1:
             return False
         now = anyio.current_time()
-        for up in ups:
-            if up is last or up.hold_until[self.rank] > now:
-                continue
-            try:
-                up.breaker.check()
-            except CircuitOpenError:
-                continue
-            return True
-        return False
+        return any(up is not last and up.takes(self.rank, now) for up in ups)
 
     async def retry_loop(self, first: Outcome) -> Outcome:
         replay = [first]

@@ -12,6 +12,7 @@ import random
 from dataclasses import dataclass
 from typing import Any
 
+from yieldgate._exceptions import CircuitOpenError
 from yieldgate.gate._breaker import Breaker
 from yieldgate.gate._hedge import LatencyTracker
 from yieldgate.gate._window import Window, WindowStatistics
@@ -56,13 +57,13 @@ class Upstream:
     )
 
     def __init__(
-        self, name: str, target: Any, window: Window, breaker: Breaker, latency_size: int
+        self, name: str, target: Any, window: Window, breaker: Breaker, latency: LatencyTracker
     ) -> None:
         self.name = name
         self.target = target
         self.window = window
         self.breaker = breaker
-        self.latency = LatencyTracker(latency_size)
+        self.latency = latency
         # Per priority rank (low, normal, high): no attempt starts before this
         # time, set from upstream hints when the retry policy shares them.
         self.hold_until = [0.0, 0.0, 0.0]
@@ -72,6 +73,17 @@ class Upstream:
         self.failures = 0
         self.yield_rate = 0.0
         self.failure_rate = 0.0
+
+    def takes(self, rank: int, now: float) -> bool:
+        """Could an attempt at priority ``rank`` start here now: no hint hold to wait
+        out and a breaker that lets it through."""
+        if self.hold_until[rank] > now:
+            return False
+        try:
+            self.breaker.check()
+        except CircuitOpenError:
+            return False
+        return True
 
     def note(self, *, ok: bool, congestion: bool, failure: bool) -> None:
         self.attempts += 1
