@@ -70,6 +70,11 @@ _FATAL_CODES = frozenset(
 )
 
 
+def _address(host: str, port: int) -> str:
+    """The one spelling of a server's URL: an endpoint's name and key."""
+    return f"tcp://{host}:{port}"
+
+
 class _FrameTooLargeError(ProtocolError):
     """A request that the server's frame limit would refuse: not worth retrying."""
 
@@ -181,7 +186,7 @@ class _Endpoint:
 
     def __init__(self, url: str) -> None:
         self.host, self.port = _parse_url(url)
-        self.url = f"tcp://{self.host}:{self.port}"
+        self.url = _address(self.host, self.port)
         self.conn: _Connection | None = None
         self.idle: list[_Connection] = []
         self.connect_lock = anyio.Lock()
@@ -289,8 +294,7 @@ class GovernedClient:
         if endpoint is None and isinstance(where, str):
             # Named without the scheme, say: compare the normalised address.
             with contextlib.suppress(ValueError):
-                host, port = _parse_url(where)
-                endpoint = self._endpoints.get(f"tcp://{host}:{port}")
+                endpoint = self._endpoints.get(_address(*_parse_url(where)))
         if endpoint is None:
             raise ValueError(
                 f"the Gate chose upstream {attempt.upstream!r} ({where!r}), "
