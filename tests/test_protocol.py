@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from yieldgate import FrameError, ProtocolError
 from yieldgate.protocol import (
+    CancelRequest,
     ChunkReply,
     ErrorCode,
     ErrorReply,
@@ -26,6 +27,7 @@ from yieldgate.protocol import (
     SubmitRequest,
     YieldReason,
     YieldReply,
+    cancel_frame,
     chunk_frame,
     decode_reply,
     decode_request,
@@ -33,6 +35,7 @@ from yieldgate.protocol import (
     encode_yield,
     error_frame,
     ok_frame,
+    parse_priority,
     ping_frame,
     pong_frame,
     sha256_hex,
@@ -197,8 +200,36 @@ def test_id_must_be_a_string(bad_id: Any) -> None:
 
 
 def test_unknown_op() -> None:
-    err = rejects(wire({"op": "cancel", "id": "q"}), ErrorCode.UNKNOWN_OP)
+    err = rejects(wire({"op": "abort", "id": "q"}), ErrorCode.UNKNOWN_OP)
     assert err.request_id == "q"
+
+
+def test_cancel_decodes_with_its_id_and_auth() -> None:
+    assert decode_request(wire(cancel_frame("q"))) == CancelRequest(id="q")
+    secret = "s3cret"
+    assert decode_request(wire(cancel_frame("q", auth=secret)), secret=secret) == CancelRequest(
+        id="q"
+    )
+    rejects(wire(cancel_frame("q")), ErrorCode.UNAUTHORIZED, secret=secret)
+    rejects(wire({"op": "cancel"}), ErrorCode.BAD_FRAME)
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        ("high", Priority.HIGH),
+        ("High", Priority.HIGH),
+        (" LOW ", Priority.LOW),
+        ("Normal", Priority.NORMAL),
+    ],
+)
+def test_header_priorities_are_read_whatever_their_case(value: str, expected: Priority) -> None:
+    assert parse_priority(value) is expected
+
+
+def test_a_header_priority_that_is_no_priority_is_none() -> None:
+    assert parse_priority("urgent") is None
+    assert parse_priority("") is None
 
 
 def test_integrity_mismatch() -> None:

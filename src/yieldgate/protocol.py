@@ -1,4 +1,4 @@
-"""The governed protocol, version 1: frames as they cross the wire.
+"""The governed protocol, version 1.1: frames as they cross the wire.
 
 One module shared by the reference server and the SDK's governed client. It
 turns bytes into typed, validated frames and back, and nothing else: no I/O,
@@ -7,13 +7,20 @@ no clocks, only the standard library. ``docs/protocol.md`` is the user's guide;
 
 A frame is one JSON object in UTF-8 followed by ``\\n``. The decoders take one
 line *without* its newline. Requests decode to ``SubmitRequest``,
-``StatsRequest`` or ``PingRequest``; replies to ``OkReply``, ``YieldReply``,
-``ErrorReply``, ``ChunkReply``, ``StatsReply`` or ``PongReply``. Anything that
-is not a valid frame raises ``FrameError`` (requests) or ``ProtocolError``
-(replies), never a ``json`` or ``UnicodeDecodeError``.
+``CancelRequest`` (v1.1), ``StatsRequest`` or ``PingRequest``; replies to
+``OkReply``, ``YieldReply``, ``ErrorReply``, ``ChunkReply``, ``StatsReply`` or
+``PongReply``. Anything that is not a valid frame raises ``FrameError``
+(requests) or ``ProtocolError`` (replies), never a ``json`` or
+``UnicodeDecodeError``.
 
 Unknown fields are ignored in both directions, so that a later version can add
-fields without breaking version-1 peers.
+fields without breaking version-1 peers. Version 1.1 adds the ``cancel`` op and
+the ``cancelled`` and ``write_timeout`` error codes; a 1.1 client works with a
+version-1 server (which answers ``cancel`` with ``unknown_op``, ignored).
+
+The HTTP fronts and the HTTP transport share two headers, spelled here once:
+``PRIORITY_HEADER`` (read with ``parse_priority``, case-insensitively) and
+``DEADLINE_HEADER``.
 """
 
 from __future__ import annotations
@@ -31,10 +38,13 @@ from typing import Any, Final
 from yieldgate._exceptions import FrameError, ProtocolError
 
 __all__ = [
+    "DEADLINE_HEADER",
     "DEFAULT_MAX_FRAME_BYTES",
     "MAX_DEADLINE_MS",
     "PRIORITY_BY_NAME",
+    "PRIORITY_HEADER",
     "PROTOCOL_VERSION",
+    "CancelRequest",
     "ChunkReply",
     "ErrorCode",
     "ErrorReply",
@@ -49,6 +59,7 @@ __all__ = [
     "SubmitRequest",
     "YieldReason",
     "YieldReply",
+    "cancel_frame",
     "chunk_frame",
     "decode_reply",
     "decode_request",
@@ -56,6 +67,7 @@ __all__ = [
     "encode_yield",
     "error_frame",
     "ok_frame",
+    "parse_priority",
     "ping_frame",
     "pong_frame",
     "sha256_hex",
@@ -65,8 +77,13 @@ __all__ = [
     "yield_frame",
 ]
 
-PROTOCOL_VERSION: Final = 1
+PROTOCOL_VERSION: Final = "1.1"
 DEFAULT_MAX_FRAME_BYTES: Final = 1 << 20
+
+PRIORITY_HEADER: Final = "x-yieldgate-priority"
+"""The HTTP header that carries a request's priority (``high``, ``normal``, ``low``)."""
+DEADLINE_HEADER: Final = "x-yieldgate-deadline-ms"
+"""The HTTP header that carries the caller's remaining time budget in milliseconds."""
 
 
 class Priority(StrEnum):
@@ -97,6 +114,8 @@ class ErrorCode(StrEnum):
     BACKEND_ERROR = "backend_error"
     DEADLINE_EXCEEDED = "deadline_exceeded"
     SHUTTING_DOWN = "shutting_down"
+    CANCELLED = "cancelled"
+    WRITE_TIMEOUT = "write_timeout"
 
     @property
     def default_retryable(self) -> bool:
@@ -109,9 +128,17 @@ class ErrorCode(StrEnum):
         return self in (ErrorCode.INTEGRITY_MISMATCH, ErrorCode.SHUTTING_DOWN)
 
 
-_OPS: Final = frozenset({"submit", "stats", "ping"})
+_OPS: Final = frozenset({"submit", "cancel", "stats", "ping"})
 PRIORITY_BY_NAME: Final[Mapping[str, Priority]] = {p.value: p for p in Priority}
 """``"high"`` -> ``Priority.HIGH`` and so on: a lookup that cannot raise."""
+
+
+def parse_priority(value: str) -> Priority | None:
+    """A priority as a header spells it: ``High``, `` low `` and ``NORMAL`` all count;
+    ``None`` for anything else. Frames, unlike headers, must use the lowercase names."""
+    return PRIORITY_BY_NAME.get(value.strip().lower())
+
+
 _HEX: Final = frozenset("0123456789abcdef")
 # JSON numbers beyond 2**53 lose precision in most peers; no budget is that long.
 MAX_DEADLINE_MS: Final = 2**53 - 1
@@ -139,6 +166,13 @@ class SubmitRequest:
 
 
 @dataclass(slots=True, kw_only=True)
+class CancelRequest:
+    """A ``cancel`` (v1.1): stop the submit with this ``id`` on the same connection."""
+
+    id: str
+
+
+@dataclass(slots=True, kw_only=True)
 class StatsRequest:
     """A ``stats`` request."""
 
@@ -152,7 +186,7 @@ class PingRequest:
     id: str
 
 
-Request = SubmitRequest | StatsRequest | PingRequest
+Request = SubmitRequest | CancelRequest | StatsRequest | PingRequest
 
 
 def sha256_hex(body: str) -> str:
@@ -243,7 +277,7 @@ def decode_request(line: bytes | str, *, secret: str | None = None) -> Request:
     if op not in _OPS:
         raise FrameError(
             ErrorCode.UNKNOWN_OP,
-            f"unknown op {op[:64]!r}; expected submit, stats or ping",
+            f"unknown op {op[:64]!r}; expected submit, cancel, stats or ping",
             request_id=rid,
         )
     if rid is None:
@@ -253,6 +287,8 @@ def decode_request(line: bytes | str, *, secret: str | None = None) -> Request:
         return StatsRequest(id=rid)
     if op == "ping":
         return PingRequest(id=rid)
+    if op == "cancel":
+        return CancelRequest(id=rid)
     return _decode_submit(obj, rid)
 
 
@@ -396,6 +432,14 @@ def submit_frame(
 def stats_frame(request_id: str, *, auth: str | None = None) -> dict[str, Any]:
     """Build a ``stats`` request frame."""
     frame: dict[str, Any] = {"op": "stats", "id": request_id}
+    if auth is not None:
+        frame["auth"] = auth
+    return frame
+
+
+def cancel_frame(request_id: str, *, auth: str | None = None) -> dict[str, Any]:
+    """Build a ``cancel`` frame (v1.1) for the submit ``request_id`` on this connection."""
+    frame: dict[str, Any] = {"op": "cancel", "id": request_id}
     if auth is not None:
         frame["auth"] = auth
     return frame
