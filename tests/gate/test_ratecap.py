@@ -1,4 +1,4 @@
-"""The rate cap: pacing on aiolimiter, and a ramp that restarts on cold start."""
+"""The rate cap: a token bucket that paces starts, and a ramp that restarts on cold start."""
 
 from __future__ import annotations
 

@@ -18,6 +18,9 @@ and adds what asyncio needs:
   probe slot for the next caller without a verdict.
 - **Our clock.** The open -> half-open timeout runs on the Gate's clock
   (pybreaker's own uses the wall clock), so it can be tested without sleeping.
+- **A verdict to wait for.** While the probe is out, other callers may
+  ``wait_verdict`` (within their deadline) instead of failing at once: the
+  probe's success lets them all through, its failure opens the breaker again.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
+import anyio
 import pybreaker
 
 from yieldgate._exceptions import CircuitOpenError
@@ -118,6 +122,8 @@ class Breaker:
         self._generation = 0
         self._opened_at = 0.0
         self._probe_out = False
+        # Set (and dropped) when the probe out reports or the state moves on.
+        self._verdict: anyio.Event | None = None
         self._cb = pybreaker.CircuitBreaker(
             fail_max=policy.fail_max,
             # We decide when an open breaker may probe; pybreaker must never do it itself.
@@ -137,6 +143,24 @@ class Breaker:
         return not self.policy.enabled or self._cb.current_state == "closed"
 
     @property
+    def probe_pending(self) -> bool:
+        """Half-open with its one probe out: a verdict is coming."""
+        return self._probe_out and self._cb.current_state == "half-open"
+
+    async def wait_verdict(self) -> None:
+        """Return once the probe out has reported (or the state has moved on)."""
+        if not self.probe_pending:
+            return
+        if self._verdict is None:
+            self._verdict = anyio.Event()
+        await self._verdict.wait()
+
+    def _announce(self) -> None:
+        verdict, self._verdict = self._verdict, None
+        if verdict is not None:
+            verdict.set()
+
+    @property
     def failures(self) -> int:
         """Consecutive failures counted toward opening."""
         return int(self._cb.fail_counter)
@@ -153,6 +177,7 @@ class Breaker:
             self._opened_at = self._clock()
         if new is not BreakerState.HALF_OPEN:
             self._probe_out = False
+            self._announce()
         if self._on_change is not None and old is not None and old != new:
             self._on_change(old, new)
 
@@ -222,3 +247,7 @@ class Breaker:
         elif verdict is Verdict.FAILURE:
             with contextlib.suppress(_Failure, pybreaker.CircuitBreakerError):
                 self._cb.call(_fail)
+        if ticket.probe:
+            # Closed, open again, or (a neutral probe) half-open with the probe
+            # slot free for the next caller: whoever waited looks again.
+            self._announce()

@@ -77,9 +77,11 @@ class RetryBudget:
         """Count one request (a call's first attempt); ``now`` saves a clock read."""
         self._requests[self._roll(now)] += 1
 
-    def allowance(self) -> float:
-        """Retries still allowed in the current window."""
-        self._roll()
+    def allowance(self, now: float | None = None, *, roll: bool = True) -> float:
+        """Retries still allowed in the current window (as of the last use when not ``roll``:
+        for a snapshot taken without a clock)."""
+        if roll:
+            self._roll(now)
         allowed = (
             self.policy.ratio * sum(self._requests) + self.policy.min_per_s * self.policy.window_s
         )
@@ -87,7 +89,26 @@ class RetryBudget:
 
     def try_withdraw(self) -> bool:
         """Take one retry from the budget, if any is left."""
-        if self.allowance() < 1.0:
-            return False
-        self._retries[self._roll()] += 1
-        return True
+        return self.withdraw() is not None
+
+    def withdraw(self) -> int | None:
+        """Take one retry from the budget; a receipt for ``refund``, or ``None`` if none is left."""
+        now = self._clock()
+        if self.allowance(now) < 1.0:
+            return None
+        self._retries[self._roll(now)] += 1
+        assert self._epoch is not None
+        return self._epoch
+
+    def refund(self, receipt: int) -> None:
+        """Give back a retry that was never sent (the call stopped before it could be).
+
+        A receipt from a bucket that has since left the window refunds nothing:
+        that retry no longer counts anyway.
+        """
+        epoch = self._epoch
+        if epoch is None or not 0 <= epoch - receipt < _BUCKETS:
+            return
+        index = receipt % _BUCKETS
+        if self._retries[index] > 0:
+            self._retries[index] -= 1

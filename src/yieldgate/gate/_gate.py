@@ -9,20 +9,30 @@ the upstream's hint, but it trips no breaker and spends no retry budget.
 The first attempt runs inline; only a call that must wait and try again
 enters the retry loop (tenacity, kept private), so the common case costs
 little more than the attempt itself.
+
+A call made from inside one of this Gate's own attempts, in the same task
+(``GovernedClient.submit`` under ``gate.map``, say), runs as part of that
+attempt: the outer call already holds a window slot and retries. A call made
+from a task that an attempt spawned is a call of its own, with its own slot,
+retries and deadline: a fan-out through the Gate is bounded by its window
+like any other traffic.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import contextvars
 import functools
 import math
 import random
+import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, ParamSpec, TypeVar, TypeVarTuple, overload
 
 import anyio
+import anyio.lowlevel
 from tenacity import AsyncRetrying, RetryCallState, retry_if_result
 
 from yieldgate._exceptions import (
@@ -52,6 +62,7 @@ from yieldgate.gate._retry import (
     TimeoutPolicy,
     backoff_floor_s,
     backoff_s,
+    hinted_floor_s,
     hinted_wait_s,
 )
 from yieldgate.gate._telemetry import (
@@ -69,8 +80,9 @@ from yieldgate.gate._upstream import Upstream, UpstreamStatistics, choose
 from yieldgate.gate._window import Permit, Signal, Window, WindowPolicy, WindowStatistics
 from yieldgate.protocol import Priority
 
-# Priorities in increasing order, for holds that cover a priority and those below it.
-_RANK = {Priority.LOW: 0, Priority.NORMAL: 1, Priority.HIGH: 2}
+# A non-awaiting attempt arms (and disarms) a deadline timer that the event loop
+# only drops on its next turn: give it one every so many calls.
+_CHECKPOINT_EVERY = 128
 
 __all__ = [
     "USE_POLICY",
@@ -101,7 +113,7 @@ USE_POLICY: Final = UsePolicy()
 
 _SIGNALS: Final = {
     OutcomeKind.OK: (Signal.SUCCESS, Verdict.SUCCESS),
-    OutcomeKind.YIELD: (Signal.CONGESTION, Verdict.NEUTRAL),
+    OutcomeKind.YIELD: (Signal.REFUSED, Verdict.NEUTRAL),
     OutcomeKind.OVERLOADED: (Signal.CONGESTION, Verdict.NEUTRAL),
     OutcomeKind.RETRYABLE: (Signal.FAILURE, Verdict.FAILURE),
     OutcomeKind.FATAL: (Signal.FAILURE, Verdict.NEUTRAL),
@@ -216,13 +228,33 @@ class _Attempt:
     itself, which has the same fields: one object less per call.
     """
 
-    __slots__ = ("attempt_deadline", "attempt_number", "call", "upstream")
+    __slots__ = ("attempt_deadline", "attempt_number", "call", "task", "upstream")
 
-    def __init__(self, call: _Call, number: int, deadline: float | None, upstream: Upstream):
+    def __init__(
+        self, call: _Call, number: int, deadline: float | None, upstream: Upstream, task: object
+    ) -> None:
         self.call = call
         self.attempt_number = number
         self.attempt_deadline = deadline
         self.upstream = upstream
+        self.task = task
+
+
+def _current_task() -> object:
+    """The running task, as cheaply as the event loop allows (asyncio, else trio)."""
+    try:
+        return asyncio.current_task()
+    except RuntimeError:  # no asyncio loop running: trio
+        trio = sys.modules.get("trio")
+        return None if trio is None else trio.lowlevel.current_task()
+
+
+def _now_or_none() -> float | None:
+    """The event loop's clock, or ``None`` outside one (a sync health check, say)."""
+    try:
+        return anyio.current_time()
+    except RuntimeError:  # anyio's NoEventLoopError (sniffio's error in older versions)
+        return None
 
 
 # Holds the running attempt; the AttemptInfo record is only built when asked for.
@@ -314,6 +346,7 @@ class Gate:
         self._rate: RateCap | None = None
         self._counters = _Counters()
         self._closed = False
+        self._since_checkpoint = 0
         hedge = self.policy.hedge
         self._latency_size = 200 if hedge is None else hedge.window
         # Every answer of the Gate; the one upstream of a Gate without a set shares it.
@@ -345,7 +378,7 @@ class Gate:
         def breaker_changed(old: BreakerState, new: BreakerState) -> None:
             self._instr.on_breaker_change(BreakerChange(gate=label, old=str(old), new=str(new)))
 
-        window = Window(self.policy.window, on_change=window_changed)
+        window = Window(self.policy.window, on_change=window_changed, rng=self._rng)
         breaker = Breaker(
             self.policy.breaker, anyio.current_time, name=label, on_change=breaker_changed
         )
@@ -409,8 +442,11 @@ class Gate:
     def statistics(self) -> GateStatistics:
         """A snapshot of the Gate. With several upstreams, ``window`` adds theirs
         up, ``breaker`` is their common state (or ``"mixed"``) and ``upstreams``
-        has each one."""
+        has each one. Safe outside an event loop (after ``asyncio.run``, from a
+        synchronous health check): the time-based figures are then as of the
+        last call."""
         c = self._counters
+        now = _now_or_none()
         ups = self._upstreams
         if len(ups) == 1:
             window = ups[0].window.statistics()
@@ -427,13 +463,13 @@ class Gate:
             )
             states = {str(u.breaker.state) for u in ups}
             breaker = states.pop() if len(states) == 1 else "mixed"
-        now = anyio.current_time()
+        rate = self._rate
         return GateStatistics(
             name=self.name,
             window=window,
             breaker=breaker,
             breaker_failures=sum(u.breaker.failures for u in ups),
-            retry_allowance=self._budget.allowance(),
+            retry_allowance=self._budget.allowance(now, roll=now is not None),
             calls=c.calls,
             calls_ok=c.calls_ok,
             calls_failed=c.calls_failed,
@@ -444,7 +480,7 @@ class Gate:
             retries=c.retries,
             waited_s=c.waited_s,
             rejected_open=c.rejected_open,
-            rate_per_s=None if self._rate is None else self._rate.rate_now(),
+            rate_per_s=None if rate is None else rate.rate_now(now or rate.updated),
             hedges=c.hedges,
             hedge_wins=c.hedge_wins,
             hedges_denied=c.hedges_denied,
@@ -506,7 +542,7 @@ class Gate:
         circuit).
         """
         outer = _current.get()
-        if outer is not None and outer.call.gate is self:
+        if outer is not None and outer.call.gate is self and outer.task is _current_task():
             return await self._nested(fn, args, classify)
         call = self._new_call(fn, args, priority, timeout, classify, hold=False, discard=None)
         value: Any = await self._run(call)
@@ -590,8 +626,8 @@ class Gate:
         ``finally``.
         """
         outer = _current.get()
-        if outer is not None and outer.call.gate is self:
-            # Inside one of our own attempts: it holds the slot already.
+        if outer is not None and outer.call.gate is self and outer.task is _current_task():
+            # Inside one of our own attempts, in its task: it holds the slot already.
             return await self._nested(fn, args, classify), Lease(outer.upstream.window, None)
         call = self._new_call(fn, args, priority, timeout, classify, hold=True, discard=discard)
         value = await self._run(call)
@@ -624,6 +660,12 @@ class Gate:
         return call
 
     async def _run(self, call: _Call) -> Any:
+        self._since_checkpoint += 1
+        if self._since_checkpoint >= _CHECKPOINT_EVERY:
+            # Calls whose attempts never await would otherwise never let the loop
+            # drop the attempt timers they disarmed (nor run anything else).
+            self._since_checkpoint = 0
+            await anyio.lowlevel.checkpoint()
         observer = self._instr.start_call(self.name, call.priority.value)
         call.observer = observer
         self._counters.calls += 1
@@ -634,6 +676,7 @@ class Gate:
         except BaseException as exc:
             outcome_name = type(exc).__name__
             self._counters.calls_failed += 1
+            await call.abandon()
             raise
         finally:
             call.forget()
@@ -804,14 +847,16 @@ class _Call:
         "observer",
         "permit",
         "priority",
-        "rank",
         "running",
+        "shared_until",
         "started",
         "stop_error",
+        "task",
         "ticket",
         "upstream",
         "waited",
         "winner",
+        "withdrawn",
         "won",
     )
 
@@ -833,7 +878,6 @@ class _Call:
         self.fn = fn
         self.args = args
         self.priority = priority
-        self.rank = _RANK[priority]
         self.deadline = deadline
         self.classify = classify
         self.hedge = gate.policy.hedge
@@ -852,6 +896,8 @@ class _Call:
         self.waited = False
         self.attempt_number = 0
         self.attempt_deadline: float | None = None
+        # The task the call runs in: a call of this Gate from this task is nested.
+        self.task: object = None
         # Upstreams this call's attempts are using now (tracked for a set or
         # hedging only), and the one that failed last.
         self.running: list[Upstream] | None = [] if gate._named or self.hedge is not None else None
@@ -860,6 +906,10 @@ class _Call:
         # Set by a yield or an overload: no more hedges for this call.
         self.hedging_off = False
         self.won: Outcome | None = None
+        # When the hold that this call's last hint set ends (None: it set none).
+        self.shared_until: float | None = None
+        # A retry taken from the budget and not sent yet: refunded if never sent.
+        self.withdrawn: int | None = None
 
     def forget(self) -> None:
         """Drop what the call carried, once it is over.
@@ -880,6 +930,26 @@ class _Call:
         except AttributeError:
             pass
 
+    async def abandon(self) -> None:
+        """The call ends in an exception: give back what it still holds.
+
+        A retry drawn from the budget but never sent goes back to it. A call
+        that meant to hold its winner's slot (``call_and_hold``) but is ending
+        without handing out a ``Lease`` (cancelled while a hedge that lost
+        cleaned up, say) releases the slot and closes the won value.
+        """
+        if self.withdrawn is not None:
+            self.gate._budget.refund(self.withdrawn)
+            self.withdrawn = None
+        held, self.held = self.held, None
+        if held is None:
+            return
+        held[0].window.release(held[1], Signal.CANCELLED)
+        won, discard = self.won, self.discard
+        if won is not None and discard is not None:
+            with anyio.CancelScope(shield=True):
+                await discard(won.value)
+
     @property
     def call(self) -> _Call:
         """Itself, for code that reads an attempt's call (see ``_Attempt``)."""
@@ -898,6 +968,7 @@ class _Call:
         # No scope spans the whole call: attempts carry the deadline in their own
         # scope, waits for the window or rate cap get one only when they must
         # wait, and a retry wait that would pass the deadline is never started.
+        self.task = _current_task()
         if self.hedge is None:
             outcome = await self._send(self._admit_now() or await self._admit())
         else:
@@ -937,7 +1008,7 @@ class _Call:
         """The cheapest upstream of a set whose breaker lets an attempt through."""
         gate = self.gate
         ups = gate._upstreams
-        order = choose(ups, self.rank, anyio.current_time(), gate._rng, self._avoid())
+        order = choose(ups, self.priority, anyio.current_time(), gate._rng, self._avoid())
         refusal: CircuitOpenError | None = None
         for up in order:
             try:
@@ -951,7 +1022,7 @@ class _Call:
                 continue
             return up
         assert refusal is not None
-        raise self._circuit_error(refusal)
+        raise refusal
 
     def _admit_now(self) -> _Call | None:
         """The common case without a wait: one upstream, no hint to wait out, a free
@@ -961,13 +1032,10 @@ class _Call:
         if len(ups) != 1 or gate.policy.rate is not None:
             return None
         up = ups[0]
-        hold = up.hold_until[self.rank]
-        if hold > 0.0 and hold > anyio.current_time():
-            return None
         breaker = up.breaker
         if not breaker.lets_through:
             return None
-        permit = up.window.try_acquire(self.priority)
+        permit = up.window.try_acquire(self.priority)  # refuses while a hold is in force
         if permit is None:
             return None
         self.upstream = up
@@ -976,83 +1044,119 @@ class _Call:
         self.waited = False
         return self
 
-    async def _admit(self) -> _Slot:
-        """Wait for what an attempt needs: a hint to pass, a window slot, the rate cap."""
-        gate = self.gate
-        ups = gate._upstreams
-        if len(ups) == 1:
-            up = ups[0]
-            try:
-                up.breaker.check()  # fail fast before queueing for anything
-            except CircuitOpenError as exc:
-                raise self._circuit_error(exc) from None
-        else:
-            up = self._pick()
-        waited = await self._wait_out_hint(up)
+    async def _upstream(self) -> Upstream:
+        """The upstream for the next attempt; while only a half-open probe stands
+        between the call and an upstream, wait for its verdict (within the deadline)."""
+        ups = self.gate._upstreams
         while True:
-            permit = up.window.try_acquire(self.priority)
+            try:
+                if len(ups) == 1:
+                    ups[0].breaker.check()  # fail fast before queueing for anything
+                    return ups[0]
+                return self._pick()
+            except CircuitOpenError as exc:
+                probing = [u for u in ups if u.breaker.probe_pending]
+                if not probing:
+                    raise self._circuit_error(exc) from None
+                await self._wait(probing[0].breaker.wait_verdict, "waiting for the breaker's probe")
+
+    def _margin(self, up: Upstream, room: float) -> float:
+        """How long before the deadline an attempt should start, out of ``room``: its
+        expected duration (the upstream's recent latency), else half the room."""
+        latency = up.latency.ewma_s
+        return min(room, room / 2 if latency is None else latency)
+
+    def _not_after(self, up: Upstream, now: float) -> float | None:
+        """The latest this call can start and still have time for an attempt, for a
+        hold that outlasts its deadline (never before the hint itself ends)."""
+        if self.deadline is None:
+            return None
+        hint_end = up.window.hint_until(self.priority, now)
+        if not hint_end:
+            return None
+        if hint_end > self.deadline:
+            raise self._error(
+                DeadlineExceededError,
+                f"the upstream asked to wait {hint_end - now:.3f} s, past the call's deadline "
+                f"({self.deadline - now:.3f} s left), after {self.attempts} attempt(s)",
+            )
+        return self.deadline - self._margin(up, self.deadline - hint_end)
+
+    async def _admit(self) -> _Slot:
+        """Wait for what an attempt needs: a hint to pass, a window slot, the rate cap,
+        a ticket from the breaker."""
+        gate = self.gate
+        while True:
+            up = await self._upstream()
+            window = up.window
+            permit = window.try_acquire(self.priority)
+            waited = permit is None
             if permit is None:
-                waited = True
-                permit = await self._wait(
-                    functools.partial(up.window.acquire, self.priority),
-                    "waiting for a window slot",
-                )
-            # A hint may have come in while this call queued for the slot: then
-            # the slot goes back and the call waits the hint out like the rest.
-            if up.hold_until[self.rank] <= anyio.current_time():
-                break
-            up.window.release(permit, Signal.CANCELLED)
-            await self._wait_out_hint(up)
-        try:
-            # The rate token is taken last, by a caller that can start at once:
-            # taken before the window, tokens would pile up in its queue and
-            # be spent together when slots free.
-            rate = gate._rate_cap()
-            if rate is not None:
-                waited = True
-                await self._wait(rate.acquire, "waiting for the rate cap")
-            # Claimed only now that we can send: a half-open probe never queues.
-            ticket = up.breaker.acquire()
-        except BaseException as exc:
-            up.window.release(permit, Signal.CANCELLED)
-            if isinstance(exc, CircuitOpenError):
-                raise self._circuit_error(exc) from None
-            raise
-        return _Slot(up, permit, ticket, waited)
+                now = anyio.current_time()
+                not_after = self._not_after(up, now)
+                held = window.held_until(self.priority, now) > 0
+                try:
+                    permit = await self._wait(
+                        functools.partial(
+                            window.acquire, self.priority, key=self.started, not_after=not_after
+                        ),
+                        "waiting for a window slot",
+                    )
+                finally:
+                    if held:  # waiting out a hint, as a retry's sleep would
+                        gate._counters.waited_s += anyio.current_time() - now
+            try:
+                # The rate token is taken last, by a caller that can start at once:
+                # taken before the window, tokens would pile up in its queue and
+                # be spent together when slots free.
+                rate = gate._rate_cap()
+                if rate is not None and not rate.try_take(anyio.current_time()):
+                    waited = True
+                    await self._wait(rate.acquire, "waiting for the rate cap")
+                # Claimed only now that we can send: a half-open probe never queues.
+                ticket = up.breaker.acquire()
+            except CircuitOpenError as exc:
+                window.release(permit, Signal.CANCELLED)
+                if not up.breaker.probe_pending:
+                    raise self._circuit_error(exc) from None
+                await self._wait(up.breaker.wait_verdict, "waiting for the breaker's probe")
+                continue
+            except BaseException:
+                window.release(permit, Signal.CANCELLED)
+                raise
+            return _Slot(up, permit, ticket, waited)
 
-    async def _admit_hedge(self) -> _Slot | None:
-        """What a hedge needs, taken now or not at all: a hedge never waits in a queue.
+    def _admit_hedge(self) -> _Slot | None:
+        """What a hedge needs, taken now or not at all: a hedge never waits.
 
-        It needs an upstream with no hint hold and a closed breaker, a free
-        window slot there, a rate token at hand, and a withdrawal from the
-        retry budget.
+        It needs an upstream with no hint hold and a closed breaker (a hedge
+        never takes the half-open probe), a free window slot there, a rate
+        token at hand, and a withdrawal from the retry budget. Nothing here
+        awaits, so nothing taken can be stranded by a cancellation.
         """
         gate = self.gate
         now = anyio.current_time()
         if self.deadline is not None and now >= self.deadline:
             return None
         ups = gate._upstreams
-        order = ups if len(ups) == 1 else choose(ups, self.rank, now, gate._rng, self._avoid())
+        order = (
+            ups if len(ups) == 1 else choose(ups, self.priority, now, gate._rng, self._avoid())
+        )
         rate = gate._rate_cap()
         for up in order:
-            if not up.takes(self.rank, now):
+            if not up.breaker.lets_through or not up.takes(self.priority, now):
                 continue
             permit = up.window.try_acquire(self.priority)
             if permit is None:
                 continue
-            try:
-                ticket = up.breaker.acquire()
-            except CircuitOpenError:
-                up.window.release(permit, Signal.CANCELLED)
-                continue
-            if (rate is not None and not await rate.try_acquire()) or (
-                not gate._budget.try_withdraw()
-            ):
-                up.breaker.record(ticket, Verdict.NEUTRAL)
+            receipt = gate._budget.withdraw()
+            if receipt is None or (rate is not None and not rate.try_take(now)):
+                if receipt is not None:
+                    gate._budget.refund(receipt)
                 up.window.release(permit, Signal.CANCELLED)
                 gate._counters.hedges_denied += 1
                 return None
-            return _Slot(up, permit, ticket, True)
+            return _Slot(up, permit, up.breaker.acquire(), True)
         return None
 
     # -- one attempt --------------------------------------------------------
@@ -1060,10 +1164,19 @@ class _Call:
     async def _send(self, slot: _Slot | _Call) -> Outcome:
         gate = self.gate
         up = slot.upstream
-        self.attempts += 1
-        number = self.attempts
+        number = self.attempts + 1
+        if slot.waited or number > 1:
+            started = anyio.current_time()
+            if self.deadline is not None and started >= self.deadline:
+                # Admitted only at the deadline: an attempt now could only fail.
+                up.window.release(slot.permit, Signal.CANCELLED)
+                up.breaker.record(slot.ticket, Verdict.NEUTRAL)
+                raise self._deadline_error("before an attempt could start")
+        else:
+            started = self.started
+        self.attempts = number
+        self.withdrawn = None  # the retry it paid for is being sent
         gate._counters.attempts += 1
-        started = anyio.current_time() if slot.waited or number > 1 else self.started
         if number == 1:
             # A request, for the retry budget, is a call that sent something; it
             # counts from when it was sent.
@@ -1084,6 +1197,10 @@ class _Call:
                     # A timeout is what a backend that buffers instead of yielding
                     # shows under overload: narrow the window as for a yield.
                     signal = Signal.CONGESTION
+                elif signal is Signal.REFUSED or signal is Signal.CONGESTION:
+                    # Held before the slot goes back: else the freed slot would
+                    # admit a waiter into the very overload the hint is about.
+                    self._hold_from(outcome, up)
         finally:
             if running is not None:
                 running.remove(up)
@@ -1119,23 +1236,6 @@ class _Call:
             last_outcome=self.last,
         )
 
-    async def _wait_out_hint(self, up: Upstream) -> bool:
-        """Wait until a hint the upstream gave this Gate has passed; ``True`` if it waited."""
-        until = up.hold_until[self.rank]
-        if until <= 0.0:
-            return False
-        now = anyio.current_time()
-        if until <= now:
-            return False
-        if self.deadline is not None and until > self.deadline:
-            raise self._error(
-                DeadlineExceededError,
-                f"the upstream asked to wait {until - now:.3f} s, past the call's deadline "
-                f"({self.deadline - now:.3f} s left), after {self.attempts} attempt(s)",
-            )
-        await self._sleep(until - now)
-        return True
-
     async def _wait(self, fn: Callable[[], Awaitable[T]], while_: str) -> T:
         """Await ``fn()`` within the call's deadline."""
         if self.deadline is None:
@@ -1156,7 +1256,7 @@ class _Call:
             self.upstream = up
             token = _current.set(self)
         else:
-            token = _current.set(_Attempt(self, number, deadline, up))
+            token = _current.set(_Attempt(self, number, deadline, up, _current_task()))
         try:
             # One scope bounds the attempt by whichever ends first: its own
             # timeout or the call's deadline.
@@ -1174,6 +1274,23 @@ class _Call:
             AttemptTimeoutError(f"attempt {number} ran past {attempt_s} s", attempts=number)
         )
 
+    def _hold_from(self, outcome: Outcome, up: Upstream) -> None:
+        """Share a congestion hint: hold the upstream's admissions at this priority
+        and below until it (with its jitter) has passed."""
+        self.shared_until = None
+        retry = self.gate.policy.retry
+        if outcome.hint_s is None or not (retry.share_hints and retry.honour_hints):
+            return
+        hint = min(outcome.hint_s, retry.max_hint_s)
+        if hint <= 0:
+            return  # "come back now": nothing to hold (the retry spreads and backs off)
+        now = anyio.current_time()
+        # The callers held behind the hint go one by one over its jitter, as
+        # their own jittered waits would have spread them, but in their order.
+        until = now + hint * (1.0 + retry.hint_jitter)
+        up.window.hold(self.priority, until, now + hint)
+        self.shared_until = until
+
     def _note(self, outcome: Outcome, number: int, started: float, up: Upstream) -> None:
         gate = self.gate
         self.last = outcome
@@ -1182,11 +1299,13 @@ class _Call:
             self.last_hint_s = outcome.hint_s
         kind = outcome.kind
         congestion = kind is OutcomeKind.YIELD or kind is OutcomeKind.OVERLOADED
+        if not congestion:
+            self.shared_until = None
         # Latencies and per-upstream rates feed hedge delays and the choice of
         # upstream: a plain Gate has neither and skips the clock read.
         tracked = gate._named or self.hedge is not None
         observed = self.observer is not NULL_OBSERVER
-        now = anyio.current_time() if tracked or congestion or observed else 0.0
+        now = anyio.current_time() if tracked or observed else 0.0
         if kind is OutcomeKind.OK:
             if tracked:
                 up.latency.record(now - started)
@@ -1209,14 +1328,6 @@ class _Call:
             self.hedging_off = True
         if outcome.reason == "cold_start" and gate._rate is not None:
             gate._rate.restart_ramp()
-        if outcome.hint_s is not None and congestion:
-            retry = gate.policy.retry
-            if retry.share_hints and retry.honour_hints:
-                until = now + min(max(outcome.hint_s, 0.0), retry.max_hint_s)
-                holds = up.hold_until
-                for rank in range(self.rank + 1):
-                    if until > holds[rank]:
-                        holds[rank] = until
         if self.observer is not NULL_OBSERVER:
             self.observer.on_attempt(
                 AttemptDetails(
@@ -1248,6 +1359,9 @@ class _Call:
         gate = self.gate
         outcomes: list[Outcome] = []
         errors: list[YieldgateError] = []
+        # Anything else an attempt raised (a classifier's bug, say): raised as
+        # is, as it would be without hedging, never wrapped in a group.
+        crashes: list[Exception] = []
         settled = anyio.Event()
         running = 0
 
@@ -1257,6 +1371,11 @@ class _Call:
                 outcomes.append(await self._send(slot))
             except YieldgateError as exc:
                 errors.append(exc)  # the deadline passed during this attempt
+            except Exception as exc:
+                crashes.append(exc)
+                scope.cancel()
+                settled.set()
+                return
             finally:
                 running -= 1
             if self.winner is not None:
@@ -1274,13 +1393,15 @@ class _Call:
                     await settled.wait()
                 if settled.is_set() or self.hedging_off:
                     break
-                slot = await self._admit_hedge()
+                slot = self._admit_hedge()
                 if slot is None:
                     continue  # no room to hedge now; look again after another delay
                 hedges += 1
                 running += 1
                 gate._counters.hedges += 1
                 tg.start_soon(run, slot, tg.cancel_scope)
+        if crashes:
+            raise crashes[0]
         if self.winner is not None:
             if self.winner is not first:
                 gate._counters.hedge_wins += 1
@@ -1302,7 +1423,7 @@ class _Call:
         if len(ups) == 1:
             return False
         now = anyio.current_time()
-        return any(up is not last and up.takes(self.rank, now) for up in ups)
+        return any(up is not last and up.takes(self.priority, now) for up in ups)
 
     async def retry_loop(self, first: Outcome) -> Outcome:
         replay = [first]
@@ -1327,6 +1448,8 @@ class _Call:
         return outcome
 
     async def _sleep(self, seconds: float) -> None:
+        if seconds <= 0:
+            return  # the hold in the window is the wait: queue there at once
         started = anyio.current_time()
         try:
             await anyio.sleep(seconds)
@@ -1356,30 +1479,43 @@ class _Call:
                     f"gave up after {n} failed attempt(s): {outcome.describe()}",
                 )
         hint = outcome.hint_s if policy.honour_hints else None
-        if self.last_upstream is not None and self._elsewhere(self.last_upstream):
+        now = anyio.current_time()
+        last = self.last_upstream
+        hold_left = 0.0
+        if last is not None and self._elsewhere(last):
             # Another upstream of the set can take the retry now: the hint or the
             # backoff was about the one that just answered. A short jitter only.
             wait = gate._rng.uniform(0, policy.base_s)
             floor = 0.0
         elif hint is not None:
-            wait = hinted_wait_s(policy, hint, gate._rng)
-            floor = min(hint, policy.max_hint_s)
+            wait = hinted_wait_s(policy, hint, gate._rng, n)
+            floor = hinted_floor_s(policy, hint, n)
+            shared = self.shared_until
+            if shared is not None and now + floor <= shared:
+                # The hint this call got holds the upstream for every caller, and
+                # its end (with the jitter) is this call's wait too: it waits in the
+                # window, in its place among them, where a completion may admit it
+                # early. Its own sleep would put it behind all who came later.
+                hold_left = shared - now
+                wait = 0.0
         else:
             wait = backoff_s(policy, n, gate._rng)
             floor = backoff_floor_s(policy, n)
         if self.deadline is not None:
-            # Give up only when even the least wait would overrun the deadline;
-            # the jitter above it is trimmed to fit.
-            left = self.deadline - anyio.current_time()
+            # Give up only when even the least wait would overrun the deadline.
+            # The jitter above it is trimmed so that the retry still starts with
+            # an attempt's worth of time left, never at the deadline itself.
+            left = self.deadline - now
             if floor > left:
                 return self._stop(
                     DeadlineExceededError,
                     f"the next wait ({floor:.3f} s at least) would pass the call's deadline "
                     f"({left:.3f} s left) after {self.attempts} attempt(s): {outcome.describe()}",
                 )
-            wait = min(wait, left)
+            up = last if last is not None else gate._upstreams[0]
+            wait = min(wait, left - self._margin(up, left - floor))
         retry_after = min(u.breaker.retry_after_s() for u in gate._upstreams)
-        if retry_after > wait:
+        if retry_after > max(wait, hold_left):
             # The breaker opened meanwhile and will still be open when we wake.
             return self._stop(
                 CircuitOpenError,
@@ -1387,18 +1523,21 @@ class _Call:
                 f"{outcome.describe()}",
                 retry_after_s=retry_after,
             )
-        if outcome.kind is not OutcomeKind.YIELD and not gate._budget.try_withdraw():
-            return self._stop(
-                RetryBudgetExhaustedError,
-                f"retry budget spent (too many retries recently): {outcome.describe()}",
-            )
+        if outcome.kind is not OutcomeKind.YIELD:
+            receipt = gate._budget.withdraw()
+            if receipt is None:
+                return self._stop(
+                    RetryBudgetExhaustedError,
+                    f"retry budget spent (too many retries recently): {outcome.describe()}",
+                )
+            self.withdrawn = receipt  # refunded if the call stops before sending it
         gate._counters.retries += 1
         if self.observer is not NULL_OBSERVER:
             self.observer.on_wait(
                 WaitDetails(
                     gate=gate.name,
                     next_attempt=self.attempts + 1,
-                    wait_s=wait,
+                    wait_s=max(wait, hold_left),
                     cause=outcome.kind,
                     hint_s=outcome.hint_s,
                 )

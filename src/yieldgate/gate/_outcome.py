@@ -19,11 +19,14 @@ or raises; a classifier turns the last two cases into an Outcome. The kinds:
 
 from __future__ import annotations
 
+import errno
+import math
+import socket
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
+from typing import Any, Final
 
 from yieldgate._exceptions import (
     AttemptTimeoutError,
@@ -31,7 +34,39 @@ from yieldgate._exceptions import (
     TransportError,
 )
 
-__all__ = ["Classifier", "Outcome", "OutcomeKind", "OutcomeSignal", "default_classify"]
+__all__ = [
+    "MAX_HINT_S",
+    "Classifier",
+    "Outcome",
+    "OutcomeKind",
+    "OutcomeSignal",
+    "default_classify",
+    "sanitize_hint_s",
+]
+
+MAX_HINT_S: Final = 86_400.0
+"""The longest hint kept as such (a day); longer ones are clamped to it, and the
+Gate clamps again to its policy's ``max_hint_s``."""
+
+
+def sanitize_hint_s(value: object, *, unit_s: float = 1.0) -> float | None:
+    """A retry hint as the Gate can use it, from whatever an upstream sent.
+
+    ``value`` is a number of ``unit_s`` (``0.001`` for milliseconds). The one
+    rule for every dialect: a negative, non-finite or non-numeric value (a
+    bool included) is no hint at all, and a huge one is clamped to
+    ``MAX_HINT_S``. It never raises: an absurd hint must not turn a yield into
+    a crash.
+    """
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    try:
+        seconds = value * unit_s
+    except OverflowError:  # an integer too large for a float: finite, and huge
+        return MAX_HINT_S if value > 0 else None
+    if not (seconds >= 0 and math.isfinite(seconds)):
+        return None
+    return min(float(seconds), MAX_HINT_S)
 
 
 class OutcomeKind(StrEnum):
@@ -47,7 +82,8 @@ class Outcome:
     """One attempt's result, as the Gate sees it.
 
     ``hint_s`` is the upstream's own retry hint in seconds (``None`` when it
-    gave none). ``value`` carries the raw reply for non-``ok`` kinds too (an
+    gave none); a negative or non-finite one is dropped and a huge one clamped
+    (``sanitize_hint_s``). ``value`` carries the raw reply for non-``ok`` kinds too (an
     HTTP response, say), so that a caller can still see it when retries run
     out. ``error`` is the exception behind a failure, if there was one.
     """
@@ -59,8 +95,9 @@ class Outcome:
     error: BaseException | None = None
 
     def __post_init__(self) -> None:
-        if self.hint_s is not None and not self.hint_s >= 0:
-            raise ValueError(f"hint_s must be >= 0, got {self.hint_s}")
+        if self.hint_s is not None:
+            # Whatever built it, a hint the Gate acts on is sane (see sanitize_hint_s).
+            object.__setattr__(self, "hint_s", sanitize_hint_s(self.hint_s))
 
     @classmethod
     def ok(cls, value: Any = None) -> Outcome:
@@ -156,23 +193,58 @@ def _is_httpx_transport_error(error: BaseException) -> bool:
     return False
 
 
+# OSErrors that say "the network or the peer", not "this machine or this request".
+_NETWORK_ERRNOS: Final = frozenset(
+    getattr(errno, name)
+    for name in (
+        "ECONNREFUSED",
+        "ECONNRESET",
+        "ECONNABORTED",
+        "EPIPE",
+        "ETIMEDOUT",
+        "EHOSTUNREACH",
+        "EHOSTDOWN",
+        "ENETUNREACH",
+        "ENETDOWN",
+        "ENETRESET",
+        "EAGAIN",
+        "EADDRNOTAVAIL",
+    )
+    if hasattr(errno, name)
+)
+
+
+def _is_network_error(error: OSError) -> bool:
+    if isinstance(error, ConnectionError | TimeoutError):
+        return True
+    if isinstance(error, socket.gaierror):
+        # A name that does not resolve stays unresolved; a resolver that
+        # failed for now may answer on the next attempt.
+        return error.errno == socket.EAI_AGAIN
+    return error.errno in _NETWORK_ERRNOS
+
+
 def default_classify(value: Any, error: BaseException | None) -> Outcome:
     """The classification used when a call names none.
 
     A returned ``Outcome`` is taken as is, any other value is ``ok``; an
     ``OutcomeSignal`` gives its outcome. Errors:
-    yieldgate's own transport and timeout errors, ``OSError`` (connection
-    refused, reset), ``TimeoutError`` and httpx (or httpx2) transport errors
-    are ``retryable``, except an unsupported protocol or a request the library
-    refuses to write; a ``RemoteError`` is as retryable as the server said;
-    anything else is ``fatal``.
+    yieldgate's own transport and timeout errors, network ``OSError``s
+    (connection refused or reset, a host or network unreachable, a resolver
+    that failed for now), ``TimeoutError`` and httpx (or httpx2) transport
+    errors are ``retryable``, except an unsupported protocol or a request the
+    library refuses to write; a ``RemoteError`` is as retryable as the server
+    said; anything else is ``fatal``: a ``FileNotFoundError`` or a
+    ``PermissionError`` fails the same way on every attempt.
     """
     if error is None:
         return value if isinstance(value, Outcome) else Outcome.ok(value)
     if isinstance(error, OutcomeSignal):
         return error.outcome
-    if isinstance(error, TransportError | AttemptTimeoutError | OSError | TimeoutError):
+    if isinstance(error, TransportError | AttemptTimeoutError | TimeoutError):
         return Outcome.retryable(error)
+    if isinstance(error, OSError):
+        return Outcome.retryable(error) if _is_network_error(error) else Outcome.fatal(error)
     if isinstance(error, RemoteError):
         return Outcome.retryable(error) if error.retryable else Outcome.fatal(error)
     if _is_httpx_transport_error(error):

@@ -1,11 +1,18 @@
 """An optional cap on attempt starts per second, with a ramp for cold backends.
 
-aiolimiter paces the starts; it fixes its leak rate at construction, so a ramp
-swaps in a new limiter whenever the target rate has moved by a tenth, primed
-with what the old one still held (from the time of the last start), so a swap
-never grants a burst the old limiter would not have. (With ``burst > 1`` the
-carried level is a lower bound: a swap may allow up to ``burst - 1`` extra.) A cold
-start signal from the upstream (a ``cold_start`` yield, HF's
+A token bucket holding at most ``burst`` starts, refilled at the rate in
+force: on the ramp, or at its top. The bucket is plain arithmetic on the time
+it is given (``try_take(now)``), so it works under any event loop and is
+tested without one; ``acquire`` is the one part that waits, behind a fair
+lock, so callers start in arrival order and only the caller at the head
+sleeps, re-reading the rate when it wakes: when the ramp moves (or restarts)
+the new rate applies to the very next start.
+
+aiolimiter, which the design card first named for this, is asyncio-only (the
+Gate also runs under trio) and fixes its rate at construction (a ramp had to
+swap limiters): a dozen lines of bucket serve both drivers better.
+
+A cold start signal from the upstream (a ``cold_start`` yield, HF's
 ``estimated_time``) restarts the ramp: a backend that has just loaded is
 eased into, not hit with the full rate.
 """
@@ -17,13 +24,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import anyio
-from aiolimiter import AsyncLimiter
 
 from yieldgate._locks import acquire
 
 __all__ = ["RateCap", "RatePolicy"]
 
-_RESTEP = 0.1
+# The least sleep before looking again: a float rounding error must not spin.
+_MIN_SLEEP_S = 1e-6
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -51,67 +58,73 @@ class RatePolicy:
 
 
 class RateCap:
-    """Paces attempt starts; ``acquire`` waits for the next allowed start.
-
-    Callers queue, in arrival order, behind one lock, and only the caller at
-    the head waits on the limiter: so when the ramp moves (or restarts) the
-    new rate applies to the very next start, and an old limiter never keeps
-    admitting beside a new one. Build it inside a running event loop.
-    """
+    """Paces attempt starts: ``try_take`` (never waits) or ``acquire`` (waits its turn)."""
 
     def __init__(self, policy: RatePolicy, clock: Callable[[], float]) -> None:
         self.policy = policy
         self._clock = clock
-        self._ramp_start = clock()
-        self._rate = self.rate_now()
-        self._limiter = self._make(self._rate)
-        self._last_start: float | None = None
+        now = clock()
+        self._ramp_start = now
+        self._tokens = float(policy.burst)
+        self._updated = now
         self._lock = anyio.Lock()
 
-    def _make(self, rate: float) -> AsyncLimiter:
-        burst = self.policy.burst
-        return AsyncLimiter(max_rate=burst, time_period=burst / rate)
+    @property
+    def updated(self) -> float:
+        """When the bucket was last looked at (a time for ``rate_now`` without a clock)."""
+        return self._updated
 
-    def rate_now(self) -> float:
-        """The cap in force now, on the ramp or at its top."""
+    def rate_now(self, now: float | None = None) -> float:
+        """The cap in force at ``now`` (default: the clock's now), on the ramp or at its top."""
         p = self.policy
         if p.ramp_s <= 0:
             return p.per_s
         start = p.ramp_from_per_s if p.ramp_from_per_s is not None else min(1.0, p.per_s)
-        progress = min(1.0, (self._clock() - self._ramp_start) / p.ramp_s)
+        when = self._clock() if now is None else now
+        progress = min(1.0, max(0.0, when - self._ramp_start) / p.ramp_s)
         return start + (p.per_s - start) * progress
 
-    def restart_ramp(self) -> None:
+    def restart_ramp(self, now: float | None = None) -> None:
         """Begin the ramp again (the upstream said it was cold); the next start obeys."""
-        if self.policy.ramp_s > 0:
-            self._ramp_start = self._clock()
-
-    async def _retarget(self) -> None:
-        rate = self.rate_now()
-        if abs(rate - self._rate) < _RESTEP * self._rate and not (
-            rate == self.policy.per_s and self._rate != rate
-        ):
+        if self.policy.ramp_s <= 0:
             return
-        self._rate = rate
-        self._limiter = self._make(rate)
-        if self._last_start is not None:
-            # Carry the bucket over: what has not leaked since the last start.
-            leaked = (self._clock() - self._last_start) * rate
-            held = max(0.0, min(float(self.policy.burst), 1.0 - leaked))
-            await self._limiter.acquire(held)  # an empty bucket: never waits
+        when = self._clock() if now is None else now
+        self._refill(when)
+        self._ramp_start = when
+        # A backend that has just loaded gets no burst saved up before it went cold.
+        self._tokens = min(self._tokens, 1.0)
 
-    async def try_acquire(self) -> bool:
-        """Take a start if one is free now and nobody is queued; never waits for one."""
-        if self._lock.locked() or not self._limiter.has_capacity():
+    def _refill(self, now: float) -> None:
+        elapsed = now - self._updated
+        if elapsed <= 0:
+            return
+        # The mean of the rates at both ends: exact along the (linear) ramp.
+        rate = (self.rate_now(self._updated) + self.rate_now(now)) / 2
+        self._tokens = min(float(self.policy.burst), self._tokens + elapsed * rate)
+        self._updated = now
+
+    def _take(self, now: float) -> bool:
+        self._refill(now)
+        if self._tokens >= 1.0:
+            self._tokens -= 1.0
+            return True
+        return False
+
+    def try_take(self, now: float) -> bool:
+        """Take a start if one is free at ``now`` and nobody is queued; never waits."""
+        if self._lock.locked():
             return False
-        await self.acquire()
-        return True
+        return self._take(now)
 
     async def acquire(self) -> None:
+        """Wait for the next allowed start, in arrival order."""
         await acquire(self._lock)
         try:
-            await self._retarget()
-            await self._limiter.acquire()
-            self._last_start = self._clock()
+            while True:
+                now = self._clock()
+                if self._take(now):
+                    return
+                wait = (1.0 - self._tokens) / self.rate_now(now)
+                await anyio.sleep(max(wait, _MIN_SLEEP_S))
         finally:
             self._lock.release()

@@ -7,6 +7,12 @@ that a hundred callers handed the same hint come back over half a hint's
 length rather than in one instant. Without a hint, the wait is exponential in
 the number of such waits so far, with "equal jitter": half the step fixed and
 half random, which spreads callers without ever collapsing to zero.
+
+Backoff is also a floor under hints. The first retry honours any hint, however
+short; from the second retry of a call on, a hint shorter than the backoff for
+that retry (a zero hint, a ``retry-after-ms: 0.001``) is waited like no hint
+at all. An upstream that keeps saying "now" is answered at an exponentially
+falling rate, so no hint can make a call's retries amplify an overload.
 """
 
 from __future__ import annotations
@@ -15,7 +21,14 @@ import math
 import random
 from dataclasses import dataclass
 
-__all__ = ["RetryPolicy", "TimeoutPolicy", "backoff_floor_s", "backoff_s", "hinted_wait_s"]
+__all__ = [
+    "RetryPolicy",
+    "TimeoutPolicy",
+    "backoff_floor_s",
+    "backoff_s",
+    "hinted_floor_s",
+    "hinted_wait_s",
+]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -96,10 +109,26 @@ def backoff_floor_s(policy: RetryPolicy, n: int) -> float:
     return _step(policy, n) / 2
 
 
-def hinted_wait_s(policy: RetryPolicy, hint_s: float, rng: random.Random) -> float:
-    """The wait for an upstream hint: at least the hint, spread above it."""
-    hint = min(hint_s, policy.max_hint_s)
-    if hint <= 0:
-        # "Now" from a hundred callers at once is a stampede: spread over a base step.
-        return rng.uniform(0, policy.base_s)
+def _repeat_floor_s(policy: RetryPolicy, n: int) -> float:
+    """The least wait before retry ``n`` whatever the hint: none for the first."""
+    return 0.0 if n <= 1 else backoff_floor_s(policy, n - 1)
+
+
+def hinted_wait_s(policy: RetryPolicy, hint_s: float, rng: random.Random, n: int = 1) -> float:
+    """The wait for an upstream hint before retry ``n``: at least the hint, spread above it."""
+    hint = min(max(hint_s, 0.0), policy.max_hint_s)
+    if hint <= _repeat_floor_s(policy, n) or hint <= 0:
+        # A zero hint, or one shorter than this retry's backoff: "now" from a
+        # hundred callers at once is a stampede, and from one caller again and
+        # again it is a retry storm. Spread over a base step, then back off.
+        if n <= 1:
+            return rng.uniform(0, policy.base_s)
+        return backoff_s(policy, n - 1, rng)
     return hint * (1.0 + rng.uniform(0, policy.hint_jitter))
+
+
+def hinted_floor_s(policy: RetryPolicy, hint_s: float, n: int = 1) -> float:
+    """The least ``hinted_wait_s`` can return for retry ``n``."""
+    hint = min(max(hint_s, 0.0), policy.max_hint_s)
+    floor = _repeat_floor_s(policy, n)
+    return hint if hint > floor else floor

@@ -16,6 +16,7 @@ from yieldgate._exceptions import CircuitOpenError
 from yieldgate.gate._breaker import Breaker
 from yieldgate.gate._hedge import LatencyTracker
 from yieldgate.gate._window import Window, WindowStatistics
+from yieldgate.protocol import Priority
 
 __all__ = ["UpstreamStatistics"]
 
@@ -39,14 +40,13 @@ class UpstreamStatistics:
 
 
 class Upstream:
-    """One upstream's window, breaker, hint hold and recent behaviour."""
+    """One upstream's window (with its hint holds), breaker and recent behaviour."""
 
     __slots__ = (
         "attempts",
         "breaker",
         "failure_rate",
         "failures",
-        "hold_until",
         "latency",
         "name",
         "successes",
@@ -64,9 +64,6 @@ class Upstream:
         self.window = window
         self.breaker = breaker
         self.latency = latency
-        # Per priority rank (low, normal, high): no attempt starts before this
-        # time, set from upstream hints when the retry policy shares them.
-        self.hold_until = [0.0, 0.0, 0.0]
         self.attempts = 0
         self.successes = 0
         self.yields = 0
@@ -74,10 +71,10 @@ class Upstream:
         self.yield_rate = 0.0
         self.failure_rate = 0.0
 
-    def takes(self, rank: int, now: float) -> bool:
-        """Could an attempt at priority ``rank`` start here now: no hint hold to wait
+    def takes(self, priority: Priority, now: float) -> bool:
+        """Could an attempt at ``priority`` start here now: no hint hold to wait
         out and a breaker that lets it through."""
-        if self.hold_until[rank] > now:
+        if self.window.held_until(priority, now):
             return False
         try:
             self.breaker.check()
@@ -93,7 +90,7 @@ class Upstream:
         self.yield_rate += _ALPHA * (congestion - self.yield_rate)
         self.failure_rate += _ALPHA * (failure - self.failure_rate)
 
-    def cost(self, rank: int, now: float, default_latency_s: float) -> float:
+    def cost(self, priority: Priority, now: float, default_latency_s: float) -> float:
         """Estimated seconds until an attempt sent here now would answer.
 
         The time left on a hint hold, plus the recent latency scaled by how far
@@ -107,10 +104,13 @@ class Upstream:
         limit = max(1, window.limit)
         queued = max(0, window.inflight + window.waiting + 1 - limit)
         cost = latency * (1.0 + queued / limit + self.yield_rate + 2.0 * self.failure_rate)
-        hold = self.hold_until[rank] - now
-        return cost + hold if hold > 0 else cost
+        until = self.window.held_until(priority, now)
+        return cost + (until - now) if until else cost
 
-    def statistics(self, now: float) -> UpstreamStatistics:
+    def statistics(self, now: float | None) -> UpstreamStatistics:
+        # The longest hold is the lowest priority's; without a clock (no event
+        # loop running) no hold is reported.
+        until = 0.0 if now is None else self.window.held_until(Priority.LOW, now)
         return UpstreamStatistics(
             name=self.name,
             window=self.window.statistics(),
@@ -120,13 +120,13 @@ class Upstream:
             yields=self.yields,
             failures=self.failures,
             latency_ewma_s=self.latency.ewma_s,
-            hold_s=max(0.0, max(self.hold_until) - now),
+            hold_s=0.0 if now is None or not until else until - now,
         )
 
 
 def choose(
     upstreams: list[Upstream],
-    rank: int,
+    priority: Priority,
     now: float,
     rng: random.Random,
     avoid: set[Upstream] | frozenset[Upstream] = frozenset(),
@@ -143,5 +143,5 @@ def choose(
     default = min(known) if known else 0.0
     return sorted(
         upstreams,
-        key=lambda u: (u in avoid, u.cost(rank, now, default), rng.random()),
+        key=lambda u: (u in avoid, u.cost(priority, now, default), rng.random()),
     )

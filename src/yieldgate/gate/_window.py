@@ -2,27 +2,58 @@
 
 Congestion control in the manner of TCP, applied to requests in flight:
 
-- **Slow start.** The limit starts small (``initial``) and grows by one per
-  success, doubling per round trip, until the first congestion signal or
-  ``max``. A cold backend sees a ramp, not a wall.
+- **Slow start.** The limit starts at ``initial`` (8, or ``max`` if that is
+  lower) and grows by one per success, doubling per round trip, until the
+  first congestion signal or ``max``. A backend sees a ramp, not a wall,
+  without a burst idling most of it for the first round trips (which, for an
+  LLM, last seconds): a governed server refuses the excess of a first round at
+  once, and a buffering one batches eight requests without noticing.
+  ``GatePolicy.cold_start()`` begins at one for a backend known to be fragile.
 - **Additive increase.** Past the slow-start threshold, each success adds
   ``increase / limit``: about ``increase`` per window of successes.
-- **Multiplicative decrease.** A yield or an overload multiplies the limit by
-  ``decrease``, at most once per window: signals from permits granted before
-  the last decrease belong to the same congestion event (a burst of 50 yields
-  from one overload shrinks the window once, not 50 times).
+- **Exact decrease on refusal.** A ``yield`` is the upstream saying, before
+  doing any work, that this one attempt was one too many: the limit sheds
+  exactly one slot per refused attempt (eight refusals from a slow-start
+  overshoot shed eight). A multiplicative cut would idle a share of an honest
+  server's slots after every probe.
+- **Multiplicative decrease.** Other congestion (an overload that may have
+  cost the upstream work, an attempt that timed out on a buffering backend)
+  multiplies the limit by ``decrease``, at most once per window: signals from
+  permits granted before the last decrease belong to the same congestion
+  event (a burst of 50 timeouts shrinks the window once, not 50 times).
+- **A plateau where it hurt.** Growth slows to a quarter near the limit at
+  which congestion last came, so the window probes that level rarely (each
+  probe costs a refused attempt) and grows at the usual pace once past it.
 - **Growth needs demand.** Only permits that were part of a full window (the
   limit bound at or after their grant: it was full, or callers waited) make
   it grow, so a quiet spell cannot inflate it, while a busy round counts in
   full.
 
-Waiting callers are admitted by priority, then in arrival order.
+Waiting callers are admitted by priority, then in order of their ``key`` (the
+Gate passes when each call started, so a call that waited longest goes
+first, a retry included).
+
+**Holds.** An upstream hint ("come back in 200 ms") can be shared: ``hold``
+stops admissions at that priority and below. Nobody goes before the hint has
+passed; then the callers held behind it go one by one in their order, spread
+over the hint's jitter (as their own jittered waits would have been, but
+sorted), so no caller jumps the queue and the upstream sees neither a wave
+nor a caller waiting longer than the jitter allows. During a hold, every
+success reported by ``release`` is evidence that the upstream freed a slot,
+so it admits one held caller at once (completion clocking, as TCP's acks
+clock its sends): the upstream never idles while callers wait out a hint it
+gave before its load moved. A slot freed by a call of one priority admits a
+held caller of that priority or a higher one only: an upstream that keeps
+slots for high priority may not give a low one the slot a high one left. A
+waiter with a ``not_after`` time (the latest it can start and still meet its
+deadline, never before the hint) may go then, though the hold lasts longer.
 """
 
 from __future__ import annotations
 
+import heapq
 import math
-from collections import deque
+import random
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
@@ -35,12 +66,20 @@ from yieldgate.protocol import Priority
 __all__ = ["Permit", "Signal", "Window", "WindowPolicy", "WindowStatistics"]
 
 _PRIORITY_ORDER: Final = (Priority.HIGH, Priority.NORMAL, Priority.LOW)
+# How much slower the window grows just below the level that last met congestion.
+_PLATEAU: Final = 0.25
+# Where slow start begins unless told otherwise (as TCP's initial window grew
+# from 1 to 10 segments, and Netflix's concurrency limits begin at 20).
+DEFAULT_INITIAL: Final = 8
+# Holds cover a priority and those below it: rank 0 is the lowest.
+RANK: Final = {Priority.LOW: 0, Priority.NORMAL: 1, Priority.HIGH: 2}
 
 
 class Signal(StrEnum):
     """How an attempt ended, as far as the window cares."""
 
     SUCCESS = "success"
+    REFUSED = "refused"  # a yield: refused before any work was done
     CONGESTION = "congestion"
     FAILURE = "failure"
     CANCELLED = "cancelled"
@@ -50,12 +89,13 @@ class Signal(StrEnum):
 class WindowPolicy:
     """Bounds and gains of the adaptive window.
 
-    ``initial`` is where slow start begins, ``max`` a hard ceiling that nothing
-    passes, ``min`` the floor a decrease stops at. ``WindowPolicy.fixed(n)``
-    is a plain bulkhead of ``n`` slots that never adapts.
+    ``initial`` is where slow start begins (default: 8, within ``[min, max]``),
+    ``max`` a hard ceiling that nothing passes, ``min`` the floor a decrease
+    stops at. ``WindowPolicy.fixed(n)`` is a plain bulkhead of ``n`` slots
+    that never adapts.
     """
 
-    initial: int = 2
+    initial: int | None = None
     min: int = 1
     max: int = 64
     increase: float = 1.0
@@ -66,7 +106,9 @@ class WindowPolicy:
             raise ValueError(f"window min must be >= 1, got {self.min}")
         if self.max < self.min:
             raise ValueError(f"window max ({self.max}) must be >= min ({self.min})")
-        if not self.min <= self.initial <= self.max:
+        if self.initial is None:
+            object.__setattr__(self, "initial", max(self.min, min(DEFAULT_INITIAL, self.max)))
+        elif not self.min <= self.initial <= self.max:
             raise ValueError(f"window initial ({self.initial}) must be within [min, max]")
         if not (self.increase >= 0 and math.isfinite(self.increase)):
             raise ValueError("window increase must be a finite number >= 0")
@@ -103,12 +145,18 @@ class Permit:
 
 
 class _Waiter:
-    __slots__ = ("event", "permit", "priority")
+    __slots__ = ("event", "gone", "not_after", "permit", "priority")
 
-    def __init__(self, priority: Priority) -> None:
+    def __init__(self, priority: Priority, not_after: float | None) -> None:
         self.priority = priority
+        self.not_after = not_after
         self.event = anyio.Event()
         self.permit: Permit | None = None
+        # Granted or cancelled: no longer queued (queues drop such entries lazily).
+        self.gone = False
+
+
+_Entry = tuple[float, int, _Waiter]
 
 
 class Window:
@@ -119,20 +167,43 @@ class Window:
         policy: WindowPolicy | None = None,
         *,
         on_change: Callable[[int, int], None] | None = None,
+        clock: Callable[[], float] | None = None,
+        rng: random.Random | None = None,
     ) -> None:
         self.policy = policy or WindowPolicy()
-        self._cwnd = float(self.policy.initial)
+        initial = self.policy.initial
+        assert initial is not None  # set by WindowPolicy itself
+        self._cwnd = float(initial)
         self._ssthresh = float(self.policy.max)
-        self._limit = self.policy.initial
+        self._limit = initial
         self._inflight = 0
         self._seq = 0
         self._recovery_seq = 0
         self._full_seq = 0
-        self._queues: dict[Priority, deque[_Waiter]] = {p: deque() for p in _PRIORITY_ORDER}
+        # The limit at which congestion last came (0: never).
+        self._wmax = 0
+        # Per priority, a heap of (key, arrival, waiter): the oldest key first.
+        self._queues: dict[Priority, list[_Entry]] = {p: [] for p in _PRIORITY_ORDER}
+        self._counts: dict[Priority, int] = dict.fromkeys(_PRIORITY_ORDER, 0)
+        self._arrivals = 0
         self._waiting = 0
         self._increases = 0
         self._decreases = 0
         self._on_change = on_change
+        # Read only while a hold is set: a window without holds never needs a clock.
+        self._clock = clock or anyio.current_time
+        self._rng = rng or random.Random()  # noqa: S311 - jitter, not secrets
+        # Per rank: the hold ends at ``_holds`` (the hint with its jitter);
+        # ``_hints`` is when the upstream itself said to come back. Between the
+        # two, held callers go one by one, the next at ``_release_at``.
+        self._holds = [0.0, 0.0, 0.0]
+        self._hints = [0.0, 0.0, 0.0]
+        self._release_at: list[float | None] = [None, None, None]
+        # Per rank: successes during a hold, each of which may admit one held
+        # caller of that rank or above.
+        self._credits = [0, 0, 0]
+        # Waiters with a ``not_after``, soonest first: they may pass a hold then.
+        self._due: list[_Entry] = []
 
     @property
     def limit(self) -> int:
@@ -160,6 +231,87 @@ class Window:
             decreases=self._decreases,
         )
 
+    # -- holds --------------------------------------------------------------
+
+    def hold(self, priority: Priority, until: float, hint_until: float | None = None) -> None:
+        """Hold admissions at ``priority`` and below: none before ``hint_until``
+        (when the upstream asked callers to come back; default ``until``), the
+        held callers one by one in their order from then, all of them by
+        ``until`` (the hint with its jitter). Completions admit held callers
+        earlier (see the module's docstring)."""
+        hint_until = until if hint_until is None else min(hint_until, until)
+        now: float | None = None
+        for rank in range(RANK[priority] + 1):
+            if until > self._holds[rank]:
+                if self._waiting:
+                    if now is None:
+                        now = self._clock()
+                    if self._holds[rank] <= now:
+                        self._nudge(rank)  # they wait with no timer: give them one
+                self._holds[rank] = until
+                self._release_at[rank] = None  # the release starts over at the hint's end
+            if hint_until > self._hints[rank]:
+                self._hints[rank] = hint_until
+                self._release_at[rank] = None
+            # The upstream has just said it is full: earlier completions admit no more.
+            self._credits[rank] = 0
+
+    def _nudge(self, rank: int) -> None:
+        """Wake the waiters of ``rank`` to look at the hold (its head sets a timer)."""
+        for p, r in RANK.items():
+            if r == rank:
+                for _, _, waiter in self._queues[p]:
+                    if not waiter.gone:
+                        waiter.event.set()
+
+    def held_until(self, priority: Priority, now: float | None = None) -> float:
+        """When the hold on ``priority`` ends, or 0.0 if none is in force."""
+        until = self._holds[RANK[priority]]
+        if until and until > (self._clock() if now is None else now):
+            return until
+        return 0.0
+
+    def hint_until(self, priority: Priority, now: float | None = None) -> float:
+        """When the upstream asked ``priority`` to come back (the start of the hold's
+        release), or 0.0 if that has passed."""
+        until = self._hints[RANK[priority]]
+        if until and until > (self._clock() if now is None else now):
+            return until
+        return 0.0
+
+    def _held(self, rank: int, now: float) -> bool:
+        until = self._holds[rank]
+        if not until:
+            return False
+        if until > now:
+            return True
+        # Over: no clock reads for it again.
+        self._holds[rank] = self._hints[rank] = 0.0
+        self._release_at[rank] = None
+        return False
+
+    def _release_due(self, rank: int, now: float) -> float:
+        """When the next held caller of ``rank`` goes, once the hint has passed.
+
+        The callers held at the hint's end are spread over what is left of the
+        hold, one after another: each gap is a random share of the time left,
+        divided among those still waiting (as sorted uniform draws would be).
+        """
+        start = self._hints[rank]
+        if now < start:
+            return start
+        due = self._release_at[rank]
+        if due is None:
+            left = self._holds[rank] - start
+            due = start + left * self._rng.uniform(0, 2) / (self._waiting + 1)
+            self._release_at[rank] = due
+        return due
+
+    def _released_one(self, rank: int, now: float) -> None:
+        """A held caller of ``rank`` went on schedule: set when the next may go."""
+        left = max(0.0, self._holds[rank] - now)
+        self._release_at[rank] = now + left * self._rng.uniform(0, 2) / (self._waiting + 1)
+
     # -- acquire ------------------------------------------------------------
 
     def _grant(self, priority: Priority) -> Permit:
@@ -170,56 +322,165 @@ class Window:
         return Permit(self._seq, priority)
 
     def try_acquire(self, priority: Priority = Priority.NORMAL) -> Permit | None:
-        """A permit now if one is free and nobody of equal or higher priority waits."""
-        if self._inflight < self._limit and (
-            not self._waiting or not self._has_waiters_at_or_above(priority)
-        ):
-            return self._grant(priority)
-        return None
+        """A permit now if one is free, no hold is in force for ``priority`` and
+        nobody of equal or higher priority waits."""
+        if self._inflight >= self._limit:
+            return None
+        if self._waiting and self._has_waiters_at_or_above(priority):
+            return None
+        rank = RANK[priority]
+        if self._holds[rank] and self._held(rank, self._clock()):
+            return None
+        return self._grant(priority)
 
     def _has_waiters_at_or_above(self, priority: Priority) -> bool:
+        counts = self._counts
         for p in _PRIORITY_ORDER:
-            if self._queues[p]:
+            if counts[p]:
                 return True
             if p is priority:
                 return False
         return False  # pragma: no cover - priority is always in the order
 
-    async def acquire(self, priority: Priority = Priority.NORMAL) -> Permit:
-        """Wait for a permit. Cancellation while waiting takes nothing."""
+    async def acquire(
+        self,
+        priority: Priority = Priority.NORMAL,
+        *,
+        key: float | None = None,
+        not_after: float | None = None,
+    ) -> Permit:
+        """Wait for a permit. Cancellation while waiting takes nothing.
+
+        Waiters of one priority are admitted in order of ``key`` (default: when
+        they started waiting). ``not_after`` is the latest this caller can
+        start: from then on a hold no longer keeps it back (the limit still does).
+        """
         permit = self.try_acquire(priority)
         if permit is not None:
             # Granted without awaiting: nothing can cancel us between the grant
             # and the caller holding the permit (and no event-loop trip is paid).
             return permit
-        waiter = _Waiter(priority)
-        self._queues[priority].append(waiter)
+        waiter = _Waiter(priority, not_after)
+        self._arrivals += 1
+        entry = (self._clock() if key is None else key, self._arrivals, waiter)
+        heapq.heappush(self._queues[priority], entry)
+        if not_after is not None:
+            heapq.heappush(self._due, (not_after, self._arrivals, waiter))
+        self._counts[priority] += 1
         self._waiting += 1
         self._full_seq = self._seq  # demand exceeds the limit
         try:
-            await waiter.event.wait()
+            self._wake()  # a held queue may release this one at once
+            while waiter.permit is None:
+                wake_at = self._wake_at(waiter)
+                if wake_at is None:
+                    await waiter.event.wait()
+                else:
+                    with anyio.CancelScope(deadline=wake_at):
+                        await waiter.event.wait()
+                if waiter.permit is None:
+                    # A hold began or moved (a nudge), a release is due, or this
+                    # waiter's not_after came: look again.
+                    waiter.event = anyio.Event()
+                    self._wake()
         except BaseException:
             if waiter.permit is not None:
                 # Granted just as we were cancelled: hand it on, not lost.
                 self.release(waiter.permit, Signal.CANCELLED)
             else:
-                self._queues[priority].remove(waiter)
-                self._waiting -= 1
+                self._leave(waiter)
             raise
-        assert waiter.permit is not None
         return waiter.permit
+
+    def _wake_at(self, waiter: _Waiter) -> float | None:
+        """When a held waiter should look again (``None``: only a grant or a nudge wakes it).
+
+        Only the head of a held queue keeps a timer (for the next release), and
+        a waiter with a ``not_after``; the others are nudged when they become
+        the head, so a thousand held callers cost one timer, not a thousand.
+        """
+        rank = RANK[waiter.priority]
+        if not self._holds[rank]:
+            return None
+        now = self._clock()
+        if not self._held(rank, now):
+            return None
+        times: list[float] = []
+        if self._head(waiter.priority) is waiter:
+            due = self._release_due(rank, now)
+            times.append(due if due > now else self._holds[rank])
+        if waiter.not_after is not None and waiter.not_after > now:
+            times.append(waiter.not_after)
+        return min(times) if times else None
+
+    def _leave(self, waiter: _Waiter) -> None:
+        head = self._head(waiter.priority) is waiter
+        waiter.gone = True
+        self._counts[waiter.priority] -= 1
+        self._waiting -= 1
+        if head and self._holds[RANK[waiter.priority]]:
+            after = self._head(waiter.priority)
+            if after is not None:
+                after.event.set()  # the new head keeps the hold's timer
+
+    def _head(self, priority: Priority) -> _Waiter | None:
+        queue = self._queues[priority]
+        while queue and queue[0][2].gone:
+            heapq.heappop(queue)
+        return queue[0][2] if queue else None
+
+    def _overdue(self, now: float) -> _Waiter | None:
+        due = self._due
+        while due and due[0][2].gone:
+            heapq.heappop(due)
+        if due and due[0][0] <= now:
+            return due[0][2]
+        return None
+
+    def _next(self) -> _Waiter | None:
+        """The waiter to admit next, if any may go now."""
+        now: float | None = None
+        for p in _PRIORITY_ORDER:
+            if not self._counts[p]:
+                continue
+            waiter = self._head(p)
+            assert waiter is not None
+            rank = RANK[p]
+            if self._holds[rank]:
+                if now is None:
+                    now = self._clock()
+                if self._held(rank, now):
+                    # Lower priorities are held at least as long: only a
+                    # completion, the release schedule, or a waiter out of time
+                    # to wait lets anyone go now.
+                    credits = self._credits
+                    for r in range(rank + 1):
+                        if credits[r]:
+                            credits[r] -= 1
+                            return waiter
+                    if self._release_due(rank, now) <= now:
+                        self._released_one(rank, now)
+                        return waiter
+                    return self._overdue(now)
+            return waiter
+        return None
 
     def _wake(self) -> None:
         while self._inflight < self._limit and self._waiting:
-            for p in _PRIORITY_ORDER:
-                if self._queues[p]:
-                    waiter = self._queues[p].popleft()
-                    break
-            else:  # pragma: no cover - _waiting counts queued waiters
+            waiter = self._next()
+            if waiter is None:
                 return
-            self._waiting -= 1
+            self._leave(waiter)
             waiter.permit = self._grant(waiter.priority)
             waiter.event.set()
+
+    def _clocking(self) -> bool:
+        """Some waiter is held back by a hold in force now."""
+        holds = self._holds
+        if not (holds[0] or holds[1] or holds[2]):
+            return False
+        now = self._clock()
+        return any(self._counts[p] and self._held(RANK[p], now) for p in _PRIORITY_ORDER)
 
     # -- release ------------------------------------------------------------
 
@@ -232,11 +493,17 @@ class Window:
         before = self._limit
         if signal is Signal.SUCCESS and permit.seq <= self._full_seq:
             self._grow()
+        elif signal is Signal.REFUSED:
+            self._shed()
         elif signal is Signal.CONGESTION and permit.seq > self._recovery_seq:
             self._shrink()
         if self._limit != before and self._on_change is not None:
             self._on_change(before, self._limit)
         if self._waiting:
+            if signal is Signal.SUCCESS and self._clocking():
+                rank = RANK[permit.priority]
+                if self._credits[rank] < self._waiting:
+                    self._credits[rank] += 1  # a slot freed upstream: one held caller may take it
             self._wake()
 
     def _grow(self) -> None:
@@ -245,11 +512,25 @@ class Window:
         if self._cwnd < self._ssthresh:
             cwnd = self._cwnd + 1.0
         else:
-            cwnd = self._cwnd + self.policy.increase / self._cwnd
+            step = self.policy.increase / self._cwnd
+            if self._limit + 1 == self._wmax:
+                step *= _PLATEAU  # the next slot is where congestion came last
+            cwnd = self._cwnd + step
         self._set_cwnd(min(cwnd, float(self.policy.max)))
+        if self._limit >= self._wmax:
+            self._wmax = 0  # past it without congestion: the upstream has room again
         self._increases += 1
 
+    def _shed(self) -> None:
+        """One attempt refused: one slot too many."""
+        self._wmax = self._limit
+        self._set_cwnd(max(float(self.policy.min), min(self._cwnd, float(self._limit)) - 1.0))
+        self._ssthresh = max(float(self.policy.min), self._cwnd)
+        self._recovery_seq = self._seq
+        self._decreases += 1
+
     def _shrink(self) -> None:
+        self._wmax = self._limit
         self._set_cwnd(max(float(self.policy.min), self._cwnd * self.policy.decrease))
         self._ssthresh = max(float(self.policy.min), self._cwnd)
         # Signals from permits granted up to now belong to this same event.
