@@ -25,6 +25,7 @@ from yieldgate.dialects import (
     should_retry,
 )
 from yieldgate.gate import OutcomeKind
+from yieldgate.gate._outcome import MAX_HINT_S
 
 ALL = (OPENAI, HUGGINGFACE, TGI, GOVERNED_HTTP)
 LIBS = (httpx, httpx2)
@@ -179,7 +180,42 @@ def test_huggingface_loading_without_estimate_still_yields() -> None:
     assert (outcome.kind, outcome.reason, outcome.hint_s) == (OutcomeKind.YIELD, "cold_start", 4.0)
 
 
-@pytest.mark.parametrize("bad", [-1, "20", True, None, 1e300])
+@pytest.mark.parametrize(
+    ("estimated", "dialect"),
+    [(1e8, HUGGINGFACE), (1e9, HUGGINGFACE), (1e300, HUGGINGFACE), (1e8, GOVERNED_HTTP)],
+)
+def test_a_huge_estimate_is_clamped_like_any_huge_hint(estimated: float, dialect: Any) -> None:
+    # Issue 16 item 6: 1e8 was clamped, 1e9 counted as no hint at all.
+    outcome = dialect.classify(response(503, {"error": "loading", "estimated_time": estimated}))
+    assert (outcome.kind, outcome.reason, outcome.hint_s) == (
+        OutcomeKind.YIELD,
+        "cold_start",
+        MAX_HINT_S,
+    )
+
+
+@pytest.mark.parametrize("millis", [1e12, 10**400])
+def test_a_huge_governed_http_hint_is_clamped(millis: float) -> None:
+    # 1e12 ms counted as no hint, where 1e11 was honoured.
+    body = {"status": "yield", "retry_hint_ms": millis, "reason": "saturated"}
+    outcome = GOVERNED_HTTP.classify(response(429, body))
+    assert (outcome.kind, outcome.hint_s) == (OutcomeKind.YIELD, MAX_HINT_S)
+
+
+@pytest.mark.parametrize("header", ["0.001", "1e-9"])
+def test_a_tiny_header_hint_is_kept_as_it_is(header: str) -> None:
+    # Kept: the Gate's backoff floor (from a call's second retry) is what stops a storm.
+    outcome = OPENAI.classify(response(429, {}, headers={"retry-after-ms": header}))
+    assert outcome.hint_s == pytest.approx(float(header) / 1000)
+
+
+@pytest.mark.parametrize("header", ["-5", "nan", "inf", "1e999"])
+def test_a_negative_or_non_finite_header_hint_is_no_hint(header: str) -> None:
+    outcome = OPENAI.classify(response(429, {}, headers={"retry-after-ms": header}))
+    assert (outcome.kind, outcome.hint_s) == (OutcomeKind.YIELD, None)
+
+
+@pytest.mark.parametrize("bad", [-1, "20", True, None, float("nan")])
 def test_huggingface_bad_estimates_are_not_hints(bad: Any) -> None:
     outcome = HUGGINGFACE.classify(response(503, {"error": "busy", "estimated_time": bad}))
     assert outcome.kind is OutcomeKind.OVERLOADED

@@ -33,6 +33,7 @@ from yieldgate import (
     gate_transport,
     http_client,
 )
+from yieldgate.transports.http import MAX_ERROR_BODY_BYTES
 
 URL = "http://upstream.test/v1/chat/completions"
 
@@ -389,3 +390,68 @@ async def test_an_error_body_cut_off_by_the_attempt_timeout_is_still_closed() ->
             await client.get(URL)
     assert closed == [True, True]  # one per attempt, though both were cancelled mid-read
     assert gate.statistics().window.inflight == 0
+
+
+class Endless(httpx2.AsyncByteStream):
+    """A 100 MiB body, produced lazily; counts what was pulled and whether it was closed."""
+
+    CHUNK = b"x" * (1 << 20)
+
+    def __init__(self, chunks: int = 100) -> None:
+        self.chunks = chunks
+        self.pulled = 0
+        self.closed = False
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        yield b'{"error": {"message": "slow down", "code": "rate_limit_exceeded"}, "pad": "'
+        for _ in range(self.chunks):
+            self.pulled += len(self.CHUNK)
+            yield self.CHUNK
+        yield b'"}'
+
+    async def aclose(self) -> None:
+        self.closed = True
+
+
+async def test_item7_a_huge_error_body_is_read_only_up_to_the_cap() -> None:
+    # A 429 with a 100 MiB body was downloaded whole on every attempt.
+    bodies: list[Endless] = []
+
+    def handler(request: httpx2.Request) -> httpx2.Response:
+        body = Endless()
+        bodies.append(body)
+        return httpx2.Response(429, headers={"retry-after-ms": "10"}, stream=body)
+
+    gate = Gate(GatePolicy(retry=RetryPolicy(max_yields=2)), name="upstream")
+    inner = httpx2.MockTransport(handler)
+    async with http_client(gate, dialect="openai", inner=inner) as client:
+        response = await client.post(URL, json={})
+    assert response.status_code == 429
+    assert len(bodies) == 3
+    for body in bodies:
+        assert body.pulled <= 2 * MAX_ERROR_BODY_BYTES  # not 100 MiB
+        assert body.closed  # the rest was never read; the connection goes
+    assert len(response.content) == MAX_ERROR_BODY_BYTES  # a bounded body, handed on
+    assert response.extensions["yieldgate_truncated"] is True
+    assert gate.statistics().window.inflight == 0
+
+
+async def test_a_small_error_body_is_handed_on_whole_and_decoded(make_client: Client) -> None:
+    script = Script((400, {"error": {"message": "bad model"}}, {}))
+    gate = one_slot_gate()
+    async with make_client(script, gate, "openai") as client:
+        response = await client.post(URL, json={})
+    assert response.json() == {"error": {"message": "bad model"}}
+    assert "yieldgate_truncated" not in response.extensions
+
+
+async def test_item16_a_priority_header_in_any_case_is_forwarded_as_the_server_reads_it(
+    make_client: Client,
+) -> None:
+    # The client lower-cased the header for itself but forwarded "High" as given.
+    script = Script((200, {"ok": True}, {}))
+    gate = one_slot_gate()
+    async with make_client(script, gate) as client:
+        await client.post(URL, json={}, headers={"X-Yieldgate-Priority": " High "})
+    assert script.requests[0]["priority"] == "high"
+    assert script.requests[0]["headers"]["x-yieldgate-priority"] == "high"

@@ -9,7 +9,9 @@ The headers, in the order a hint is looked for (openai-python's order):
   retry can succeed, which overrides what the status alone would say.
 
 A header that cannot be read gives no hint rather than an error: a bad hint
-must never turn a retryable answer into a crash.
+must never turn a retryable answer into a crash. Every number read goes
+through the Gate's one sanitiser (``sanitize_hint_s``): negative or not finite
+is no hint, huge is clamped.
 """
 
 from __future__ import annotations
@@ -20,15 +22,17 @@ from collections.abc import Callable, Mapping
 from datetime import UTC
 from email.utils import parsedate_to_datetime
 
+from yieldgate.gate._outcome import sanitize_hint_s
+
 __all__ = ["retry_hint_s", "should_retry"]
 
 
-def _seconds(text: str) -> float | None:
+def _number(text: str) -> float | None:
     try:
         value = float(text.strip())
     except ValueError:
         return None
-    return value if value >= 0 and math.isfinite(value) else None
+    return value if math.isfinite(value) else None
 
 
 def _date_delay_s(text: str, now: Callable[[], float]) -> float | None:
@@ -52,16 +56,16 @@ def retry_hint_s(
     """
     millis = headers.get("retry-after-ms")
     if millis is not None:
-        value = _seconds(millis)
-        if value is not None:
-            return value / 1000.0
+        hint = sanitize_hint_s(_number(millis), unit_s=0.001)
+        if hint is not None:
+            return hint
     after = headers.get("retry-after")
     if after is None:
         return None
-    value = _seconds(after)
-    if value is not None:
-        return value
-    return _date_delay_s(after, now)
+    number = _number(after)
+    if number is not None:
+        return sanitize_hint_s(number)
+    return sanitize_hint_s(_date_delay_s(after, now))
 
 
 def should_retry(headers: Mapping[str, str]) -> bool | None:

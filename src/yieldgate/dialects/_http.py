@@ -57,6 +57,7 @@ from typing import Any, Protocol
 from yieldgate._exceptions import RemoteError
 from yieldgate.dialects._hints import retry_hint_s, should_retry
 from yieldgate.gate import Outcome, default_classify
+from yieldgate.gate._outcome import sanitize_hint_s
 
 __all__ = [
     "DIALECTS",
@@ -70,7 +71,6 @@ __all__ = [
 ]
 
 _MAX_BODY_PARSE = 1 << 20  # bigger error bodies are not parsed
-_MAX_HINT_S = 1e9  # finite, and a float the Outcome accepts
 
 
 class ResponseLike(Protocol):
@@ -166,13 +166,9 @@ def _openai_quota(reply: _Reply) -> Outcome | None:
 def _hf_loading(reply: _Reply) -> Outcome | None:
     if reply.status != 503:
         return None
-    estimated = reply.field("estimated_time")
-    if (
-        isinstance(estimated, int | float)
-        and not isinstance(estimated, bool)
-        and 0 <= estimated < _MAX_HINT_S
-    ):
-        return Outcome.yielded(float(estimated), "cold_start", value=reply.response)
+    estimated = sanitize_hint_s(reply.field("estimated_time"))
+    if estimated is not None:
+        return Outcome.yielded(estimated, "cold_start", value=reply.response)
     message = reply.field("error")
     if isinstance(message, str) and "currently loading" in message:
         return Outcome.yielded(reply.hint_s, "cold_start", value=reply.response)
@@ -192,10 +188,9 @@ def _tgi(reply: _Reply) -> Outcome | None:
 def _governed_yield(reply: _Reply) -> Outcome | None:
     if reply.field("status") != "yield":
         return None
-    hint = reply.hint_s
-    millis = reply.field("retry_hint_ms")
-    if isinstance(millis, int | float) and not isinstance(millis, bool) and 0 <= millis < 1e12:
-        hint = millis / 1000.0
+    hint = sanitize_hint_s(reply.field("retry_hint_ms"), unit_s=0.001)
+    if hint is None:
+        hint = reply.hint_s
     reason = reply.field("reason")
     if not isinstance(reason, str):
         code = reply.field("error", "code")

@@ -27,6 +27,12 @@ call's priority (it is also sent, for servers that read it, as yieldgate's
 reference server does). Use the client's own retries off (``max_retries=0``
 for openai): retrying is the Gate's job.
 
+The body of a non-2xx response is read for the dialect, but at most
+``MAX_ERROR_BODY_BYTES`` (1 MiB, what a dialect parses) of it: the rest is
+never downloaded, the connection is closed, and the response handed on (to
+the client, when the Gate gives up) carries the bytes read, with
+``extensions["yieldgate_truncated"]`` set when there were more.
+
 An attempt ends at the first chunk of a 2xx body, not at its headers: a
 server that sends headers and then fails is retried, and a hedge delay
 measures the time to the first token of a stream. After the first chunk, a
@@ -62,13 +68,21 @@ from yieldgate.gate import (
     UsePolicy,
     current_attempt,
 )
-from yieldgate.protocol import PRIORITY_BY_NAME, Priority
+from yieldgate.protocol import DEADLINE_HEADER, PRIORITY_HEADER, Priority, parse_priority
 
-__all__ = ["DEADLINE_HEADER", "PRIORITY_HEADER", "Flavor", "gate_transport", "http_client"]
+__all__ = [
+    "DEADLINE_HEADER",
+    "MAX_ERROR_BODY_BYTES",
+    "PRIORITY_HEADER",
+    "Flavor",
+    "gate_transport",
+    "http_client",
+]
 
 Flavor = Literal["httpx", "httpx2"]
-PRIORITY_HEADER = "x-yieldgate-priority"
-DEADLINE_HEADER = "x-yieldgate-deadline-ms"
+MAX_ERROR_BODY_BYTES = 1 << 20
+# Headers that describe the body as it was sent, not the (decoded, maybe cut) bytes kept.
+_BODY_HEADERS = ("content-encoding", "content-length", "transfer-encoding")
 
 
 def _library(flavor: str) -> Any:
@@ -105,6 +119,9 @@ class _GatedCore:
         # streamed upload becomes bytes that can be sent again.
         await request.aread()
         priority = _priority(request.headers.get(PRIORITY_HEADER))
+        if PRIORITY_HEADER in request.headers:
+            # Forwarded as the server reads it, whatever case the caller wrote.
+            request.headers[PRIORITY_HEADER] = priority.value
         key_header = self.dialect.idempotency_header
         if key_header is not None and key_header not in request.headers:
             request.headers[key_header] = uuid.uuid4().hex
@@ -150,19 +167,47 @@ class _GatedCore:
                 request.headers[DEADLINE_HEADER] = str(max(1, int(remaining * 1000)))
         response = await self.inner.handle_async_request(request)
         if not 200 <= response.status_code < 300:
-            # The dialect reads error bodies; they are small, and a retry
-            # drops this response, so its connection must be freed now.
-            try:
-                await response.aread()
-            finally:
-                # Even when the attempt is being cancelled: else the
-                # connection stays checked out of the pool.
-                with anyio.CancelScope(shield=True):
-                    await response.aclose()
-            return response
+            # The dialect reads error bodies, and a retry drops this response,
+            # so its connection must be freed now.
+            return await self._bounded(response, request)
         if not getattr(response, "is_closed", False):
             await _first_chunk(response)
         return response
+
+    async def _bounded(self, response: Any, request: Any) -> Any:
+        """``response`` with its body read, but never more than ``MAX_ERROR_BODY_BYTES``.
+
+        A 429 with a 100 MiB body must not be downloaded on every attempt: the
+        reading stops past the cap, the connection is closed (the rest is never
+        read), and a copy of the response carries what was read.
+        """
+        body = bytearray()
+        truncated = False
+        try:
+            async for chunk in response.aiter_bytes():
+                body += chunk
+                if len(body) > MAX_ERROR_BODY_BYTES:
+                    truncated = True
+                    del body[MAX_ERROR_BODY_BYTES:]
+                    break
+        finally:
+            # Even when the attempt is being cancelled: else the connection
+            # stays checked out of the pool.
+            with anyio.CancelScope(shield=True):
+                await response.aclose()
+        headers = response.headers.copy()
+        for name in _BODY_HEADERS:
+            headers.pop(name, None)
+        extensions = dict(response.extensions)
+        if truncated:
+            extensions["yieldgate_truncated"] = True
+        return self._lib.Response(
+            response.status_code,
+            headers=headers,
+            content=bytes(body),
+            request=request,
+            extensions=extensions,
+        )
 
     def _copy_for(self, request: Any, attempt: AttemptInfo) -> Any:
         url = request.url
@@ -198,7 +243,7 @@ class _GatedCore:
 def _priority(value: str | None) -> Priority:
     if value is None:
         return Priority.NORMAL
-    found = PRIORITY_BY_NAME.get(value.strip().lower())
+    found = parse_priority(value)
     if found is None:
         raise ValueError(f"{PRIORITY_HEADER} must be high, normal or low, got {value!r}")
     return found
