@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import json
 import time
 from pathlib import Path
 from typing import Any
@@ -23,12 +25,14 @@ from yieldgate import (
     RemoteError,
     RetriesExhaustedError,
     RetryPolicy,
+    StreamInterruptedError,
     TimeoutPolicy,
     TransportError,
     WindowPolicy,
     YieldExhaustedError,
     YieldgateError,
 )
+from yieldgate.transports.governed import STREAM_BUFFER
 
 pytestmark = [pytest.mark.anyio, pytest.mark.e2e]
 
@@ -405,3 +409,136 @@ async def test_submit_inside_a_gate_call_sends_that_calls_priority(serve: Any) -
 
 async def _inflight_is(client: GovernedClient, n: int) -> bool:
     return bool((await client.stats())["inflight"] == n)
+
+
+# -- issue 16: abandoned work, flow control, hostile peers -------------------------------
+
+
+async def test_item6_an_absurd_tcp_hint_is_clamped_not_an_overflow() -> None:
+    # retry_hint_ms of 10**400 raised OverflowError inside the client: a fatal
+    # CallFailedError, where a clamped hint (past the deadline) fails fast.
+    async def handle(stream: anyio.abc.SocketStream) -> None:
+        async with stream:
+            line = (await stream.receive()).split(b"\n")[0]
+            rid = json.loads(line)["id"]
+            hint = "1" + "0" * 400
+            await stream.send(
+                b'{"id":"%s","status":"yield","retry_hint_ms":%s,"inflight":1,'
+                b'"max_inflight":1,"reason":"saturated"}\n' % (rid.encode(), hint.encode())
+            )
+            with contextlib.suppress(anyio.EndOfStream, anyio.BrokenResourceError):
+                await stream.receive()
+
+    started = time.monotonic()
+    error = await submit_to_fake_peer(handle, GatePolicy(timeouts=TimeoutPolicy(total_s=5)))
+    assert isinstance(error, DeadlineExceededError), error
+    assert "asked to wait" in str(error) or "would pass the call's deadline" in str(error)
+    assert time.monotonic() - started < 2
+
+
+async def test_item11_a_cancelled_submit_is_cancelled_on_the_server(serve: Any) -> None:
+    # Cancelling a submit only dropped the client's waiter: the server ran it to the
+    # end, counted executed, while the client's window counted the slot free.
+    server = serve("--exec-ms", "10000", "--max-inflight", "2")
+    gate = Gate(GatePolicy(window=WindowPolicy.fixed(2)))
+    async with GovernedClient(url(server), gate=gate) as client:
+        with anyio.move_on_after(0.3):
+            await client.submit("abandoned")
+        assert gate.statistics().window.inflight == 0
+
+        async def freed_on_the_server() -> bool:
+            stats = await client.stats()
+            return bool(stats["inflight"] == 0 and stats["cancelled_total"] == 1)
+
+        await eventually(freed_on_the_server, timeout=5)
+        stats = await client.stats()
+        assert (stats["executed_total"], stats["connections_open"]) == (0, 1)
+        # The same connection goes on serving.
+        assert await client.submit("next", params={"exec_ms": 1}) == {"text": "next"}
+
+
+async def test_item11_leaving_a_stream_early_cancels_the_rest_on_the_server(serve: Any) -> None:
+    server = serve("--exec-ms", "10000", "--max-inflight", "1")
+    async with GovernedClient(url(server)) as client:
+        async with client.stream("a long answer", params={"chunks": 1000}) as chunks:
+            async for _ in chunks:
+                break  # the caller has seen enough
+
+        async def freed_on_the_server() -> bool:
+            stats = await client.stats()
+            return bool(stats["inflight"] == 0 and stats["cancelled_total"] == 1)
+
+        await eventually(freed_on_the_server, timeout=5)
+        # The only slot is free again for the next caller, at once.
+        assert await client.submit("next", params={"exec_ms": 1}) == {"text": "next"}
+
+
+async def test_item11_a_stream_carries_the_calls_deadline(serve: Any) -> None:
+    # Streams sent no deadline_ms: a stream whose caller's budget ran out ran on.
+    server = serve("--exec-ms", "10000")
+    async with GovernedClient(url(server)) as client:
+
+        async def read_to_the_end() -> None:
+            async with client.stream("x" * 1000, params={"chunks": 1000}, timeout=1.0) as chunks:
+                async for _ in chunks:
+                    pass
+
+        started = time.monotonic()
+        with anyio.fail_after(8), pytest.raises(StreamInterruptedError) as info:
+            await read_to_the_end()
+        assert "deadline_exceeded" in str(info.value)
+        assert time.monotonic() - started < 5
+        assert (await client.stats())["inflight"] == 0
+
+
+async def test_item12_a_paused_consumer_buffers_a_bounded_number_of_chunks(serve: Any) -> None:
+    # The client buffered chunks without bound (500,000 while the consumer paused),
+    # so TCP's backpressure never reached the server.
+    server = serve("--exec-ms", "300")
+    async with (
+        GovernedClient(url(server)) as client,
+        client.stream("y" * 10_000, params={"chunks": 10_000}) as chunks,
+    ):
+        await anyio.sleep(1.0)  # the server has sent everything it could meanwhile
+        buffered = chunks._receive.statistics().current_buffer_used
+        assert buffered <= STREAM_BUFFER
+        pieces = [piece["text"] async for piece in chunks]
+    assert len(pieces) == 10_000  # nothing was lost to the bound
+
+
+async def test_item13_a_draining_connection_is_closed_once_its_work_is_answered() -> None:
+    # Against a server that answers frame_too_large and keeps the connection open,
+    # 200 calls left 200 connections open.
+    open_connections = 0
+
+    async def handle(stream: anyio.abc.SocketStream) -> None:
+        nonlocal open_connections
+        open_connections += 1
+        try:
+            async with stream:
+                while True:
+                    await stream.receive()
+                    await stream.send(
+                        b'{"id":null,"status":"error","code":"frame_too_large",'
+                        b'"message":"too large","retryable":false}\n'
+                    )
+        except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError):
+            pass
+        finally:
+            open_connections -= 1
+
+    listener = await anyio.create_tcp_listener(local_host="127.0.0.1", local_port=0)
+    port = listener.extra(anyio.abc.SocketAttribute.local_port)
+    policy = GatePolicy(
+        retry=RetryPolicy(max_attempts=1), timeouts=TimeoutPolicy(attempt_s=0.05, total_s=5)
+    )
+    async with listener, anyio.create_task_group() as tg:
+        tg.start_soon(listener.serve, handle)
+        async with GovernedClient(f"tcp://127.0.0.1:{port}", gate=Gate(policy)) as client:
+            for i in range(50):
+                with pytest.raises(YieldgateError):
+                    await client.submit(f"call {i}")
+            with anyio.fail_after(5):
+                while open_connections > 1:  # noqa: ASYNC110 - a count, no event to wait on
+                    await anyio.sleep(0.01)
+        tg.cancel_scope.cancel()

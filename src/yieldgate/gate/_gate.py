@@ -203,7 +203,9 @@ class AttemptInfo:
     sent to and ``target`` is what was registered for it (a URL, a client);
     both are ``None`` for a Gate without upstreams. ``hedging`` is true when
     the call may run several attempts at once (a hedge policy is set): a
-    transport then keeps each attempt cancellable on its own.
+    transport then keeps each attempt cancellable on its own. ``deadline`` is
+    the attempt's (its timeout or the call's, whichever ends first);
+    ``call_deadline`` the whole call's (``None``: no total timeout).
     """
 
     gate: str
@@ -213,12 +215,23 @@ class AttemptInfo:
     upstream: str | None = None
     target: Any = None
     hedging: bool = False
+    call_deadline: float | None = None
 
     def remaining_s(self) -> float | None:
         """Seconds left for this attempt (its timeout or the call's deadline), or None."""
         if self.deadline is None:
             return None
         return max(0.0, self.deadline - anyio.current_time())
+
+    def call_remaining_s(self) -> float | None:
+        """Seconds left of the whole call's total timeout, or None if it has none.
+
+        What a stream carries upstream: it goes on past its attempt (its first
+        chunk), within the budget the caller gave the call.
+        """
+        if self.call_deadline is None:
+            return None
+        return max(0.0, self.call_deadline - anyio.current_time())
 
 
 class _Attempt:
@@ -284,6 +297,7 @@ def current_attempt() -> AttemptInfo | None:
         upstream=upstream.name if named else None,
         target=upstream.target if named else None,
         hedging=call.hedge is not None,
+        call_deadline=call.deadline,
     )
 
 

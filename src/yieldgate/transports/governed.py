@@ -5,22 +5,30 @@ waited out around its hint, failures are retried within the budget, and the
 remaining time budget travels to the server as ``deadline_ms`` (so work the
 client has given up on is cancelled there too). Bodies carry their SHA-256.
 
-One connection carries all requests at once; a reader task routes replies to
-their requests by ``id``. A broken connection fails its pending requests with
-``TransportError`` (retryable) and the next attempt reconnects.
+One connection carries all plain submits at once; a reader task routes
+replies to their requests by ``id``. A broken connection fails its pending
+requests with ``TransportError`` (retryable) and the next attempt reconnects.
+A submit its caller abandons (cancelled, or past its attempt's timeout) is
+cancelled on the server with protocol 1.1's ``cancel`` op, so its slot frees
+at once there too; a version-1 server ignores the op and runs it to its end.
 
-Under a hedge policy each attempt has a connection to itself (reused from a
-small pool once its reply is complete): the protocol cancels admitted work
-only when its connection closes, so that is how a hedge that lost the race
-frees its slot on the server at once. Given several URLs, the client is a
-set of upstreams for its Gate, which picks one per attempt.
+A stream, and under a hedge policy every attempt, has a connection to itself
+(reused from a small pool once its reply is complete). A stream's chunks wait
+in a small buffer; when the consumer stops reading, the reader stops too, and
+TCP's flow control reaches the server (which, past its write timeout, cancels
+the work). Leaving a stream before its end, or a hedge losing the race, closes
+its connection, which cancels its work on any version of the server. Given
+several URLs, the client is a set of upstreams for its Gate, which picks one
+per attempt.
+
+A connection whose server answered ``frame_too_large`` takes no new requests
+and is closed once the requests it carries are answered or abandoned.
 """
 
 from __future__ import annotations
 
 import contextlib
 import itertools
-import math
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 from urllib.parse import urlsplit
@@ -39,6 +47,7 @@ from yieldgate._exceptions import (
     YieldgateError,
 )
 from yieldgate.gate import USE_POLICY, AttemptInfo, Gate, Outcome, UsePolicy, current_attempt
+from yieldgate.gate._outcome import sanitize_hint_s
 from yieldgate.protocol import (
     DEFAULT_MAX_FRAME_BYTES,
     ChunkReply,
@@ -50,6 +59,7 @@ from yieldgate.protocol import (
     Reply,
     StatsReply,
     YieldReply,
+    cancel_frame,
     decode_reply,
     encode_frame,
     ping_frame,
@@ -90,6 +100,8 @@ def _parse_url(url: str) -> tuple[str, int]:
 
 # Idle connections kept per server for attempts that need one to themselves.
 _MAX_IDLE_EXCLUSIVE = 32
+# Replies a stream's consumer may leave unread before its connection's reader waits.
+STREAM_BUFFER = 64
 
 
 class _Connection:
@@ -146,9 +158,19 @@ class _Connection:
                 buf += data
                 start = 0
                 while (nl := buf.find(b"\n", start)) >= 0:
-                    self._dispatch(decode_reply(bytes(buf[start:nl])))
+                    reply = decode_reply(bytes(buf[start:nl]))
                     start = nl + 1
+                    waiter = self._dispatch(reply)
+                    if waiter is not None:
+                        # A stream's own connection: wait for its consumer to
+                        # make room, so that the server feels a slow reader.
+                        with contextlib.suppress(
+                            anyio.BrokenResourceError, anyio.ClosedResourceError
+                        ):
+                            await waiter.send(reply)
                 del buf[:start]
+                if self.draining and not self.waiters:
+                    return  # everything it carried is answered: close it
                 self._check_size(buf)
         except ProtocolError as exc:
             self.fail(ProtocolError(f"server sent an invalid reply: {exc.message}"))
@@ -166,19 +188,24 @@ class _Connection:
         if len(pending) > self.max_frame_bytes:
             raise ProtocolError(f"reply longer than {self.max_frame_bytes} bytes")
 
-    def _dispatch(self, reply: Reply) -> None:
+    def _dispatch(self, reply: Reply) -> MemoryObjectSendStream[Reply] | None:
+        """Hand ``reply`` to its request; the waiter to ``await send`` to, if it must wait."""
         if reply.id is None:
             assert isinstance(reply, ErrorReply)
             if reply.code == ErrorCode.FRAME_TOO_LARGE:
                 # The server reads no more from this connection but answers what
                 # it admitted; new requests go to a new connection.
                 self.draining = True
-            return
+            return None
         waiter = self.waiters.get(reply.id)
         if waiter is None:
-            return  # a request we stopped waiting for (timed out, stream abandoned)
+            return None  # a request we stopped waiting for (timed out, stream abandoned)
+        if self.exclusive:
+            return waiter
+        # A plain submit's one reply: a server that sends more gets them dropped.
         with contextlib.suppress(anyio.WouldBlock, anyio.BrokenResourceError):
             waiter.send_nowait(reply)
+        return None
 
 
 class _Endpoint:
@@ -344,7 +371,7 @@ class GovernedClient:
         return format(next(self._ids), "x")
 
     async def _open_request(
-        self, frame: dict[str, Any]
+        self, frame: dict[str, Any], *, stream: bool = False
     ) -> tuple[_Connection, str, MemoryObjectReceiveStream[Reply]]:
         data = encode_frame(frame)
         if len(data) - 1 > self._max_frame_bytes:
@@ -354,12 +381,14 @@ class GovernedClient:
             )
         attempt = current_attempt()
         endpoint = self._endpoint(attempt)
-        if attempt is not None and attempt.hedging:
+        if stream or (attempt is not None and attempt.hedging):
             conn = await self._exclusive(endpoint)
         else:
             conn = await self._connection(endpoint)
         rid = frame["id"]
-        send, receive = anyio.create_memory_object_stream[Reply](math.inf)
+        send, receive = anyio.create_memory_object_stream[Reply](
+            STREAM_BUFFER if conn.exclusive else 1
+        )
         conn.waiters[rid] = send
         try:
             await conn.send(data)
@@ -386,21 +415,44 @@ class GovernedClient:
     ) -> None:
         """Stop waiting for ``rid``. An exclusive connection goes back to its pool
         if the reply was ``complete``; if not, it is closed, which cancels the
-        request on the server."""
+        request on the server. On the shared connection an incomplete request is
+        cancelled with the ``cancel`` op, and a draining connection is closed
+        once nothing waits on it."""
         waiter = conn.waiters.pop(rid, None)
         if waiter is not None:
             waiter.close()
         receive.close()
         if not conn.exclusive:
+            if conn.draining and not conn.waiters:
+                await self._close(conn, TransportError("connection drained"))
+            elif not complete and not conn.broken and self._state == "open":
+                self._send_cancel(conn, rid)
             return
         if complete and not conn.broken and self._state == "open":
             endpoint = conn.endpoint
             if endpoint is not None and len(endpoint.idle) < _MAX_IDLE_EXCLUSIVE:
                 endpoint.idle.append(conn)
                 return
-        conn.fail(TransportError("request abandoned"))
+        await self._close(conn, TransportError("request abandoned"))
+
+    @staticmethod
+    async def _close(conn: _Connection, error: YieldgateError) -> None:
+        conn.fail(error)
         with anyio.CancelScope(shield=True):
             await conn.stream.aclose()
+
+    def _send_cancel(self, conn: _Connection, rid: str) -> None:
+        """Ask the server to stop ``rid`` (protocol 1.1), from the client's own task
+        group: the caller leaving (often cancelled itself) never waits on the send."""
+        assert self._tasks is not None
+        data = encode_frame(cancel_frame(rid, auth=self._auth))
+
+        async def send() -> None:
+            # A connection that broke meanwhile cancelled everything on it anyway.
+            with contextlib.suppress(YieldgateError):
+                await conn.send(data)
+
+        self._tasks.start_soon(send)
 
     async def _ask(self, frame: dict[str, Any]) -> Reply:
         conn, rid, receive = await self._open_request(frame)
@@ -415,10 +467,17 @@ class GovernedClient:
     def _submit_frame(
         self, body: str, priority: Priority, params: Mapping[str, Any] | None, stream: bool
     ) -> dict[str, Any]:
-        # A plain submit's budget is the attempt's; a stream goes on after its
-        # attempt (its first chunk), bounded by the caller, so it carries none.
-        attempt = None if stream else current_attempt()
-        remaining = attempt.remaining_s() if attempt is not None else None
+        # The budget travels with the work, so the server stops what nobody will
+        # wait for, however the client left: a plain submit's is its attempt's; a
+        # stream goes on past its attempt (its first chunk), so it carries what is
+        # left of the whole call (a long generation is not cut at attempt_s).
+        attempt = current_attempt()
+        if attempt is None:
+            remaining = None
+        elif stream:
+            remaining = attempt.call_remaining_s()
+        else:
+            remaining = attempt.remaining_s()
         deadline_ms = None if remaining is None else max(1, int(remaining * 1000))
         return submit_frame(
             self._next_id(),
@@ -434,7 +493,9 @@ class GovernedClient:
         if isinstance(reply, OkReply):
             return Outcome.ok(reply.result)
         if isinstance(reply, YieldReply):
-            return Outcome.yielded(reply.retry_hint_ms / 1000.0, reply.reason, value=reply)
+            # 10**400 ms is an integer JSON can carry: clamped, never an OverflowError.
+            hint = sanitize_hint_s(reply.retry_hint_ms, unit_s=0.001)
+            return Outcome.yielded(hint, reply.reason, value=reply)
         if isinstance(reply, ErrorReply):
             return _classify_error(reply)
         return Outcome.fatal(ProtocolError(f"unexpected {type(reply).__name__} to a submit"))
@@ -532,7 +593,7 @@ class GovernedClient:
     ) -> Outcome:
         frame = self._submit_frame(body, priority, params, stream=True)
         try:
-            conn, rid, receive = await self._open_request(frame)
+            conn, rid, receive = await self._open_request(frame, stream=True)
         except _FrameTooLargeError as exc:
             return Outcome.fatal(exc)
         except (TransportError, ProtocolError) as exc:
