@@ -58,6 +58,10 @@ def p99(values: list[float]) -> float:
     return found
 
 
+def slower_than(values: list[float], seconds: float) -> int:
+    return sum(1 for v in values if v > seconds)
+
+
 async def timed_burst(client: GovernedClient, calls: int, concurrency: int) -> list[float]:
     latencies: list[float] = []
 
@@ -103,10 +107,17 @@ async def test_hedging_cuts_the_p99_of_a_long_tail_within_the_budget(serve: Any)
     calls = 120
     hedge = HedgePolicy(delay_s=0.1, max_hedges=3)
     results = await hedged_and_unhedged([tcp(server)], hedge, calls)
-    unhedged, _ = results["unhedged"]
+    unhedged, unhedged_stats = results["unhedged"]
     hedged, stats = results["hedged"]
-    assert p99(unhedged) > 1.4  # about 18 calls drew the tail
-    assert p99(hedged) < 0.3 * p99(unhedged), (p99(hedged), p99(unhedged))
+    # Judged by counts with wide margins, not by a ratio of timings: unhedged, every
+    # call that drew the 1.5 s tail waited for it (about 18: one draw per call, from
+    # the server's seeded sequence); hedged, a call waits for the tail only if all
+    # four of its attempts drew it (0.15^4), whatever the machine's load.
+    tail = slower_than(unhedged, 1.4)
+    assert tail >= 10, sorted(unhedged)[-20:]
+    assert unhedged_stats.attempts == calls
+    assert slower_than(hedged, 1.4) <= 1, sorted(hedged)[-5:]
+    assert p99(hedged) < p99(unhedged)
     assert stats.hedges > 0
     # Hedges spend the retry budget: 20% of the calls plus 1/s over its 10 s window.
     assert stats.attempts <= calls * 1.2 + 10, stats
@@ -130,9 +141,10 @@ async def test_hedging_across_a_slow_and_a_fast_upstream(serve: Any) -> None:
     unhedged, _ = results["unhedged"]
     hedged, stats = results["hedged"]
     # Unhedged, the router learns to avoid "slow" only after it was slow for someone;
-    # hedged, nobody waits much longer than the delay plus the fast answer.
-    assert max(unhedged) > 1.4
-    assert max(hedged) < 0.8, max(hedged)
+    # hedged, nobody waits for a slow draw (1.5 s): the hedge went to "fast" after
+    # 0.1 s. (Counts with a wide margin: the machine's load moves the fast times.)
+    assert slower_than(unhedged, 1.4) >= 1
+    assert slower_than(hedged, 1.4) == 0, max(hedged)
     assert p99(hedged) <= p99(unhedged)
     assert stats.attempts <= calls * 1.2 + 10, stats
     assert (await server_stats(slow))["inflight"] == 0
@@ -154,7 +166,7 @@ async def test_a_losing_hedge_is_cancelled_on_its_server_at_once(serve: Any) -> 
             if gate.statistics().hedge_wins:
                 break
         assert gate.statistics().hedge_wins == 1
-        stats = await stats_when(slow, lambda s: s["inflight"] == 0, timeout=0.5)
+        stats = await stats_when(slow, lambda s: s["inflight"] == 0, timeout=4.0)
     # The 5 s execution was cancelled, not finished, and its slot freed long before.
     assert stats["cancelled_total"] == 1
     assert stats["executed_total"] == 0
@@ -183,8 +195,9 @@ async def test_a_losing_hedge_over_http_is_cancelled_on_its_server(serve: Any) -
             if gate.statistics().hedge_wins:
                 break
     assert gate.statistics().hedge_wins == 1
-    stats = await stats_when(slow, lambda s: s["inflight"] == 0, timeout=1.0)
+    stats = await stats_when(slow, lambda s: s["inflight"] == 0, timeout=4.0)
     assert stats["cancelled_total"] == 1
+    assert stats["executed_total"] == 0  # cancelled long before its 5 s were up
     assert len(seen_keys) == gate.statistics().calls  # one key per call
 
 
@@ -221,17 +234,28 @@ async def test_failover_when_an_upstream_stops_mid_run(serve: Any, how: str) -> 
                     await anyio.sleep(0.01)
             # Stop whichever upstream is doing the most now.
             by_url = {u.name: u for u in gate.statistics().upstreams}
-            victim = a if by_url[urls[0]].attempts >= by_url[urls[1]].attempts else b
-            done_at_stop = done
+            victim_url = (
+                urls[0] if by_url[urls[0]].attempts >= by_url[urls[1]].attempts else urls[1]
+            )
+            victim = a if victim_url == urls[0] else b
+            victim_ok_at_stop = by_url[victim_url].successes
             victim.signal(signal.SIGKILL if how == "SIGKILL" else signal.SIGTERM)
     assert done == calls  # 100% success through the other
     stats = gate.statistics()
     assert stats.calls_ok == calls
+    by_url = {u.name: u for u in stats.upstreams}
+    survivor_url = urls[1] if victim_url == urls[0] else urls[0]
     survivor = b if victim is a else a
+    assert by_url[victim_url].successes + by_url[survivor_url].successes == calls
     served = await server_stats(survivor)
-    # Everything after the stop went to the survivor, but for the at most 16 calls in
-    # flight then (a SIGTERM lets the victim finish those within its grace).
-    assert served["executed_total"] >= calls - done_at_stop - 16
+    # Every answer the client took from the survivor, the survivor executed.
+    assert served["executed_total"] >= by_url[survivor_url].successes
+    if how == "SIGKILL":
+        # A killed server answers nothing more: after the kill, the victim's only
+        # successes are replies already on their way (at most the 16 in flight).
+        # (A SIGTERM lets it finish admitted work within its grace, and admit
+        # more until it has handled the signal: no bound holds on a loaded machine.)
+        assert by_url[victim_url].successes - victim_ok_at_stop <= 16
 
 
 async def test_a_stream_that_fails_after_its_first_chunk_raises_with_the_partial_output(

@@ -577,10 +577,14 @@ async def test_map_raises_the_first_failure_or_returns_them() -> None:
 # -- jitter across many callers ----------------------------------------------------
 
 
-async def test_a_hundred_callers_with_the_same_hint_spread_out() -> None:
-    # Each caller's own hint (not shared): the jitter alone must spread them.
+@pytest.mark.parametrize("share_hints", [False, True])
+async def test_a_hundred_callers_with_the_same_hint_spread_out(share_hints: bool) -> None:
+    # Not shared, each caller's own jittered wait spreads them; shared (the default),
+    # the hold releases them one by one over the same jitter.
+    # (A fixed window: an adaptive one would shed a slot per refusal, and let the
+    # retries through one by one, spread by slow start rather than by the jitter.)
     g = Gate(
-        GatePolicy(window=WindowPolicy(initial=100, max=100), retry=RetryPolicy(share_hints=False)),
+        GatePolicy(window=WindowPolicy.fixed(100), retry=RetryPolicy(share_hints=share_hints)),
         instrumentation=NullInstrumentation(),
     )
     returns: list[float] = []
@@ -591,6 +595,8 @@ async def test_a_hundred_callers_with_the_same_hint_spread_out() -> None:
         if info.number == 1:
             return Outcome.yielded(1.0)
         returns.append(anyio.current_time())
+        # Busy a while: no completion clocks an admission within the jitter.
+        await anyio.sleep(1.0)
         return Outcome.ok(None)
 
     async with anyio.create_task_group() as tg:
@@ -710,7 +716,9 @@ async def test_fail_fast_judges_the_hint_not_its_jitter() -> None:
     for seed in range(20):
         g = Gate(GatePolicy(), instrumentation=NullInstrumentation(), rng=random.Random(seed))
         # An 8 s hint with 10 s left fits; jitter up to 12 s is trimmed, not fatal.
-        assert await g.call(Script(Outcome.yielded(8.0), "ok"), timeout=10) == "ok"
+        # The attempts take time: one started at the deadline itself would fail.
+        script = Script(Outcome.yielded(8.0), "ok", duration_s=0.5)
+        assert await g.call(script, timeout=10) == "ok"
 
 
 async def test_no_sleeping_into_a_breaker_that_opened() -> None:

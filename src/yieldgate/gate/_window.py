@@ -15,7 +15,11 @@ Congestion control in the manner of TCP, applied to requests in flight:
   doing any work, that this one attempt was one too many: the limit sheds
   exactly one slot per refused attempt (eight refusals from a slow-start
   overshoot shed eight). A multiplicative cut would idle a share of an honest
-  server's slots after every probe.
+  server's slots after every probe. Refusals end slow start where they leave
+  the limit, except when they empty the window (a cold or briefly full
+  upstream refused everything): then the threshold is the limit the event
+  met, cut by ``decrease``, and the window climbs back by slow start, not one
+  slot per round trip.
 - **Multiplicative decrease.** Other congestion (an overload that may have
   cost the upstream work, an attempt that timed out on a buffering backend)
   multiplies the limit by ``decrease``, at most once per window: signals from
@@ -494,7 +498,7 @@ class Window:
         if signal is Signal.SUCCESS and permit.seq <= self._full_seq:
             self._grow()
         elif signal is Signal.REFUSED:
-            self._shed()
+            self._shed(permit)
         elif signal is Signal.CONGESTION and permit.seq > self._recovery_seq:
             self._shrink()
         if self._limit != before and self._on_change is not None:
@@ -521,13 +525,20 @@ class Window:
             self._wmax = 0  # past it without congestion: the upstream has room again
         self._increases += 1
 
-    def _shed(self) -> None:
+    def _shed(self, permit: Permit) -> None:
         """One attempt refused: one slot too many."""
-        self._wmax = self._limit
-        self._set_cwnd(max(float(self.policy.min), min(self._cwnd, float(self._limit)) - 1.0))
-        self._ssthresh = max(float(self.policy.min), self._cwnd)
-        self._recovery_seq = self._seq
-        self._decreases += 1
+        floor = float(self.policy.min)
+        if permit.seq > self._recovery_seq:
+            # The first refusal of a congestion event: remember where it came.
+            self._wmax = self._limit
+            self._recovery_seq = self._seq
+            self._decreases += 1
+        self._set_cwnd(max(floor, min(self._cwnd, float(self._limit)) - 1.0))
+        if self._cwnd > floor:
+            self._ssthresh = self._cwnd
+        else:
+            # Everything refused: come back by slow start towards where it was.
+            self._ssthresh = max(floor, self._wmax * self.policy.decrease)
 
     def _shrink(self) -> None:
         self._wmax = self._limit
