@@ -145,3 +145,34 @@ def test_plot_is_a_png(tmp_path: Path, with_server: bool) -> None:
 def test_schema_is_self_consistent() -> None:
     assert SCHEMA["properties"]["schema"]["const"] == "yieldgate.burst/1"
     assert schema_errors({"schema": "yieldgate.burst/1"}, SCHEMA)  # far from complete
+
+
+def test_the_bound_uses_the_runs_mean_execution_not_the_moving_average() -> None:
+    # The demo's bound read exec_ms_ewma, which leans to the last executions of a burst
+    # (on a batching backend, the fast ones as it drains): it put yieldgate at 1.34x a
+    # bound it could not reach.
+    before = {**COUNTERS, "exec_ms_total": 1_000.0, "executed_total": 10}
+    after = {
+        **COUNTERS,
+        "exec_ms_ewma": 50.0,
+        "exec_ms_total": 1_000.0 + 8 * 200.0,
+        "executed_total": 16,
+        "failed_total": 2,
+    }
+    server = ServerCounters.between(before, after)
+    assert server.exec_ms_mean == pytest.approx(200.0)
+    requests = [Request(index=i, arrival_s=0.0, end_s=1.0, ok=True) for i in range(8)]
+    result = summarise(
+        strategy="yieldgate",
+        label="yieldgate",
+        requests=requests,
+        attempts=8,
+        yields=0,
+        slo=Slo(),
+        stream=False,
+        server=server,
+        timeline=[],
+    )
+    assert result.lower_bound_s == pytest.approx(8 * 0.2 / 2)
+    # A server that reports no total: the moving average, as before.
+    assert ServerCounters.between(COUNTERS, {**COUNTERS, "executed_total": 1}).exec_ms_mean is None

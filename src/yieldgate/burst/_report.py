@@ -90,8 +90,8 @@ def _rows(report: BurstReport, sep: str) -> list[tuple[str, Callable[[StrategyRe
         )
         rows.append(
             (
-                "server exec ms (ewma)",
-                lambda r: "-" if r.server is None else _f(r.server.exec_ms_ewma, 1),
+                "server exec ms (mean)",
+                lambda r: "-" if r.server is None else _f(r.server.exec_ms_mean, 1),
             )
         )
     if any(r.server is not None and r.server.serving for r in report.results):

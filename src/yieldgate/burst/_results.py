@@ -154,6 +154,9 @@ class ServerCounters:
     max_inflight: int
     exec_ms_ewma: float | None
     inflight_peak: int
+    # The mean of the executions measured during the run (None from a server that
+    # reports no exec_ms_total): the bound's execution time.
+    exec_ms_mean: float | None = None
     delta: Mapping[str, int]
     yielded_by_reason: Mapping[str, int]
     serving: Mapping[str, Any] | None = None
@@ -169,9 +172,14 @@ class ServerCounters:
         backend = after.get("backend")
         serving = backend.get("serving") if isinstance(backend, Mapping) else None
         ewma = after.get("exec_ms_ewma")
+        mean = None
+        measured = delta["executed"] + delta["failed"]
+        if measured > 0 and "exec_ms_total" in after and "exec_ms_total" in before:
+            mean = (float(after["exec_ms_total"]) - float(before["exec_ms_total"])) / measured
         return cls(
             max_inflight=int(after["max_inflight"]),
             exec_ms_ewma=None if ewma is None else float(ewma),
+            exec_ms_mean=mean,
             inflight_peak=int(after.get("inflight_peak", 0)),
             delta=delta,
             yielded_by_reason={k: v for k, v in reasons.items() if v},
@@ -182,6 +190,7 @@ class ServerCounters:
         return {
             "max_inflight": self.max_inflight,
             "exec_ms_ewma": self.exec_ms_ewma,
+            "exec_ms_mean": self.exec_ms_mean,
             "inflight_peak": self.inflight_peak,
             "delta": dict(self.delta),
             "yielded_by_reason": dict(self.yielded_by_reason),
@@ -380,10 +389,13 @@ def summarise(
         )
 
     bound = None
-    if server is not None and server.exec_ms_ewma is not None:
+    # The run's mean execution time; the moving average leans to the last few
+    # executions (on a batching backend, the fast ones at the end of a burst).
+    exec_ms = None if server is None else server.exec_ms_mean or server.exec_ms_ewma
+    if server is not None and exec_ms is not None:
         bound = makespan_lower_bound(
             len(requests),
-            server.exec_ms_ewma / 1000,
+            exec_ms / 1000,
             server.max_inflight,
             cold_start_s=cold_start_s,
             ramp_s=ramp_s,

@@ -54,6 +54,7 @@ _SERVER = _obj(
     {
         "max_inflight": _INT,
         "exec_ms_ewma": _NUM_OR_NULL,
+        "exec_ms_mean": _NUM_OR_NULL,
         "inflight_peak": _INT,
         "delta": _obj(
             {k: _INT for k in ("admitted", "executed", "failed", "cancelled", "yielded", "errors")}

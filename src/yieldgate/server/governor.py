@@ -164,6 +164,7 @@ class GovernorStats:
     yielded_by_reason: Mapping[str, int]
     errors_by_code: Mapping[str, int]
     exec_ms_ewma: float | None
+    exec_ms_total: float
     cold: bool
     shutting_down: bool
 
@@ -183,6 +184,7 @@ class GovernorStats:
             "yielded_by_reason": dict(self.yielded_by_reason),
             "errors_by_code": dict(self.errors_by_code),
             "exec_ms_ewma": None if self.exec_ms_ewma is None else round(self.exec_ms_ewma, 3),
+            "exec_ms_total": round(self.exec_ms_total, 3),
             "cold": self.cold,
             "shutting_down": self.shutting_down,
         }
@@ -250,6 +252,9 @@ class Governor:
         self._yields: Counter[str] = Counter()
         self._errors: Counter[str] = Counter()
         self._ewma: float | None = None
+        # Every measured execution (executed or failed), summed: with their count, the
+        # mean a run's makespan bound needs (the moving average leans to the last few).
+        self._exec_total = 0.0
         self._ewma_dev = 0.0
         self._set_estimates()
         self._cold_until: float | None = None
@@ -456,6 +461,7 @@ class Governor:
         return elapsed_ms
 
     def _observe(self, elapsed_ms: float) -> None:
+        self._exec_total += elapsed_ms
         if self._ewma is None:
             self._ewma = elapsed_ms
             self._ewma_dev = elapsed_ms / 2
@@ -493,6 +499,7 @@ class Governor:
             yielded_by_reason=self._yields_by_reason(),
             errors_by_code=dict(self._errors),
             exec_ms_ewma=self._ewma,
+            exec_ms_total=self._exec_total,
             cold=self.is_cold,
             shutting_down=self._shutting_down,
         )
