@@ -80,7 +80,9 @@ async def test_a_hung_server_is_a_typed_error_within_the_deadline() -> None:
 
 
 async def test_a_cancellation_storm_leaks_nothing(serve: Any) -> None:
-    server: ServerProcess = serve("--max-inflight", "16", "--exec-ms", "30")
+    # Executions (300 ms) outlast every caller's patience (up to 80 ms): whatever the
+    # machine's load, a call admitted in time is cancelled mid-execution.
+    server: ServerProcess = serve("--max-inflight", "16", "--exec-ms", "300")
     gate = Gate(GatePolicy(retry=RetryPolicy(base_s=0.01)))
     rng = random.Random(3)
     async with GovernedClient(f"tcp://{server.host}:{server.port}", gate=gate) as client:
