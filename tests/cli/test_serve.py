@@ -109,6 +109,11 @@ def test_listening_line_reports_the_real_port() -> None:
         (["--http-port", "70000"], "http port"),
         (["--http-port", "0", "--max-body-bytes", "10"], "max_body_bytes"),
         (["--http-port", "0", "--model-name", ""], "model_name"),
+        (["--write-timeout-s", "0"], "write_timeout_s"),
+        (["--http-port", "0", "--write-timeout-s", "inf"], "write_timeout_s"),
+        (["--http-port", "0", "--http-head-timeout-s", "-1"], "head_timeout_s"),
+        (["--http-port", "0", "--http-body-timeout-s", "nan"], "body_timeout_s"),
+        (["--http-port", "0", "--http-max-connections", "0"], "max_connections"),
     ],
 )
 def test_bad_flags_are_one_clear_line_and_exit_2(args: list[str], message: str) -> None:
@@ -176,14 +181,26 @@ def test_http_port_in_use_is_a_clear_error() -> None:
 
 
 @pytest.mark.e2e
-def test_warns_when_http_binds_beyond_loopback() -> None:
+def test_warns_when_http_binds_beyond_loopback_without_a_secret() -> None:
     server = start_server("--http-port", "0", "--http-host", "0.0.0.0")
     try:
         server.stop()
         warnings = [line for line in server.stderr if line.startswith("warning:")]
-        # HTTP has no authentication; TCP still binds loopback, so it is not warned about.
+        # TCP still binds loopback, so it is not warned about.
         assert len(warnings) == 1
-        assert "HTTP on 0.0.0.0 has no authentication" in warnings[0]
+        assert "binding HTTP on 0.0.0.0 without --secret-file" in warnings[0]
+    finally:
+        server.stop()
+
+
+@pytest.mark.e2e
+def test_no_warning_when_a_secret_guards_both_fronts(tmp_path: Any) -> None:
+    secret = tmp_path / "secret"
+    secret.write_text("k")
+    server = start_server("--host", "0.0.0.0", "--http-port", "0", "--secret-file", str(secret))
+    try:
+        server.stop()
+        assert [line for line in server.stderr if line.startswith("warning:")] == []
     finally:
         server.stop()
 

@@ -7,6 +7,7 @@ from typing import Any
 import anyio
 import pytest
 
+from tests.vtime import VirtualTimeLoop
 from yieldgate.server.backends import (
     BackendError,
     SimulatedBackend,
@@ -105,8 +106,10 @@ async def test_stream_pieces_concatenate_to_the_result() -> None:
         await backend.execute(Work(id="t", body="", params={"chunks": 0}), emit)
 
 
+# Virtual time: the sleeps below are exact, however loaded the machine is.
+@pytest.mark.parametrize("anyio_backend", [("asyncio", {"loop_factory": VirtualTimeLoop})])
 async def test_cold_start_then_capacity_ramp() -> None:
-    gov = Governor(GovernorConfig(max_inflight=3))
+    gov = Governor(GovernorConfig(max_inflight=3), clock=anyio.current_time)
     backend = SimulatedBackend(SimulatedConfig(cold_start_s=0.2, ramp_s=0.2))
     async with anyio.create_task_group() as tg:
         tg.start_soon(backend.start, gov)
@@ -114,10 +117,12 @@ async def test_cold_start_then_capacity_ramp() -> None:
         cold = gov.try_acquire()
         assert isinstance(cold, Yield)
         assert cold.reason == "cold_start"
-        assert 100 <= cold.retry_hint_ms <= 200
-        await anyio.sleep(0.2)  # warm, ramp under way: capacity 1
+        assert cold.retry_hint_ms == 150
+        await anyio.sleep(0.2)  # warm at 0.2 s; the ramp's first step is at 0.3 s
         assert not gov.is_cold
-        assert gov.capacity < 3
+        assert gov.capacity == 1
+        await anyio.sleep(0.1)
+        assert gov.capacity == 2
     assert gov.capacity == 3
     assert isinstance(gov.try_acquire(), Slot)
 

@@ -369,7 +369,9 @@ class GovernorMachine(RuleBasedStateMachine):
         self.last = s
 
 
-GovernorMachine.TestCase.settings = settings(max_examples=150, stateful_step_count=40)
+GovernorMachine.TestCase.settings = settings(
+    max_examples=150, stateful_step_count=40, deadline=None
+)
 test_governor_state_machine = GovernorMachine.TestCase
 
 

@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import json
+import resource
 import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import anyio
 import httpx
+import openai
 import pytest
 
 from tests.conftest import RawClient, ServerProcess, submit
@@ -14,7 +21,9 @@ from tests.conftest import RawClient, ServerProcess, submit
 pytestmark = [pytest.mark.anyio, pytest.mark.e2e]
 
 
-async def wait_for(http: httpx.AsyncClient, predicate: Any, timeout: float = 5.0) -> dict[str, Any]:
+async def wait_for(
+    http: httpx.AsyncClient, predicate: Any, timeout: float = 15.0
+) -> dict[str, Any]:
     """Poll ``GET /stats`` until ``predicate(stats)`` holds."""
     with anyio.fail_after(timeout):
         while True:
@@ -69,7 +78,7 @@ async def test_sigterm_lets_http_work_finish_and_refuses_new(serve: Any) -> None
             tg.start_soon(admitted)
             await wait_for(late, lambda s: s["inflight"] == 1)
             server.signal(signal.SIGTERM)
-            await anyio.sleep(0.2)
+            await wait_for(late, lambda s: s["shutting_down"])
             refused = await late.post("/generate", json={"inputs": "too late"})
             assert refused.status_code == 503
             assert refused.json()["code"] == "shutting_down"
@@ -99,3 +108,128 @@ async def test_past_grace_http_work_is_answered_and_the_process_exits(serve: Any
     assert replies[0].status_code == 503
     assert replies[0].json()["error"]["code"] == "shutting_down"
     assert await anyio.to_thread.run_sync(server.wait) == 0
+
+
+async def test_the_secret_guards_every_http_route_but_health(serve: Any, tmp_path: Path) -> None:
+    # Issue 16 item 15: with --secret-file, unauthenticated inference and /stats got 200.
+    secret = tmp_path / "secret"
+    secret.write_text("correct horse\n")
+    server: ServerProcess = serve(
+        "--http-port", "0", "--secret-file", str(secret), "--exec-ms", "1"
+    )
+    assert server.http_url is not None
+    requests: list[tuple[str, str, dict[str, Any] | None]] = [
+        (
+            "POST",
+            "/v1/chat/completions",
+            {"model": "m", "messages": [{"role": "user", "content": "x"}]},
+        ),
+        ("POST", "/v1/completions", {"model": "m", "prompt": "x"}),
+        ("GET", "/v1/models", None),
+        ("POST", "/models/org/m", {"inputs": "x"}),
+        ("POST", "/generate", {"inputs": "x"}),
+        ("POST", "/generate_stream", {"inputs": "x"}),
+        ("POST", "/", {"inputs": "x"}),
+        ("GET", "/stats", None),
+        ("GET", "/metrics", None),
+        ("GET", "/v1/no-such-route", None),
+        ("GET", "/generate", None),  # a route, the wrong method
+    ]
+    refused = 0
+    async with httpx.AsyncClient(base_url=server.http_url) as http:
+        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "correct horse"}):
+            for method, path, body in requests:
+                response = await http.request(method, path, json=body, headers=headers)
+                assert response.status_code == 401, (method, path, headers)
+                assert response.headers["x-should-retry"] == "false"
+                reply = response.json()
+                if path.startswith("/v1/"):
+                    assert reply["error"]["code"] == "unauthorized"
+                    assert reply["error"]["type"] == "invalid_request_error"
+                else:
+                    assert (reply["code"], reply["error_type"]) == ("unauthorized", "unauthorized")
+                    assert isinstance(reply["error"], str)
+                refused += 1
+        assert (await http.get("/health")).status_code == 200  # probes carry no secret
+        authorized = {"Authorization": "Bearer correct horse"}
+        for method, path, body in requests[:-2]:
+            response = await http.request(method, path, json=body, headers=authorized)
+            assert response.status_code == 200, (method, path, response.text)
+        stats = (await http.get("/stats", headers=authorized)).json()
+    assert stats["errors_by_code"] == {"unauthorized": refused}
+    # The official client sends its api_key as the bearer token.
+    async with openai.AsyncOpenAI(
+        base_url=server.http_url + "/v1", api_key="correct horse", max_retries=0
+    ) as client:
+        chat = await client.completions.create(model="m", prompt="hello")
+        assert chat.choices[0].text == "hello"
+    async with openai.AsyncOpenAI(
+        base_url=server.http_url + "/v1", api_key="wrong", max_retries=0
+    ) as client:
+        with pytest.raises(openai.AuthenticationError):
+            await client.completions.create(model="m", prompt="hello")
+
+
+def test_silent_http_connections_cannot_starve_either_front(tmp_path: Path) -> None:
+    # Issue 16 item 14: with 1,024 descriptors, 1,100 silent HTTP connections blocked
+    # both fronts for good. Here: 64 descriptors and 150 silent connections.
+    def low_limit() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
+
+    args = ["--exec-ms", "1", "--http-port", "0", "--http-head-timeout-s", "0.5"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "yieldgate", "serve", "--port", "0", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        preexec_fn=low_limit,
+    )
+    silent: list[socket.socket] = []
+    try:
+        assert proc.stdout is not None
+        tcp_port = int(proc.stdout.readline().strip().rpartition(":")[2])
+        http_port = int(proc.stdout.readline().strip().rpartition(":")[2])
+        # Connections opened before the flood are served throughout.
+        tcp = socket.create_connection(("127.0.0.1", tcp_port), timeout=10)
+        http = socket.create_connection(("127.0.0.1", http_port), timeout=10)
+        silent += [tcp, http]
+        assert b'"pong"' in tcp_request(tcp, b'{"op":"ping","id":"before"}\n')
+        assert http_get(http, "/health").startswith(b"HTTP/1.1 200 ")
+        for _ in range(150):  # more than the server has descriptors for
+            silent.append(socket.create_connection(("127.0.0.1", http_port), timeout=10))
+        assert b'"pong"' in tcp_request(tcp, b'{"op":"ping","id":"during"}\n')
+        # The server closes every silent connection (accepting the waiting ones as
+        # descriptors free up), and both fronts take new connections again.
+        for sock in silent[2:]:
+            sock.settimeout(30)
+            assert sock.recv(1) == b""
+        with socket.create_connection(("127.0.0.1", tcp_port), timeout=10) as fresh:
+            stats = json.loads(tcp_request(fresh, b'{"op":"stats","id":"after"}\n'))
+        with socket.create_connection(("127.0.0.1", http_port), timeout=10) as fresh:
+            assert http_get(fresh, "/health").startswith(b"HTTP/1.1 200 ")
+        assert proc.poll() is None, "the server died"
+    finally:
+        for sock in silent:
+            sock.close()
+        proc.kill()
+        proc.wait()
+    # The silent ones, and the one kept open, idle since its response.
+    assert stats["http_connections_head_timeout_total"] == 151
+    assert stats["connections_open"] == 2  # the first TCP connection and the asking one
+
+
+def tcp_request(sock: socket.socket, line: bytes) -> bytes:
+    """Send one frame and read its reply line."""
+    sock.sendall(line)
+    reply = bytearray()
+    while not reply.endswith(b"\n"):
+        data = sock.recv(65536)
+        assert data, "connection closed"
+        reply += data
+    return bytes(reply)
+
+
+def http_get(sock: socket.socket, path: str) -> bytes:
+    """One keep-alive GET; its response head and the start of its body."""
+    sock.sendall(f"GET {path} HTTP/1.1\r\nhost: x\r\n\r\n".encode())
+    return sock.recv(65536)

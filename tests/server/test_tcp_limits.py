@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import os
+import socket
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -13,6 +16,18 @@ from tests.conftest import RawClient, ServerProcess
 from yieldgate.protocol import encode_frame, submit_frame
 
 pytestmark = [pytest.mark.anyio, pytest.mark.e2e]
+
+
+async def wait_for_stats(
+    client: RawClient, predicate: Callable[[dict[str, Any]], bool], timeout: float = 15.0
+) -> dict[str, Any]:
+    """Poll ``stats`` until ``predicate(stats)`` holds."""
+    with anyio.fail_after(timeout):
+        while True:
+            stats = await client.stats()
+            if predicate(stats):
+                return stats
+            await anyio.sleep(0.02)
 
 
 async def test_a_slowloris_is_closed_and_costs_others_nothing(
@@ -113,3 +128,108 @@ async def test_thousands_of_connections_opened_and_closed(
     # Every descriptor came back.
     assert len(os.listdir(fd_dir)) <= fds_before + 2
     assert (await checker.submit("still here"))["status"] == "ok"
+
+
+# -- flow control: the write timeout (issue 16 item 12) ---------------------------
+
+BIG_FRAME = str(32 << 20)
+
+
+def stalled_reader(
+    server: ServerProcess, frame: bytes, *, rcvbuf: int | None = 4096
+) -> socket.socket:
+    """A connection that sends ``frame`` and then reads nothing (until told to).
+
+    A small receive buffer makes the server's writes stall after a few MB (what
+    the kernel buffers on the server's side) instead of more.
+    """
+    sock = socket.socket()
+    if rcvbuf is not None:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+    sock.connect((server.host, server.port))
+    sock.sendall(frame)
+    return sock
+
+
+def big_stream(rid: str, mb: int = 8) -> bytes:
+    """A stream of ``mb`` MB in 1,000 chunks over 2 s: more than the buffers hold.
+
+    Its terminal reply carries the whole text again.
+    """
+    return encode_frame(
+        submit_frame(rid, "x" * (mb << 20), stream=True, params={"exec_ms": 2000, "chunks": 1000})
+    )
+
+
+async def test_readers_that_stopped_lose_their_slots_after_the_write_timeout(
+    serve: Callable[..., ServerProcess], connect: Callable[[ServerProcess], Any]
+) -> None:
+    # Issue 16 item 12: four streams whose readers stopped held every slot for 20 s and more.
+    server = serve(
+        "--max-inflight", "4", "--max-frame-bytes", BIG_FRAME, "--write-timeout-s", "0.5"
+    )
+    monitor: RawClient = await connect(server)
+    stalled = [
+        await anyio.to_thread.run_sync(stalled_reader, server, big_stream(f"s{i}"))
+        for i in range(4)
+    ]
+    try:
+        stats = await wait_for_stats(
+            monitor,
+            lambda s: s["connections_write_timeout_total"] == 4 and s["connections_open"] == 1,
+            timeout=60,
+        )
+        assert (stats["inflight"], stats["cancelled_total"], stats["executed_total"]) == (0, 4, 0)
+        # Each stalled submit was offered its terminal reply before its connection closed.
+        assert stats["errors_by_code"] == {"write_timeout": 4}
+        assert stats["connections_open"] == 1
+        assert stats["admitted_total"] == (
+            stats["executed_total"] + stats["failed_total"] + stats["cancelled_total"]
+        )
+        assert (await monitor.submit("served", params={"exec_ms": 1}))["status"] == "ok"
+    finally:
+        for sock in stalled:
+            sock.close()
+
+
+async def test_a_slow_reader_that_keeps_reading_is_not_cut_off(
+    serve: Callable[..., ServerProcess],
+) -> None:
+    server = serve(
+        "--max-inflight", "1", "--max-frame-bytes", BIG_FRAME, "--write-timeout-s", "0.5"
+    )
+    # 4 MB in four chunks, then the 4 MB terminal reply, read at about 2.6 MB/s:
+    # past what the kernel buffers, the server's writes wait on this reader for
+    # seconds, and the terminal reply alone takes over a second to be read. The
+    # reader takes bytes all along, so no write goes without progress for long.
+    body = "x" * (4 << 20)
+    frame = encode_frame(
+        submit_frame("slow", body, stream=True, params={"exec_ms": 100, "chunks": 4})
+    )
+    sock = await anyio.to_thread.run_sync(lambda: stalled_reader(server, frame, rcvbuf=65536))
+
+    def read_slowly() -> list[dict[str, Any]]:
+        """Take at most 64 KiB every 25 ms until the terminal reply has come whole."""
+        replies: list[dict[str, Any]] = []
+        buf = bytearray()
+        sock.settimeout(30)
+        while not replies or replies[-1]["status"] == "chunk":
+            data = sock.recv(65536)
+            assert data, "the server closed the connection"
+            buf += data
+            *lines, rest = buf.split(b"\n")
+            replies += [json.loads(line) for line in lines]
+            buf = bytearray(rest)
+            time.sleep(0.025)
+        return replies
+
+    try:
+        *chunks, terminal = await anyio.to_thread.run_sync(read_slowly)
+    finally:
+        sock.close()
+    assert "".join(chunk["data"]["text"] for chunk in chunks) == body
+    assert (terminal["id"], terminal["status"], terminal["result"]) == (
+        "slow",
+        "ok",
+        {"text": body},
+    )

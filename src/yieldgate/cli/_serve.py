@@ -50,9 +50,21 @@ def add_parser(sub: Any) -> None:
         help="TCP connections beyond this many are closed at once (default 10000)",
     )
     net.add_argument(
+        "--write-timeout-s",
+        type=float,
+        default=30.0,
+        help=(
+            "close a connection (TCP or HTTP) whose peer takes no reply bytes this long, "
+            "cancelling its work"
+        ),
+    )
+    net.add_argument(
         "--secret-file",
         type=Path,
-        help="file holding a shared secret; every request must then carry it as 'auth'",
+        help=(
+            "file holding a shared secret; every TCP request must then carry it as 'auth', "
+            "every HTTP request but GET /health as 'Authorization: Bearer SECRET'"
+        ),
     )
     net.add_argument(
         "--http-port",
@@ -65,6 +77,27 @@ def add_parser(sub: Any) -> None:
         type=int,
         default=DEFAULT_MAX_FRAME_BYTES,
         help="largest accepted HTTP request body; larger ones get 413",
+    )
+    net.add_argument(
+        "--http-head-timeout-s",
+        type=float,
+        default=10.0,
+        help=(
+            "close an HTTP connection whose request line and headers do not arrive whole "
+            "this long after it opens or after its previous response"
+        ),
+    )
+    net.add_argument(
+        "--http-body-timeout-s",
+        type=float,
+        default=30.0,
+        help="answer 408 (and close) when a request body does not arrive whole this long",
+    )
+    net.add_argument(
+        "--http-max-connections",
+        type=int,
+        default=10_000,
+        help="HTTP connections beyond this many are closed at once (default 10000)",
     )
     net.add_argument(
         "--model-name",
@@ -323,13 +356,15 @@ def build_server(args: argparse.Namespace) -> Any:
                 initial_exec_ms=max(initial, 1.0),
             )
         )
+        secret = _read_secret(args.secret_file)
         tcp = TcpConfig(
             host=args.host,
             port=args.port,
             max_frame_bytes=args.max_frame_bytes,
-            secret=_read_secret(args.secret_file),
+            secret=secret,
             idle_timeout_s=args.idle_timeout_s,
             max_connections=args.max_connections,
+            write_timeout_s=args.write_timeout_s,
         )
         http = None
         if args.http_port is not None:
@@ -338,6 +373,11 @@ def build_server(args: argparse.Namespace) -> Any:
                 port=args.http_port,
                 max_body_bytes=args.max_body_bytes,
                 model_name=args.model_name,
+                secret=secret,
+                head_timeout_s=args.http_head_timeout_s,
+                body_timeout_s=args.http_body_timeout_s,
+                write_timeout_s=args.write_timeout_s,
+                max_connections=args.http_max_connections,
             )
         return Server(governor, backend, tcp=tcp, http=http, grace_s=args.grace_s)
     except ValueError as exc:
@@ -391,9 +431,10 @@ def run(args: argparse.Namespace) -> int:
             f"binding {args.host} without --secret-file: anyone who can reach this port "
             "can submit work"
         )
-    if server.http is not None and not _is_loopback(server.http.config.host):
+    http = server.http
+    if http is not None and not _is_loopback(http.config.host) and http.config.secret is None:
         _warn(
-            f"HTTP on {server.http.config.host} has no authentication: anyone who can reach "
+            f"binding HTTP on {http.config.host} without --secret-file: anyone who can reach "
             "--http-port can submit work"
         )
     try:

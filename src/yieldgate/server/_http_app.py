@@ -7,16 +7,23 @@ Routes (see ``docs`` and ``_http_dialects`` for the bodies):
 - TGI: ``POST /generate``, ``POST /generate_stream``, ``POST /``
 - ``GET /health``, ``GET /stats``, ``GET /metrics``
 
-Every inference route reads the body (at most ``max_body_bytes``), parses it
-in its dialect, and asks the shared ``Admission``: a yield is a 429 with
-``retry-after-ms`` and ``retry-after``, an admitted request executes while the
-connection is watched (a client that leaves cancels its work at once), and a
-stream holds its slot until its last event is sent.
+Every inference route reads the body (at most ``max_body_bytes``, within
+``body_timeout_s``, else 413 or 408), parses it in its dialect, and asks the
+shared ``Admission``: a yield is a 429 with ``retry-after-ms`` and
+``retry-after``, an admitted request executes while the connection is
+watched (a client that leaves cancels its work at once), and a stream holds
+its slot until its last event is sent. With a secret, every route but
+``/health`` first checks ``Authorization: Bearer <secret>`` (401 otherwise).
+
+uvicorn only serves the connections here: the front accepts them itself, each
+with a guarded protocol (``_http_guard``).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import hmac
 import itertools
 import logging
 import re
@@ -31,10 +38,17 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
-from starlette.routing import Route
+from starlette.routing import Route, request_response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from yieldgate.protocol import MAX_DEADLINE_MS, PRIORITY_BY_NAME, ErrorCode, Priority
+from yieldgate.protocol import (
+    DEADLINE_HEADER,
+    MAX_DEADLINE_MS,
+    PRIORITY_HEADER,
+    ErrorCode,
+    Priority,
+    parse_priority,
+)
 from yieldgate.server._http_dialects import (
     BadRequest,
     ChatCompletions,
@@ -50,6 +64,7 @@ from yieldgate.server._http_dialects import (
     retry_after_s,
     usage_of,
 )
+from yieldgate.server._http_guard import ConnectionGuard, GuardedH11Protocol
 from yieldgate.server._http_metrics import CONTENT_TYPE, MetricsExporter
 from yieldgate.server.admission import Admitted, Failure
 from yieldgate.server.governor import Slot, Yield
@@ -57,12 +72,9 @@ from yieldgate.server.governor import Slot, Yield
 if TYPE_CHECKING:
     from yieldgate.server.http import HttpFront
 
-__all__ = ["DEADLINE_HEADER", "PRIORITY_HEADER", "build_app", "make_uvicorn"]
+__all__ = ["build_app", "guarded_protocol", "make_uvicorn"]
 
 log = logging.getLogger("yieldgate.server")
-
-PRIORITY_HEADER = "x-yieldgate-priority"
-DEADLINE_HEADER = "x-yieldgate-deadline-ms"
 
 _INTEGER = re.compile(r"-?[0-9]{1,20}")
 # A body past the limit is still read (and dropped) up to this many times the
@@ -92,7 +104,7 @@ def _priority(request: Request) -> Priority:
     value = request.headers.get(PRIORITY_HEADER)
     if value is None:
         return Priority.NORMAL
-    priority = PRIORITY_BY_NAME.get(value.strip())
+    priority = parse_priority(value)  # any case: a header is not a frame
     if priority is None:
         raise BadRequest(f"header {PRIORITY_HEADER} must be high, normal or low")
     return priority
@@ -159,12 +171,20 @@ class _Inference:
         front, dialect = self.front, self.dialect
         request = Request(scope, receive)
         try:
-            raw = await _read_body(request, front.config.max_body_bytes)
+            with anyio.fail_after(front.config.body_timeout_s):
+                raw = await _read_body(request, front.config.max_body_bytes)
         except ClientDisconnect:
             return
         except _TooLarge:
             message = f"request body exceeds max_body_bytes={front.config.max_body_bytes}"
             await self._fail(send, 413, ErrorCode.FRAME_TOO_LARGE, message, False, close=True)
+            return
+        except TimeoutError:
+            # A body that stalls must not hold the connection (and its descriptor)
+            # for ever; nothing was admitted, so sending it again may succeed.
+            front.body_timeouts += 1
+            message = f"request body did not arrive within {front.config.body_timeout_s:g} s"
+            await self._fail(send, 408, ErrorCode.BAD_FRAME, message, True, close=True)
             return
         try:
             priority = _priority(request)
@@ -303,6 +323,63 @@ class _Inference:
         await send({"type": "http.response.body", "body": event, "more_body": False})
 
 
+def _route_error(path: str, code: ErrorCode, message: str, status: int) -> dict[str, Any]:
+    """An error body for ``path`` when no dialect handled it: OpenAI's shape under
+    ``/v1/``, the HuggingFace / TGI shape elsewhere."""
+    if path.startswith("/v1/"):
+        kind = "invalid_request_error" if status < 500 else "server_error"
+        return {"error": {"message": message, "type": kind, "param": None, "code": code.value}}
+    return {"error": message, "error_type": code.value, "code": code.value}
+
+
+class _Secret:
+    """``Authorization: Bearer <secret>``, checked in constant time.
+
+    It is what the official clients send from their ``api_key`` (openai) or
+    ``token`` (huggingface_hub).
+    """
+
+    def __init__(self, secret: str, front: HttpFront) -> None:
+        self._secret = secret.encode("utf-8")
+        self._front = front
+
+    def admits(self, scope: Scope) -> bool:
+        token = b""
+        for name, value in scope["headers"]:
+            if name == b"authorization":
+                scheme, _, token = value.strip().partition(b" ")
+                if scheme.lower() != b"bearer":
+                    token = b""
+                break
+        return hmac.compare_digest(token.strip(), self._secret)
+
+    def refusal(self, path: str) -> tuple[bytes, list[tuple[bytes, bytes]]]:
+        """The 401's body and headers, counted as an ``unauthorized`` error."""
+        self._front.governor.record_error(ErrorCode.UNAUTHORIZED)
+        message = "missing or wrong bearer token (Authorization: Bearer <secret>)"
+        body = dumps(_route_error(path, ErrorCode.UNAUTHORIZED, message, 401))
+        return body, [(b"x-should-retry", b"false"), (b"www-authenticate", b"Bearer")]
+
+
+class _RequireSecret:
+    """An ASGI app that answers 401 to a request without the secret, else runs ``app``.
+
+    A class, not a function: starlette takes a function endpoint for a
+    request handler.
+    """
+
+    def __init__(self, app: ASGIApp, secret: _Secret) -> None:
+        self.app = app
+        self.secret = secret
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self.secret.admits(scope):
+            await self.app(scope, receive, send)
+            return
+        body, headers = self.secret.refusal(scope["path"])
+        await _send_json(send, 401, body, headers)
+
+
 class _Counted:
     """Counts answered requests by route and status, for ``/metrics`` and ``/stats``."""
 
@@ -338,10 +415,20 @@ def build_app(front: HttpFront) -> ASGIApp:
         front.governor.stats,
         front.requests,
         backend_stats if callable(backend_stats) else None,
+        front.all_connection_stats,
     )
 
-    def inference(dialect: Dialect) -> _Inference:
-        return _Inference(front, dialect, ids)
+    secret = None if front.config.secret is None else _Secret(front.config.secret, front)
+
+    def guarded(endpoint: Any) -> Any:
+        """The route's endpoint, behind the secret when there is one."""
+        if secret is None:
+            return endpoint
+        app = endpoint if isinstance(endpoint, _Inference) else request_response(endpoint)
+        return _RequireSecret(app, secret)
+
+    def inference(dialect: Dialect) -> Any:
+        return guarded(_Inference(front, dialect, ids))
 
     def json_response(status: int, body: Any) -> Response:
         return Response(dumps(body), status_code=status, media_type="application/json")
@@ -371,21 +458,21 @@ def build_app(front: HttpFront) -> ASGIApp:
 
     async def unknown(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, HTTPException)
+        path = request.url.path
+        if secret is not None and not secret.admits(request.scope):
+            # Without the secret, nothing (not even which routes exist) is told.
+            body, headers = secret.refusal(path)
+            return Response(
+                body,
+                status_code=401,
+                media_type="application/json",
+                headers={k.decode(): v.decode() for k, v in headers},
+            )
         front.governor.record_error(ErrorCode.UNKNOWN_OP)
-        message = f"{request.method} {request.url.path}: {exc.detail}"
-        body: dict[str, Any]
-        if request.url.path.startswith("/v1/"):
-            body = {
-                "error": {
-                    "message": message,
-                    "type": "invalid_request_error",
-                    "param": None,
-                    "code": ErrorCode.UNKNOWN_OP.value,
-                }
-            }
-        else:
-            body = {"error": message, "code": ErrorCode.UNKNOWN_OP.value}
-        response = json_response(exc.status_code, body)
+        message = f"{request.method} {path}: {exc.detail}"
+        response = json_response(
+            exc.status_code, _route_error(path, ErrorCode.UNKNOWN_OP, message, exc.status_code)
+        )
         response.headers.update(exc.headers or {})
         return response
 
@@ -393,14 +480,14 @@ def build_app(front: HttpFront) -> ASGIApp:
     routes = [
         Route("/v1/chat/completions", inference(ChatCompletions()), methods=post),
         Route("/v1/completions", inference(Completions()), methods=post),
-        Route("/v1/models", models, methods=["GET"]),
+        Route("/v1/models", guarded(models), methods=["GET"]),
         Route("/models/{model_id:path}", inference(HfModels()), methods=post),
         Route("/generate", inference(TgiGenerate(stream=False)), methods=post),
         Route("/generate_stream", inference(TgiGenerate(stream=True)), methods=post),
         Route("/", inference(TgiGenerate(stream=None)), methods=post),
-        Route("/health", health, methods=["GET"]),
-        Route("/stats", stats, methods=["GET"]),
-        Route("/metrics", prometheus, methods=["GET"]),
+        Route("/health", health, methods=["GET"]),  # open: probes carry no secret
+        Route("/stats", guarded(stats), methods=["GET"]),
+        Route("/metrics", guarded(prometheus), methods=["GET"]),
     ]
     app = Starlette(routes=routes, exception_handlers={HTTPException: unknown})
     app.router.redirect_slashes = False
@@ -408,13 +495,14 @@ def build_app(front: HttpFront) -> ASGIApp:
 
 
 class _Uvicorn(uvicorn.Server):
-    """uvicorn without signal handlers and without polling delays.
+    """uvicorn without listeners, signal handlers or polling delays.
 
-    It reports when its sockets accept, ends its main loop as soon as it is
-    asked to (uvicorn polls every 100 ms) and shuts down without uvicorn's
-    fixed pauses: close the listeners, close idle connections (busy ones
-    close after their response), wait up to the graceful timeout, then
-    cancel what is left.
+    The front accepts connections itself and hands each to a guarded protocol
+    (``guarded_protocol``), so this server only serves them: it reports when
+    it is ready, ends its main loop as soon as it is asked to (uvicorn polls
+    every 100 ms) and shuts down without uvicorn's fixed pauses: close idle
+    connections (busy ones close after their response), wait up to the
+    graceful timeout, then cancel what is left.
     """
 
     def __init__(self, config: uvicorn.Config, on_started: Callable[[], None]) -> None:
@@ -432,9 +520,10 @@ class _Uvicorn(uvicorn.Server):
         yield
 
     async def startup(self, sockets: Any = None) -> None:
-        await super().startup(sockets=sockets)
-        if self.started:
-            self._on_started()
+        # No lifespan (it is off) and no listener of uvicorn's own.
+        self.servers = []
+        self.started = True
+        self._on_started()
 
     async def main_loop(self) -> None:
         counter = 0
@@ -444,8 +533,6 @@ class _Uvicorn(uvicorn.Server):
                 await self._exit.wait()
 
     async def shutdown(self, sockets: Any = None) -> None:
-        for listener in self.servers:
-            listener.close()
         state = self.server_state
         for connection in list(state.connections):
             connection.shutdown()
@@ -458,7 +545,7 @@ class _Uvicorn(uvicorn.Server):
 
 
 def make_uvicorn(app: ASGIApp, close_timeout_s: int, on_started: Callable[[], None]) -> _Uvicorn:
-    """A uvicorn server for ``app``, to be run with ``serve(sockets=...)``."""
+    """A uvicorn server for ``app``: it serves the connections ``guarded_protocol`` is given."""
     config = uvicorn.Config(
         app,
         lifespan="off",
@@ -470,3 +557,16 @@ def make_uvicorn(app: ASGIApp, close_timeout_s: int, on_started: Callable[[], No
         timeout_graceful_shutdown=close_timeout_s,
     )
     return _Uvicorn(config, on_started)
+
+
+def guarded_protocol(
+    server: uvicorn.Server, guard: ConnectionGuard
+) -> Callable[[], asyncio.Protocol]:
+    """A protocol factory for connections the front accepted, served by ``server``."""
+    config = server.config
+    state = server.server_state
+
+    def protocol() -> asyncio.Protocol:
+        return GuardedH11Protocol(config=config, server_state=state, app_state={}, guard=guard)
+
+    return protocol

@@ -4,6 +4,9 @@ A private ``CollectorRegistry`` (never the process-global one) with custom
 collectors that read the counters when scraped, so nothing is counted twice
 and nothing has to be kept in step.
 
+Every front's connection counters are exported as they appear in ``/stats``
+(``yieldgate_<name>``; a ``*_total`` is a counter, the rest are gauges).
+
 A backend with a ``stats()`` method (the harness) is exported too, as gauges
 named ``yieldgate_backend_<path>``: numbers as they are, booleans as 0 / 1,
 percentile records (``p50``/``p95``/``p99``) as one gauge with a
@@ -81,6 +84,20 @@ class _GovernorCollector(Collector):
         yield requests
 
 
+class _ConnectionCollector(Collector):
+    def __init__(self, counters: Callable[[], Mapping[str, int]]) -> None:
+        self._counters = counters
+
+    def collect(self) -> Iterator[Metric]:
+        for name, value in sorted(self._counters().items()):
+            if name == "http_requests_total":
+                continue  # yieldgate_http_requests, by route and status, says it all
+            if name.endswith("_total"):
+                yield CounterMetricFamily(f"yieldgate_{name[:-6]}", "Connections.", value)
+            else:
+                yield GaugeMetricFamily(f"yieldgate_{name}", "Connections.", value)
+
+
 _QUANTILES = {"p50": "0.5", "p95": "0.95", "p99": "0.99"}
 _UNSAFE = re.compile(r"[^a-zA-Z0-9_]")
 
@@ -134,9 +151,12 @@ class MetricsExporter:
         stats: Callable[[], GovernorStats],
         requests: Mapping[tuple[str, str], int],
         backend_stats: Callable[[], Mapping[str, Any]] | None = None,
+        connections: Callable[[], Mapping[str, int]] | None = None,
     ) -> None:
         self._registry = CollectorRegistry(auto_describe=False)
         self._registry.register(_GovernorCollector(stats, requests))
+        if connections is not None:
+            self._registry.register(_ConnectionCollector(connections))
         if backend_stats is not None:
             self._registry.register(_BackendCollector(backend_stats))
 

@@ -62,7 +62,14 @@ class Server:
         self.tcp = TcpFront(governor, backend, tcp, admission=admission, stats=self.stats)
         self.http: HttpFront | None = None
         if http is not None:
-            self.http = HttpFront(governor, backend, http, admission=admission, stats=self.stats)
+            self.http = HttpFront(
+                governor,
+                backend,
+                http,
+                admission=admission,
+                stats=self.stats,
+                connections=self.connection_stats,
+            )
         self.urls: tuple[str, ...] = ()
         self.grace_s = grace_s
         self._stop_requested = False
@@ -87,12 +94,17 @@ class Server:
         counters under ``"backend"``.
         """
         counters = self.governor.stats().as_dict()
-        counters.update(self.tcp.connection_stats())
-        if self.http is not None:
-            counters.update(self.http.connection_stats())
+        counters.update(self.connection_stats())
         backend_stats = getattr(self.backend, "stats", None)
         if callable(backend_stats):
             counters["backend"] = backend_stats()
+        return counters
+
+    def connection_stats(self) -> dict[str, int]:
+        """Every front's connection counters."""
+        counters = self.tcp.connection_stats()
+        if self.http is not None:
+            counters.update(self.http.connection_stats())
         return counters
 
     async def run(

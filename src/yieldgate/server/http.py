@@ -7,6 +7,13 @@ sockets bound here, so port 0 works and the real port is known at once.
 Starlette, uvicorn and prometheus_client are imported only when the front
 starts serving: this module is light, so ``yieldgate.server`` stays light.
 
+The front accepts connections itself and guards them (``_http_guard``): a
+cap on open connections, a timeout for each request head, the TCP front's
+pause when descriptors run out, and a write timeout that cancels the work of
+a reader that stopped reading. The app times each request body (408) and,
+with a ``secret``, requires ``Authorization: Bearer <secret>`` on every route
+but ``/health``.
+
 Lifecycle, driven by ``Server``: ``stop_accepting`` closes the listening
 sockets (requests on connections already open are answered
 ``shutting_down``), ``wait_drained`` waits for admitted requests (streams
@@ -19,6 +26,7 @@ connection. uvicorn never installs signal handlers here: the process owner
 from __future__ import annotations
 
 import logging
+import math
 import socket
 from collections import Counter
 from collections.abc import Callable
@@ -37,6 +45,7 @@ if TYPE_CHECKING:
     from starlette.types import Receive
 
     from yieldgate.server._http_app import _Uvicorn
+    from yieldgate.server._http_guard import ConnectionGuard
 
 __all__ = ["HttpConfig", "HttpFront"]
 
@@ -45,20 +54,33 @@ log = logging.getLogger("yieldgate.server")
 # Once close() has cancelled the remaining work, how long uvicorn may take to
 # close the connections (a client that stopped reading holds one open).
 _CLOSE_TIMEOUT_S = 2
+_BACKLOG = 2048  # uvicorn's default
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class HttpConfig:
     """Where and how the HTTP fronts listen.
 
-    ``model_name`` is what ``GET /v1/models`` lists. HTTP has no
-    authentication: bind loopback (the default) unless a proxy guards it.
+    ``model_name`` is what ``GET /v1/models`` lists. With a ``secret``, every
+    route but ``GET /health`` requires ``Authorization: Bearer <secret>``;
+    without one, bind loopback (the default) unless a proxy guards the port.
     """
 
     host: str = "127.0.0.1"
     port: int = 8080
     max_body_bytes: int = DEFAULT_MAX_FRAME_BYTES
     model_name: str = "yieldgate-sim"
+    secret: str | None = None
+    # A request head (request line and headers) must arrive whole this long after
+    # the connection opens or the previous response ends, or the connection closes.
+    head_timeout_s: float = 10.0
+    # A request body must arrive whole this long after its head, or gets 408.
+    body_timeout_s: float = 30.0
+    # A connection whose peer takes no bytes of a response for this long is
+    # closed and its work cancelled: a reader that stopped cannot hold a slot.
+    write_timeout_s: float = 30.0
+    # Connections beyond this many are closed as soon as they are accepted.
+    max_connections: int = 10_000
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -67,6 +89,14 @@ class HttpConfig:
             raise ValueError("max_body_bytes must be at least 64")
         if not self.model_name:
             raise ValueError("model_name must not be empty")
+        if self.secret is not None and not self.secret:
+            raise ValueError("secret must not be empty (leave it unset for no auth)")
+        for name in ("head_timeout_s", "body_timeout_s", "write_timeout_s"):
+            value = getattr(self, name)
+            if not (value > 0 and math.isfinite(value)):
+                raise ValueError(f"{name} must be a positive number")
+        if self.max_connections < 1:
+            raise ValueError("http max_connections must be >= 1")
 
 
 def bind_sockets(host: str, port: int) -> list[socket.socket]:
@@ -116,6 +146,7 @@ class HttpFront:
         *,
         admission: Admission | None = None,
         stats: Callable[[], dict[str, Any]] | None = None,
+        connections: Callable[[], dict[str, int]] | None = None,
     ) -> None:
         self.governor = governor
         self.backend = backend
@@ -124,8 +155,12 @@ class HttpFront:
         self.address: tuple[str, int] | None = None
         # (route, status) -> count, read by /metrics.
         self.requests: Counter[tuple[str, str]] = Counter()
+        self.body_timeouts = 0  # requests answered 408: the body did not arrive in time
         self._stats_source = stats
+        self._connections_source = connections
         self._server: _Uvicorn | None = None
+        self._guard: ConnectionGuard | None = None
+        self._accept_scope: anyio.CancelScope | None = None
         self._accepting = True
         self._closing = False
         self._scopes: set[anyio.CancelScope] = set()
@@ -142,23 +177,35 @@ class HttpFront:
         Needs the asyncio backend (uvicorn runs on it).
         """
         from yieldgate.server._http_app import build_app, make_uvicorn
+        from yieldgate.server._http_guard import ConnectionGuard
 
         self._done = anyio.Event()
-        sockets = bind_sockets(self.config.host, self.config.port)
+        cfg = self.config
+        self._guard = ConnectionGuard(
+            head_timeout_s=cfg.head_timeout_s,
+            write_timeout_s=cfg.write_timeout_s,
+            max_connections=cfg.max_connections,
+        )
+        sockets = bind_sockets(cfg.host, cfg.port)
         finished = False
         try:
-            self.address = (self.config.host, sockets[0].getsockname()[1])
+            self.address = (cfg.host, sockets[0].getsockname()[1])
+            for sock in sockets:
+                sock.listen(_BACKLOG)
+                sock.setblocking(False)
+            async with anyio.create_task_group() as tg:
 
-            def started() -> None:
-                if not self._accepting:
-                    self.stop_accepting()
-                assert self.address is not None
-                task_status.started(self.address)
+                def started() -> None:
+                    # uvicorn is ready (its config loaded): connections may come.
+                    tg.start_soon(self._accept, sockets)
+                    assert self.address is not None
+                    task_status.started(self.address)
 
-            self._server = make_uvicorn(build_app(self), _CLOSE_TIMEOUT_S, started)
-            if self._closing:
-                self._server.request_exit()
-            await self._server.serve(sockets=sockets)
+                self._server = make_uvicorn(build_app(self), _CLOSE_TIMEOUT_S, started)
+                if self._closing:
+                    self._server.request_exit()
+                await self._server.serve()
+                tg.cancel_scope.cancel()
             finished = True
         finally:
             if not finished and self._server is not None:
@@ -167,11 +214,35 @@ class HttpFront:
                 sock.close()
             self._done.set()
 
+    async def _accept(self, sockets: list[socket.socket]) -> None:
+        """Accept on every socket until ``stop_accepting``, then close them."""
+        from yieldgate.server._http_app import guarded_protocol
+        from yieldgate.server._http_guard import accept_connections
+
+        server, guard = self._server, self._guard
+        assert server is not None
+        assert guard is not None
+        protocol = guarded_protocol(server, guard)
+        try:
+            with anyio.CancelScope() as self._accept_scope:
+                if self._accepting:
+                    async with anyio.create_task_group() as tg:
+                        for sock in sockets:
+                            tg.start_soon(
+                                accept_connections,
+                                sock,
+                                protocol,
+                                guard,
+                                server.server_state.connections,
+                            )
+        finally:
+            # Closed only now that no accept waits on them: new connections are refused.
+            for sock in sockets:
+                sock.close()
+
     @staticmethod
     def _abort(server: _Uvicorn) -> None:
         """Tear uvicorn down at once (the task serving it was cancelled)."""
-        for listener in getattr(server, "servers", ()):
-            listener.close()
         for connection in list(server.server_state.connections):
             connection.shutdown()
         for task in list(server.server_state.tasks):
@@ -180,9 +251,8 @@ class HttpFront:
     def stop_accepting(self) -> None:
         """Close the listening sockets; open connections are still served."""
         self._accepting = False
-        if self._server is not None:
-            for listener in getattr(self._server, "servers", ()):
-                listener.close()
+        if self._accept_scope is not None:
+            self._accept_scope.cancel()
 
     async def wait_drained(self) -> None:
         """Return once no admitted request of this front is executing or streaming."""
@@ -205,11 +275,22 @@ class HttpFront:
     # -- state ----------------------------------------------------------------
 
     def connection_stats(self) -> dict[str, int]:
-        server = self._server
+        server, guard = self._server, self._guard
         return {
             "http_connections_open": 0 if server is None else len(server.server_state.connections),
+            "http_connections_total": 0 if guard is None else guard.accepted,
+            "http_connections_refused_total": 0 if guard is None else guard.refused,
+            "http_connections_head_timeout_total": 0 if guard is None else guard.head_timeouts,
+            "http_connections_write_timeout_total": 0 if guard is None else guard.write_timeouts,
+            "http_body_timeouts_total": self.body_timeouts,
             "http_requests_total": sum(self.requests.values()),
         }
+
+    def all_connection_stats(self) -> dict[str, int]:
+        """Every front's connection counters (the ``connections`` callable given), for /metrics."""
+        if self._connections_source is not None:
+            return self._connections_source()
+        return self.connection_stats()
 
     def stats(self) -> dict[str, Any]:
         """What ``GET /stats`` reports: the ``stats`` callable given, else the

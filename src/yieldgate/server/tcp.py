@@ -7,12 +7,22 @@ burst that is mostly yielded costs no task per request; while a connection
 has none, its reader is its only writer and sends without taking the lock.
 
 A connection's end (EOF or reset) cancels every submit still executing for
-it, and their slots return to the Governor at once. A half-closed connection
+it, and their slots return to the Governor at once. So does a ``cancel``
+frame (protocol 1.1) for one submit: its execution stops, its slot is freed
+and its terminal reply is ``cancelled``. A half-closed connection
 counts as ended: a client must keep its write side open until its replies
 have arrived. After a ``frame_too_large`` the server handles no more frames
 from that connection (it reads and discards, only to notice the peer leave),
 and submits it already admitted run to their terminal reply before the
 connection is closed: every admitted submit is answered once.
+
+Flow control. A watchdog closes a connection whose pending write has made
+no progress for ``write_timeout_s`` (progress: the peer acknowledged bytes,
+where the kernel tells, else the write completed), after cancelling its work
+(slots freed, counted cancelled) and offering each cancelled submit a
+``write_timeout`` reply, which only a reader that came back in time still
+gets. A slow reader that keeps taking bytes is never cut off; one that
+stopped can hold a slot for at most about the write timeout.
 
 No single line can take the server down: whatever handling a line raises is
 logged and answered ``bad_frame``.
@@ -20,8 +30,10 @@ logged and answered ``bad_frame``.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from json.encoder import encode_basestring
@@ -35,6 +47,7 @@ from yieldgate._exceptions import FrameError
 from yieldgate._locks import acquire
 from yieldgate.protocol import (
     DEFAULT_MAX_FRAME_BYTES,
+    CancelRequest,
     ErrorCode,
     PingRequest,
     Priority,
@@ -50,6 +63,7 @@ from yieldgate.protocol import (
     stats_reply_frame,
 )
 from yieldgate.server._fastframe import FastSubmit, fast_submit_decoder
+from yieldgate.server._flow import WriteProgress
 from yieldgate.server.admission import Admission, Admitted, Failure, Outstanding
 from yieldgate.server.backends import Backend, Emit
 from yieldgate.server.governor import Governor, Slot, Yield
@@ -60,6 +74,9 @@ log = logging.getLogger("yieldgate.server")
 
 _READ_SIZE = 65536
 _ACCEPT_BACKOFF_S = 0.1
+# After a write timeout, how long the cancelled submits' replies may wait for
+# a reader that came back before the connection is closed.
+_LAST_WORDS_S = 0.5
 _BROKEN = (anyio.BrokenResourceError, anyio.ClosedResourceError, anyio.EndOfStream, OSError)
 _NORMAL = Priority.NORMAL
 
@@ -77,10 +94,15 @@ class TcpConfig:
     idle_timeout_s: float = 300.0
     # Connections beyond this many are closed as soon as they are accepted.
     max_connections: int = 10_000
+    # A connection whose peer takes no bytes of a pending reply for this long is
+    # closed and its work cancelled: a reader that stopped cannot hold a slot.
+    write_timeout_s: float = 30.0
 
     def __post_init__(self) -> None:
         if not (self.idle_timeout_s > 0 and math.isfinite(self.idle_timeout_s)):
             raise ValueError("idle_timeout_s must be a positive number")
+        if not (self.write_timeout_s > 0 and math.isfinite(self.write_timeout_s)):
+            raise ValueError("write_timeout_s must be a positive number")
         if self.max_connections < 1:
             raise ValueError("max_connections must be >= 1")
         if not 0 <= self.port <= 65535:
@@ -98,18 +120,27 @@ class _Connection:
         "idle_scope",
         "idle_timeout_s",
         "inflight",
+        "last_words",
+        "progress",
+        "scope",
         "send_lock",
         "stream",
+        "timed_out",
     )
 
     def __init__(self, stream: anyio.abc.SocketStream, idle_timeout_s: float) -> None:
         self.stream = stream
         self.send_lock = anyio.Lock()
-        self.inflight: set[str] = set()
+        # The submits in flight, by id: the scope their execution runs in (cancel).
+        self.inflight: dict[str, anyio.CancelScope] = {}
         self.closed = False
         self.idle: anyio.Event | None = None  # set when inflight empties, while draining
         self.idle_timeout_s = idle_timeout_s
         self.idle_scope: anyio.CancelScope | None = None  # ends the read loop when idle
+        self.scope: anyio.CancelScope | None = None  # everything the connection runs
+        self.progress = WriteProgress(stream.extra(SocketAttribute.raw_socket))
+        self.timed_out = False  # the peer stopped taking replies: closing
+        self.last_words: list[bytes] = []  # write_timeout replies, offered before closing
 
     def touch(self) -> None:
         """Restart the idle clock, or stop it while work is in flight.
@@ -130,15 +161,36 @@ class _Connection:
             scope.deadline = deadline
 
     async def send(self, data: bytes) -> None:
+        """Write ``data`` (one or more whole frames) after any write under way."""
         if self.closed:
             return
         await acquire(self.send_lock)  # usually nobody else is writing
         try:
-            await self.stream.send(data)
+            if not self.closed:
+                await self.write(data)
         except _BROKEN:
             self.closed = True
         finally:
             self.send_lock.release()
+
+    async def write(self, data: bytes) -> None:
+        """Write ``data``, watched by the write watchdog.
+
+        The caller must be the only writer (hold ``send_lock``, or know that
+        nobody else writes). A cancelled write never cuts a frame short: the
+        transport takes all of ``data`` before the send waits for it to drain.
+        """
+        self.progress.started(time.monotonic())
+        try:
+            await self.stream.send(data)
+        finally:
+            self.progress.finished()
+
+    def write_timed_out(self) -> None:
+        """Called by the watchdog: stop everything this connection runs."""
+        self.timed_out = self.closed = True
+        if self.scope is not None:
+            self.scope.cancel()
 
 
 class _YieldReplies:
@@ -196,6 +248,8 @@ class TcpFront:
         self._connections_refused = 0
         self._open = 0
         self._connections_idle_closed = 0
+        self._connections_write_timeout = 0
+        self._connections: set[_Connection] = set()  # open ones, for the write watchdog
         self._connections_total = 0
         self._outstanding = Outstanding()
         # Well-formed submits skip the reference decoder when msgspec is installed.
@@ -217,6 +271,7 @@ class TcpFront:
             self._conns_scope = conns.cancel_scope
             port = listener.extra(SocketAttribute.local_port)
             self.address = (self.config.host, port)
+            conns.start_soon(self._watch_writes)
             task_status.started(self.address)
             with anyio.CancelScope() as self._accept_scope:
                 if self._accepting:
@@ -270,32 +325,66 @@ class TcpFront:
             "connections_total": self._connections_total,
             "connections_refused_total": self._connections_refused,
             "connections_idle_closed_total": self._connections_idle_closed,
+            "connections_write_timeout_total": self._connections_write_timeout,
         }
+
+    async def _watch_writes(self) -> None:
+        """Time out writes that made no progress for ``write_timeout_s``.
+
+        One watchdog for every connection costs a clock read per write instead
+        of a timer per write. It looks every quarter of the timeout (at most a
+        second), so a stuck write is noticed between 1 and about 1.5 timeouts
+        after its peer stopped taking bytes.
+        """
+        timeout = self.config.write_timeout_s
+        while True:
+            await anyio.sleep(min(timeout / 4, 1.0))
+            now = time.monotonic()
+            for conn in self._connections:
+                if not conn.timed_out and conn.progress.stalled(now, timeout):
+                    conn.write_timed_out()
 
     # -- one connection -----------------------------------------------------
 
     async def _handle(self, stream: anyio.abc.SocketStream) -> None:
         conn = _Connection(stream, self.config.idle_timeout_s)
         self._connections_total += 1
+        self._connections.add(conn)
         try:
-            async with stream, anyio.create_task_group() as work:
-                with anyio.CancelScope() as conn.idle_scope:
-                    conn.touch()
-                    peer_gone = await self._read_loop(conn, work)
-                if conn.idle_scope.cancelled_caught:
-                    self._connections_idle_closed += 1
-                    peer_gone = True  # idle: close it like a peer that left
-                conn.idle_scope = None
-                if not peer_gone:
-                    # frame_too_large: answer the admitted work, but still notice
-                    # (by reading and discarding) a peer that leaves meanwhile.
-                    peer_gone = await self._drain(conn)
-                if peer_gone:
-                    # Nobody is left to answer: cancel the connection's work now.
-                    conn.closed = True
-                    work.cancel_scope.cancel()
+            async with stream:
+                with anyio.CancelScope() as conn.scope:
+                    await self._serve_connection(conn)
+                if conn.timed_out:
+                    self._connections_write_timeout += 1
+                    await self._say_last_words(conn)
         finally:
+            self._connections.discard(conn)
             self._open -= 1
+
+    async def _serve_connection(self, conn: _Connection) -> None:
+        async with anyio.create_task_group() as work:
+            with anyio.CancelScope() as conn.idle_scope:
+                conn.touch()
+                peer_gone = await self._read_loop(conn, work)
+            if conn.idle_scope.cancelled_caught:
+                self._connections_idle_closed += 1
+                peer_gone = True  # idle: close it like a peer that left
+            conn.idle_scope = None
+            if not peer_gone:
+                # frame_too_large: answer the admitted work, but still notice
+                # (by reading and discarding) a peer that leaves meanwhile.
+                peer_gone = await self._drain(conn)
+            if peer_gone:
+                # Nobody is left to answer: cancel the connection's work now.
+                conn.closed = True
+                work.cancel_scope.cancel()
+
+    async def _say_last_words(self, conn: _Connection) -> None:
+        """Offer the ``write_timeout`` replies to a reader that may have come back."""
+        if not conn.last_words:
+            return
+        with anyio.move_on_after(_LAST_WORDS_S, shield=True), contextlib.suppress(*_BROKEN):
+            await conn.stream.send(b"".join(conn.last_words))
 
     async def _drain(self, conn: _Connection) -> bool:
         """Discard input until the connection's work is answered (False) or the peer leaves."""
@@ -368,9 +457,9 @@ class TcpFront:
                 await conn.send(b"".join(out))
             elif not conn.closed:
                 # Nothing admitted on this connection, so no other task writes to
-                # it, and none can start before this send returns: no lock needed.
+                # it, and none can start before this write returns: no lock needed.
                 try:
-                    await stream.send(b"".join(out))
+                    await conn.write(b"".join(out))
                 except _BROKEN:
                     conn.closed = True
 
@@ -402,6 +491,14 @@ class TcpFront:
         if isinstance(req, StatsRequest):
             out.append(encode_frame(stats_reply_frame(req.id, self.stats())))
             return
+        if isinstance(req, CancelRequest):
+            # No reply of its own: the submit's terminal reply says what happened.
+            # A cancel for an id not in flight (unknown, or answered) is ignored:
+            # it raced with the reply, and either order is fine.
+            scope = conn.inflight.get(req.id)
+            if scope is not None:
+                scope.cancel()
+            return
         self._on_submit(conn, req, work, out)
 
     def _on_submit(
@@ -432,32 +529,43 @@ class TcpFront:
                 self._error(rid, decision.code, decision.message, retryable=decision.retryable)
             )
         else:
-            conn.inflight.add(rid)
+            # Made here, not in the task: a cancel may come before the task starts.
+            scope = conn.inflight[rid] = anyio.CancelScope()
             self._outstanding.add()
             request = req if isinstance(req, SubmitRequest) else req.request()
-            work.start_soon(self._run, conn, request, decision)
+            work.start_soon(self._run, conn, request, decision, scope)
 
     # -- one admitted submit ------------------------------------------------
 
-    async def _run(self, conn: _Connection, req: SubmitRequest, admitted: Admitted) -> None:
+    async def _run(
+        self, conn: _Connection, req: SubmitRequest, admitted: Admitted, scope: anyio.CancelScope
+    ) -> None:
         finished = False
         try:
-            try:
-                reply = await self._execute(conn, req, admitted)
-            except Exception:
-                # _execute answers everything it expects; this is a bug, not a crash.
-                log.exception("handling %r failed", req.id)
-                admitted.slot.release("failed")
-                reply = self._error(
-                    req.id, ErrorCode.BACKEND_ERROR, "internal error", retryable=False
-                )
-            finally:
-                admitted.slot.release("cancelled")  # a no-op unless execution was cancelled
+            reply = b""
+            with scope:  # what the client's cancel op cancels
+                try:
+                    reply = await self._execute(conn, req, admitted)
+                except Exception:
+                    # _execute answers everything it expects; this is a bug, not a crash.
+                    log.exception("handling %r failed", req.id)
+                    admitted.slot.release("failed")
+                    reply = self._error(
+                        req.id, ErrorCode.BACKEND_ERROR, "internal error", retryable=False
+                    )
+                finally:
+                    admitted.slot.release("cancelled")  # a no-op unless execution was cancelled
+            if scope.cancelled_caught:
+                message = "cancelled by the client"
+                reply = self._error(req.id, ErrorCode.CANCELLED, message, retryable=False)
             # From here the terminal reply exists: a shutdown must not send another.
             finished = True
             await conn.send(reply)
         except anyio.get_cancelled_exc_class():
-            if not finished and self._hard_stop and not conn.closed:
+            if not finished and conn.timed_out:
+                message = f"the client took no reply for {self.config.write_timeout_s:g} s"
+                conn.last_words.append(self._error(req.id, ErrorCode.WRITE_TIMEOUT, message))
+            elif not finished and self._hard_stop and not conn.closed:
                 message = "server shut down before this submit finished"
                 data = self._error(req.id, ErrorCode.SHUTTING_DOWN, message, retryable=True)
                 with anyio.move_on_after(1.0, shield=True):
@@ -465,7 +573,7 @@ class TcpFront:
             raise
         finally:
             # The id stays in flight until its terminal reply is out (duplicate_id).
-            conn.inflight.discard(req.id)
+            del conn.inflight[req.id]
             if not conn.inflight:
                 conn.touch()
                 if conn.idle is not None:

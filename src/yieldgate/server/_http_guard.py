@@ -1,0 +1,214 @@
+"""The HTTP front's connections: accepted like the TCP front's, and timed.
+
+uvicorn times nothing on a connection before its first response (only then
+does its keep-alive timer start) and never times a write, so a connection
+that sends nothing, half a request line or part of its headers stayed open
+for ever, and so did one whose reader stopped reading a stream. The front
+therefore accepts connections itself and serves each with a guarded
+protocol class:
+
+- ``accept_connections`` closes connections past ``max_connections`` at
+  once (counted), and when accepting fails (out of descriptors) pauses new
+  connections for 100 ms while open ones are served, as the TCP front does.
+  (uvicorn's own listener on uvloop would accept and drop every pending
+  connection at EMFILE, and close the listener for good if that fails.)
+- ``GuardedProtocol`` adds a head timer: a request head must arrive whole
+  within ``head_timeout_s`` of the connection's start, and of the end of each
+  response, or the connection is closed (counted; uvicorn's 5 s keep-alive
+  timer may close a silent one first). And a write watch: while
+  the transport's buffer is past its high-water mark, the peer must keep
+  taking bytes (see ``_flow``); after ``write_timeout_s`` without progress
+  the connection is aborted (counted), uvicorn tells the app the client left,
+  and the app cancels the request's work, which frees its slot.
+
+The body's own timeout is the app's (``_http_app``), so that it can answer
+408 in the route's dialect.
+
+``GuardedProtocol`` is written against what uvicorn's h11 and httptools
+protocols share: ``connection_made`` / ``connection_lost``,
+``data_received``, ``on_response_complete``, ``pause_writing`` /
+``resume_writing``, ``loop``, ``transport``, and ``cycle``, a new object for
+each request whose head was parsed. A guarded httptools protocol is one line,
+like ``GuardedH11Protocol``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+import time
+from collections.abc import Callable, Sized
+from typing import TYPE_CHECKING, Any
+
+import anyio
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from yieldgate.server._flow import WriteProgress
+
+__all__ = ["ConnectionGuard", "GuardedH11Protocol", "GuardedProtocol", "accept_connections"]
+
+log = logging.getLogger("yieldgate.server")
+
+_ACCEPT_BACKOFF_S = 0.1  # as the TCP front
+
+
+class ConnectionGuard:
+    """What one front's connections share: their limits and their counters."""
+
+    __slots__ = (
+        "accepted",
+        "head_timeout_s",
+        "head_timeouts",
+        "max_connections",
+        "refused",
+        "write_timeout_s",
+        "write_timeouts",
+    )
+
+    def __init__(
+        self, *, head_timeout_s: float, write_timeout_s: float, max_connections: int
+    ) -> None:
+        self.head_timeout_s = head_timeout_s
+        self.write_timeout_s = write_timeout_s
+        self.max_connections = max_connections
+        self.accepted = 0
+        self.refused = 0  # closed at once: max_connections were open
+        self.head_timeouts = 0  # closed: no whole request head in time
+        self.write_timeouts = 0  # aborted: the peer took no bytes in time
+
+
+if TYPE_CHECKING:
+    # What the mixin is checked against; at run time it sits before the real class.
+    _Base = H11Protocol
+else:
+    _Base = asyncio.Protocol
+
+
+class GuardedProtocol(_Base):
+    """Mixin for a uvicorn HTTP protocol class: put it first among the bases."""
+
+    def __init__(self, *args: Any, guard: ConnectionGuard, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.guard = guard
+        self._head_timer: asyncio.TimerHandle | None = None
+        self._write_timer: asyncio.TimerHandle | None = None
+        self._head_of: object = None  # the request whose head arrived last
+        self._progress: WriteProgress | None = None
+
+    # -- uvicorn's hooks --------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._progress = WriteProgress(transport.get_extra_info("socket"))
+        self._start_head_timer()  # uvicorn times nothing before a first response
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        for timer in (self._head_timer, self._write_timer):
+            if timer is not None:
+                timer.cancel()
+        self._head_timer = self._write_timer = None
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        if self.cycle is not self._head_of:
+            self._head_of = self.cycle  # a request head arrived whole
+            self._stop_head_timer()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        self._head_of = self.cycle  # a pipelined head may have been parsed meanwhile
+        if self.transport.is_closing():
+            if self.transport.get_write_buffer_size():
+                # close() waits for these bytes: the peer must still take them.
+                self._watch_write()
+            return
+        if not self.cycle.response_complete:
+            return
+        # The next head is due. uvicorn's keep-alive timer stops at its first
+        # byte, and the rest of it (or of this request's body) might never come.
+        self._stop_head_timer()
+        self._start_head_timer()
+
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        self._watch_write()
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        if self._progress is not None:
+            self._progress.finished()
+        if self._write_timer is not None:
+            self._write_timer.cancel()
+            self._write_timer = None
+
+    # -- the timers -------------------------------------------------------------
+
+    def _start_head_timer(self) -> None:
+        self._head_timer = self.loop.call_later(self.guard.head_timeout_s, self._head_timed_out)
+
+    def _stop_head_timer(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def _head_timed_out(self) -> None:
+        self._head_timer = None
+        self.guard.head_timeouts += 1
+        # Not close(): it would wait for unsent bytes a silent peer may never take.
+        self.transport.abort()
+
+    def _watch_write(self) -> None:
+        if self._progress is None or self._write_timer is not None:
+            return
+        self._progress.started(time.monotonic())
+        self._write_timer = self.loop.call_later(self._check_every(), self._check_write)
+
+    def _check_every(self) -> float:
+        return min(self.guard.write_timeout_s / 4, 1.0)
+
+    def _check_write(self) -> None:
+        self._write_timer = None
+        assert self._progress is not None
+        if self._progress.stalled(time.monotonic(), self.guard.write_timeout_s):
+            self.guard.write_timeouts += 1
+            self.transport.abort()
+        else:
+            self._write_timer = self.loop.call_later(self._check_every(), self._check_write)
+
+
+class GuardedH11Protocol(GuardedProtocol, H11Protocol):
+    """uvicorn's h11 protocol, guarded."""
+
+
+async def accept_connections(
+    sock: socket.socket,
+    protocol: Callable[[], asyncio.Protocol],
+    guard: ConnectionGuard,
+    connections: Sized,
+) -> None:
+    """Accept on the listening ``sock`` until cancelled, serving each connection with ``protocol``.
+
+    ``connections`` are those open now (uvicorn's set): past
+    ``guard.max_connections`` a new one is closed at once.
+    """
+    loop = asyncio.get_running_loop()
+    while True:
+        try:
+            conn, _ = await loop.sock_accept(sock)
+        except OSError as exc:
+            # Out of descriptors (or memory): refuse for a moment, do not die.
+            # Connections already open keep being served meanwhile.
+            log.warning("HTTP accept failed (%s); pausing new connections for 100 ms", exc)
+            await anyio.sleep(_ACCEPT_BACKOFF_S)
+            continue
+        if len(connections) >= guard.max_connections:
+            guard.refused += 1
+            conn.close()
+            continue
+        guard.accepted += 1
+        try:
+            await loop.connect_accepted_socket(protocol, conn)
+        except OSError:
+            conn.close()
