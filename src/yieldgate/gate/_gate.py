@@ -123,7 +123,7 @@ _SIGNALS: Final = {
 @dataclass(frozen=True, slots=True, kw_only=True)
 class GatePolicy:
     """Everything a Gate does, in one frozen record. The defaults are safe:
-    slow start from 2 up to 64 in flight, 4 attempts, a 20% retry budget, a
+    slow start from 8 up to 64 in flight, 4 attempts, a 20% retry budget, a
     breaker after 5 consecutive failures, 60 s per attempt and 300 s in all,
     no rate cap and no hedging. With several upstreams, ``window`` and
     ``breaker`` apply to each of them.
@@ -1153,9 +1153,7 @@ class _Call:
         if self.deadline is not None and now >= self.deadline:
             return None
         ups = gate._upstreams
-        order = (
-            ups if len(ups) == 1 else choose(ups, self.priority, now, gate._rng, self._avoid())
-        )
+        order = ups if len(ups) == 1 else choose(ups, self.priority, now, gate._rng, self._avoid())
         rate = gate._rate_cap()
         for up in order:
             if not up.breaker.lets_through or not up.takes(self.priority, now):
