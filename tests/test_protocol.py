@@ -375,7 +375,7 @@ json_values = st.recursive(
 
 
 @given(st.binary(max_size=512))
-@settings(max_examples=500)
+@settings(max_examples=500, deadline=None)
 def test_any_bytes_decode_or_raise_frame_error(data: bytes) -> None:
     try:
         decode_request(data)
@@ -393,7 +393,7 @@ def test_any_bytes_decode_or_raise_frame_error(data: bytes) -> None:
         max_size=9,
     )
 )
-@settings(max_examples=500)
+@settings(max_examples=500, deadline=None)
 def test_any_json_object_decodes_or_raises_frame_error(obj: dict[str, Any]) -> None:
     try:
         req = decode_request(wire(obj))
@@ -440,7 +440,7 @@ def test_submit_round_trips(
     position=st.integers(min_value=0),
     flip=st.integers(1, 255),
 )
-@settings(max_examples=500)
+@settings(max_examples=500, deadline=None)
 def test_a_corrupted_frame_is_never_accepted_with_another_body(
     body: str, position: int, flip: int
 ) -> None:
@@ -458,7 +458,7 @@ def test_a_corrupted_frame_is_never_accepted_with_another_body(
 
 
 @given(st.binary(max_size=512))
-@settings(max_examples=300)
+@settings(max_examples=300, deadline=None)
 def test_any_bytes_decode_as_reply_or_raise_protocol_error(data: bytes) -> None:
     with contextlib.suppress(ProtocolError):
         decode_reply(data)

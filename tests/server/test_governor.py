@@ -406,3 +406,17 @@ def test_an_unchanged_yield_is_handed_back_again_and_still_counted() -> None:
     assert gov.stats().yielded_total == 3
     with pytest.raises(AttributeError):
         later.retry_hint_ms = 0  # type: ignore[misc]
+
+
+def test_exec_ms_total_sums_measured_executions_only() -> None:
+    clock = FakeClock()
+    gov = make(clock, max_inflight=3)
+    done, failed, cancelled = admit(gov), admit(gov), admit(gov)
+    clock.advance_ms(100)
+    done.release("executed")
+    clock.advance_ms(100)
+    failed.release("failed")
+    cancelled.release("cancelled")  # not measured: says nothing of how long work takes
+    stats = gov.stats()
+    assert stats.exec_ms_total == pytest.approx(300)
+    assert stats.as_dict()["exec_ms_total"] == pytest.approx(300)
