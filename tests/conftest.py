@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import signal
+import socket
 import subprocess
 import sys
 import threading
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,6 +23,8 @@ import anyio.abc
 import pytest
 
 from yieldgate.protocol import encode_frame, stats_frame, submit_frame
+
+Stats = dict[str, Any]
 
 
 @pytest.fixture
@@ -54,15 +58,57 @@ class ServerProcess:
                 self.proc.wait(timeout=5)
 
 
-def start_server(*args: str, timeout: float = 30.0) -> ServerProcess:
+async def stats_when(
+    read: Callable[[], Awaitable[Stats]],
+    predicate: Callable[[Stats], bool],
+    timeout: float = 15.0,
+) -> Stats:
+    """Poll ``read()`` (a server's counters) until ``predicate`` holds; the stats then.
+
+    There is no event to wait on across a process boundary. The timeout is
+    generous: a loaded machine may be slow, and no test may depend on it being fast.
+    """
+    with anyio.fail_after(timeout):
+        while True:
+            stats = await read()
+            if predicate(stats):
+                return stats
+            await anyio.sleep(0.02)
+
+
+def send_line(sock: socket.socket, line: bytes) -> bytes:
+    """Send one frame on a blocking socket and read its reply line."""
+    sock.sendall(line)
+    reply = bytearray()
+    while not reply.endswith(b"\n"):
+        data = sock.recv(65536)
+        assert data, "connection closed"
+        reply += data
+    return bytes(reply)
+
+
+def start_server(*args: str, timeout: float = 30.0, fd_limit: int | None = None) -> ServerProcess:
     """Start ``yieldgate serve --port 0 ARGS`` and wait for its ``listening`` line(s).
 
     With ``--http-port`` in ``ARGS`` the second line (``listening http://...``)
-    is awaited too and kept as ``http_url``.
+    is awaited too and kept as ``http_url``. ``fd_limit`` caps the process's
+    open file descriptors (``RLIMIT_NOFILE``), to run it out of them.
     """
     cmd = [sys.executable, "-m", "yieldgate", "serve", "--port", "0", *args]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+
+    def limit_descriptors() -> None:
+        if fd_limit is not None:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (fd_limit, fd_limit))
+
+    proc = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        preexec_fn=limit_descriptors if fd_limit is not None else None,
+    )
     assert proc.stdout is not None
     assert proc.stderr is not None
     stderr: list[str] = []
@@ -96,8 +142,8 @@ def serve() -> Iterator[Callable[..., ServerProcess]]:
     """Start real server processes; every one is stopped at teardown, also on failure."""
     started: list[ServerProcess] = []
 
-    def _start(*args: str) -> ServerProcess:
-        server = start_server(*args)
+    def _start(*args: str, fd_limit: int | None = None) -> ServerProcess:
+        server = start_server(*args, fd_limit=fd_limit)
         started.append(server)
         return server
 
@@ -162,6 +208,10 @@ class RawClient:
 
     async def stats(self) -> dict[str, Any]:
         return await self.request(stats_frame(self.next_id()))
+
+    async def stats_when(self, predicate: Callable[[Stats], bool], timeout: float = 15.0) -> Stats:
+        """Poll ``stats`` until ``predicate(stats)`` holds."""
+        return await stats_when(self.stats, predicate, timeout)
 
     async def closed_by_peer(self, timeout: float = 5.0) -> bool:
         """True when the server closes the connection (EOF or reset) within ``timeout``."""

@@ -6,6 +6,7 @@ tests/conftest.py); the Gate is exercised only through the public clients.
 
 from __future__ import annotations
 
+import functools
 import random
 import signal
 from typing import Any
@@ -15,6 +16,7 @@ import httpx
 import pytest
 
 from tests.conftest import ServerProcess, start_server
+from tests.conftest import stats_when as poll_stats
 from yieldgate import (
     BreakerPolicy,
     Gate,
@@ -44,12 +46,7 @@ async def server_stats(server: ServerProcess) -> dict[str, Any]:
 
 async def stats_when(server: ServerProcess, predicate: Any, timeout: float) -> dict[str, Any]:
     """Poll the server's ``stats`` until ``predicate(stats)`` holds."""
-    with anyio.fail_after(timeout):
-        while True:
-            stats = await server_stats(server)
-            if predicate(stats):
-                return stats
-            await anyio.sleep(0.01)
+    return await poll_stats(functools.partial(server_stats, server), predicate, timeout)
 
 
 def p99(values: list[float]) -> float:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import random
+from collections.abc import Callable
 from typing import Any
 
 import anyio
@@ -231,11 +232,30 @@ async def test_item1_a_held_hedged_call_cancelled_while_a_loser_cleans_up_strand
     assert await g.call(attempt) == "value 2"  # the Gate still works: the hedge wins again
 
 
-async def _rate_ramp_restarted(g: Gate) -> None:
-    """Bring ``g``'s rate cap to its top, then make a cold-start yield restart its ramp
-    while a call is in flight (the caller of this keeps going meanwhile)."""
+async def _hedge_as_the_ramp_restarts(g: Gate, then: Callable[[], None] | None = None) -> None:
+    """A hedged call on ``g``, whose rate cap is at its top when a cold-start yield
+    restarts its ramp (to 1/s) just before the hedge is due: a hedge that waited for
+    a rate token would wait past the primary's answer. ``then`` runs right after the
+    cold-start yield, while the primary is in flight."""
     await g.call(Timed(0.0))
     await anyio.sleep(30)  # the ramp is at its top
+
+    async def cold() -> Outcome:
+        return Outcome.yielded(10.0, "cold_start")  # restarts the ramp
+
+    async with anyio.create_task_group() as tg:
+
+        async def primary() -> None:
+            assert await g.call(Timed(0.3)) == "answer 1"
+            tg.cancel_scope.cancel()
+
+        tg.start_soon(primary)
+        await anyio.sleep(0.05)
+        # (a low-priority call: its hint holds low priority only, not the hedge)
+        tg.start_soon(functools.partial(g.call, cold, priority="low"))
+        if then is not None:
+            await anyio.sleep(0.001)
+            then()
 
 
 async def test_item2_a_hedge_that_would_wait_for_the_rate_cap_strands_no_slot() -> None:
@@ -246,21 +266,7 @@ async def test_item2_a_hedge_that_would_wait_for_the_rate_cap_strands_no_slot() 
         window=WindowPolicy.fixed(4),
         rate=RatePolicy(per_s=50, ramp_from_per_s=1, ramp_s=10),
     )
-    await _rate_ramp_restarted(g)
-
-    async def cold() -> Outcome:
-        return Outcome.yielded(10.0, "cold_start")  # restarts the ramp (to 1/s)
-
-    async with anyio.create_task_group() as tg:
-
-        async def primary() -> None:
-            assert await g.call(Timed(0.3)) == "answer 1"
-            tg.cancel_scope.cancel()
-
-        tg.start_soon(primary)
-        await anyio.sleep(0.05)
-        # (a low-priority call: its hint holds low priority only, not the hedge)
-        tg.start_soon(functools.partial(g.call, cold, priority="low"))
+    await _hedge_as_the_ramp_restarts(g)
     assert g.statistics().window.inflight == 0
 
 
@@ -271,23 +277,8 @@ async def test_item2_a_hedge_never_takes_the_half_open_probe() -> None:
         rate=RatePolicy(per_s=50, ramp_from_per_s=1, ramp_s=10),
         breaker=BreakerPolicy(fail_max=1, reset_timeout_s=0.01),
     )
-    await _rate_ramp_restarted(g)
-
-    async def cold() -> Outcome:
-        return Outcome.yielded(10.0, "cold_start")
-
-    async with anyio.create_task_group() as tg:
-
-        async def primary() -> None:
-            assert await g.call(Timed(0.3)) == "answer 1"
-            tg.cancel_scope.cancel()
-
-        tg.start_soon(primary)
-        await anyio.sleep(0.05)
-        # (a low-priority call: its hint holds low priority only, not the hedge)
-        tg.start_soon(functools.partial(g.call, cold, priority="low"))
-        await anyio.sleep(0.001)
-        g._upstreams[0].breaker._cb.open()  # failures elsewhere; a probe is due at 0.061 s
+    # Failures elsewhere open the breaker; a probe is due at 0.061 s.
+    await _hedge_as_the_ramp_restarts(g, then=g._upstreams[0].breaker._cb.open)
     # No hedge took the probe and lost it: the next call can probe, and closes it.
     await anyio.sleep(1)
     assert await g.call(Timed(0.0)) == "answer 1"

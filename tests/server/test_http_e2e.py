@@ -3,11 +3,8 @@
 from __future__ import annotations
 
 import json
-import resource
 import signal
 import socket
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +13,7 @@ import httpx
 import openai
 import pytest
 
-from tests.conftest import RawClient, ServerProcess, submit
+from tests.conftest import RawClient, ServerProcess, send_line, stats_when, submit
 
 pytestmark = [pytest.mark.anyio, pytest.mark.e2e]
 
@@ -25,12 +22,12 @@ async def wait_for(
     http: httpx.AsyncClient, predicate: Any, timeout: float = 15.0
 ) -> dict[str, Any]:
     """Poll ``GET /stats`` until ``predicate(stats)`` holds."""
-    with anyio.fail_after(timeout):
-        while True:
-            stats: dict[str, Any] = (await http.get("/stats")).json()
-            if predicate(stats):
-                return stats
-            await anyio.sleep(0.02)
+
+    async def read() -> dict[str, Any]:
+        stats: dict[str, Any] = (await http.get("/stats")).json()
+        return stats
+
+    return await stats_when(read, predicate, timeout)
 
 
 async def test_tcp_and_http_clients_share_the_slots(serve: Any, connect: Any) -> None:
@@ -170,63 +167,41 @@ async def test_the_secret_guards_every_http_route_but_health(serve: Any, tmp_pat
             await client.completions.create(model="m", prompt="hello")
 
 
-def test_silent_http_connections_cannot_starve_either_front(tmp_path: Path) -> None:
+def test_silent_http_connections_cannot_starve_either_front(serve: Any) -> None:
     # Issue 16 item 14: with 1,024 descriptors, 1,100 silent HTTP connections blocked
     # both fronts for good. Here: 64 descriptors and 150 silent connections.
-    def low_limit() -> None:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
-
     args = ["--exec-ms", "1", "--http-port", "0", "--http-head-timeout-s", "0.5"]
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "yieldgate", "serve", "--port", "0", *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-        preexec_fn=low_limit,
-    )
+    server: ServerProcess = serve(*args, fd_limit=64)
+    assert server.http_url is not None
+    tcp_port = server.port
+    http_port = int(server.http_url.rpartition(":")[2])
     silent: list[socket.socket] = []
     try:
-        assert proc.stdout is not None
-        tcp_port = int(proc.stdout.readline().strip().rpartition(":")[2])
-        http_port = int(proc.stdout.readline().strip().rpartition(":")[2])
         # Connections opened before the flood are served throughout.
         tcp = socket.create_connection(("127.0.0.1", tcp_port), timeout=10)
         http = socket.create_connection(("127.0.0.1", http_port), timeout=10)
         silent += [tcp, http]
-        assert b'"pong"' in tcp_request(tcp, b'{"op":"ping","id":"before"}\n')
+        assert b'"pong"' in send_line(tcp, b'{"op":"ping","id":"before"}\n')
         assert http_get(http, "/health").startswith(b"HTTP/1.1 200 ")
         for _ in range(150):  # more than the server has descriptors for
             silent.append(socket.create_connection(("127.0.0.1", http_port), timeout=10))
-        assert b'"pong"' in tcp_request(tcp, b'{"op":"ping","id":"during"}\n')
+        assert b'"pong"' in send_line(tcp, b'{"op":"ping","id":"during"}\n')
         # The server closes every silent connection (accepting the waiting ones as
         # descriptors free up), and both fronts take new connections again.
         for sock in silent[2:]:
             sock.settimeout(30)
             assert sock.recv(1) == b""
         with socket.create_connection(("127.0.0.1", tcp_port), timeout=10) as fresh:
-            stats = json.loads(tcp_request(fresh, b'{"op":"stats","id":"after"}\n'))
+            stats = json.loads(send_line(fresh, b'{"op":"stats","id":"after"}\n'))
         with socket.create_connection(("127.0.0.1", http_port), timeout=10) as fresh:
             assert http_get(fresh, "/health").startswith(b"HTTP/1.1 200 ")
-        assert proc.poll() is None, "the server died"
+        assert server.proc.poll() is None, "the server died"
     finally:
         for sock in silent:
             sock.close()
-        proc.kill()
-        proc.wait()
     # The silent ones, and the one kept open, idle since its response.
     assert stats["http_connections_head_timeout_total"] == 151
     assert stats["connections_open"] == 2  # the first TCP connection and the asking one
-
-
-def tcp_request(sock: socket.socket, line: bytes) -> bytes:
-    """Send one frame and read its reply line."""
-    sock.sendall(line)
-    reply = bytearray()
-    while not reply.endswith(b"\n"):
-        data = sock.recv(65536)
-        assert data, "connection closed"
-        reply += data
-    return bytes(reply)
 
 
 def http_get(sock: socket.socket, path: str) -> bytes:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import random
 import signal
+import socket
 import time
 from pathlib import Path
 from typing import Any
@@ -11,7 +13,7 @@ from typing import Any
 import anyio
 import pytest
 
-from tests.conftest import RawClient, ServerProcess, submit
+from tests.conftest import RawClient, ServerProcess, send_line, submit
 from yieldgate.protocol import (
     YieldReason,
     encode_frame,
@@ -30,17 +32,6 @@ def assert_counters_add_up(stats: dict[str, Any]) -> None:
     """Every admitted submit ended exactly one way, or is still in flight."""
     ended = stats["executed_total"] + stats["failed_total"] + stats["cancelled_total"]
     assert stats["admitted_total"] == ended + stats["inflight"], stats
-
-
-async def wait_for(client: RawClient, predicate: Any, timeout: float = 15.0) -> dict[str, Any]:
-    """Poll ``stats`` until ``predicate(stats)`` holds (the timeout is generous: a
-    loaded machine may be slow, and a test must never depend on it being fast)."""
-    with anyio.fail_after(timeout):
-        while True:
-            stats = await client.stats()
-            if predicate(stats):
-                return stats
-            await anyio.sleep(0.02)
 
 
 async def test_ping_and_stats(serve: Any, connect: Any) -> None:
@@ -87,7 +78,7 @@ async def test_seed_promises_yield_at_once_with_an_honest_hint(serve: Any, conne
     # and around the yield allow: no window that a slow run could miss.
     before_admission = time.monotonic()
     await owner.send(submit("long"))
-    await wait_for(other, lambda s: s["inflight"] == 1)
+    await other.stats_when(lambda s: s["inflight"] == 1)
     after_admission = time.monotonic()
     await anyio.sleep(0.5)  # let some of the execution pass (at least this much)
     sent = time.monotonic()
@@ -158,7 +149,7 @@ async def test_frame_too_large_closes_only_that_connection(serve: Any, connect: 
     victim, bystander = await connect(server), await connect(server)
     await bystander.send(submit("keep"))
     await victim.send(submit("mine"))
-    await wait_for(bystander, lambda s: s["inflight"] == 2)
+    await bystander.stats_when(lambda s: s["inflight"] == 2)
     await victim.send(
         b'{"op": "ping", "id": "' + b"x" * 2000 + b'"}\n' + encode_frame(ping_frame("unread"))
     )
@@ -169,7 +160,7 @@ async def test_frame_too_large_closes_only_that_connection(serve: Any, connect: 
     # ...then the connection closes; nothing after the bad frame was read.
     assert await victim.closed_by_peer()
     assert (await bystander.recv_for("keep"))["status"] == "ok"
-    stats = await wait_for(bystander, lambda s: s["inflight"] == 0)
+    stats = await bystander.stats_when(lambda s: s["inflight"] == 0)
     assert (stats["executed_total"], stats["cancelled_total"]) == (2, 0)
     assert_counters_add_up(stats)
 
@@ -229,7 +220,7 @@ async def test_cancel_frees_the_slot_at_once_and_answers_cancelled(
     server = serve("--max-inflight", "1", "--exec-ms", "60000")
     c, other = await connect(server), await connect(server)
     await c.send(submit("w"))
-    await wait_for(other, lambda s: s["inflight"] == 1)
+    await other.stats_when(lambda s: s["inflight"] == 1)
     await c.send({"op": "cancel", "id": "w"})
     reply = await c.recv()
     assert (reply["id"], reply["status"], reply["code"], reply["retryable"]) == (
@@ -266,7 +257,7 @@ async def test_a_cancel_for_an_id_not_in_flight_is_ignored(serve: Any, connect: 
     done = await c.submit("done", params={"exec_ms": 1})
     assert done["status"] == "ok"
     await c.send(submit("mine"))
-    await wait_for(c, lambda s: s["inflight"] == 1)
+    await c.stats_when(lambda s: s["inflight"] == 1)
     # Unknown, already answered, or in flight on another connection: no reply, no effect.
     for frame in ({"op": "cancel", "id": "never"}, {"op": "cancel", "id": "done"}):
         await c.send(frame)
@@ -425,9 +416,9 @@ async def test_disconnect_cancels_work_and_releases_slots(serve: Any, connect: A
     await stayer.send(submit("mine"))
     for i in range(2):
         await leaver.send(submit(f"gone-{i}"))
-    await wait_for(stayer, lambda s: s["inflight"] == 3)
+    await stayer.stats_when(lambda s: s["inflight"] == 3)
     await leaver.aclose()
-    stats = await wait_for(stayer, lambda s: s["inflight"] == 1)
+    stats = await stayer.stats_when(lambda s: s["inflight"] == 1)
     assert stats["cancelled_total"] == 2
     assert_counters_add_up(stats)
 
@@ -436,9 +427,9 @@ async def test_half_close_counts_as_disconnect(serve: Any, connect: Any) -> None
     server = serve("--exec-ms", "10000")
     c, monitor = await connect(server), await connect(server)
     await c.send(submit("w"))
-    await wait_for(monitor, lambda s: s["inflight"] == 1)
+    await monitor.stats_when(lambda s: s["inflight"] == 1)
     await c.stream.send_eof()
-    stats = await wait_for(monitor, lambda s: s["inflight"] == 0)
+    stats = await monitor.stats_when(lambda s: s["inflight"] == 0)
     assert stats["cancelled_total"] == 1
 
 
@@ -465,7 +456,7 @@ async def test_yields_between_the_chunks_of_a_stream_on_one_connection(
     server = serve("--max-inflight", "1", "--exec-ms", "1000")
     c = await connect(server)
     await c.send(submit("s", "a stream that takes a while", stream=True, params={"chunks": 50}))
-    await wait_for(c, lambda s: s["inflight"] == 1)
+    await c.stats_when(lambda s: s["inflight"] == 1)
     ids = [f"{i:06d}" + "y" * 250 for i in range(20_000)]
 
     async def send_all() -> None:
@@ -489,11 +480,11 @@ async def test_priority_reservation_end_to_end(serve: Any, connect: Any) -> None
     server = serve("--max-inflight", "2", "--reserve-high", "1", "--exec-ms", "2000")
     c = await connect(server)
     await c.send(submit("n1"))
-    await wait_for(c, lambda s: s["inflight"] == 1)
+    await c.stats_when(lambda s: s["inflight"] == 1)
     assert (await c.submit("n2"))["status"] == "yield"
     assert (await c.submit("lo", priority="low"))["status"] == "yield"
     await c.send(submit("h1", priority="high"))
-    await wait_for(c, lambda s: s["inflight"] == 2)
+    await c.stats_when(lambda s: s["inflight"] == 2)
     assert (await c.submit("h2", priority="high"))["status"] == "yield"
 
 
@@ -506,7 +497,7 @@ async def test_cold_start_then_warm(serve: Any, connect: Any) -> None:
     assert 1 <= reply["retry_hint_ms"] <= 1000
     stats = await c.stats()
     assert stats["cold"] is True
-    await wait_for(c, lambda s: not s["cold"])
+    await c.stats_when(lambda s: not s["cold"])
     # Truthful: warm no sooner than the hint said (however late a loaded machine is).
     assert time.monotonic() - sent >= reply["retry_hint_ms"] / 1000 - 0.002
     assert (await c.submit("later"))["status"] == "ok"
@@ -573,7 +564,7 @@ async def test_bad_input_costs_only_the_sender(serve: Any, connect: Any) -> None
     assert sum(sent_bad.values()) == 1000
     assert all(r["status"] == "ok" for r in honest_replies)
     assert all(r["result"] == {"text": "real work"} for r in honest_replies)
-    after = await wait_for(honest, lambda s: s["inflight"] == 0)
+    after = await honest.stats_when(lambda s: s["inflight"] == 0)
     assert after["executed_total"] - before["executed_total"] == 30
     assert after["yielded_total"] == before["yielded_total"] == 0
     assert after["cancelled_total"] == after["failed_total"] == 0
@@ -585,9 +576,9 @@ async def test_graceful_shutdown_finishes_admitted_work(serve: Any, connect: Any
     server: ServerProcess = serve("--exec-ms", "800", "--grace-s", "10")
     c, late = await connect(server), await connect(server)
     await c.send(submit("admitted"))
-    await wait_for(late, lambda s: s["inflight"] == 1)
+    await late.stats_when(lambda s: s["inflight"] == 1)
     server.signal(signal.SIGTERM)
-    await wait_for(late, lambda s: s["shutting_down"])
+    await late.stats_when(lambda s: s["shutting_down"])
     refused = await late.submit("too late")
     assert (refused["code"], refused["retryable"]) == ("shutting_down", True)
     assert (await c.recv_for("admitted"))["status"] == "ok"
@@ -599,7 +590,7 @@ async def test_shutdown_past_grace_answers_shutting_down(serve: Any, connect: An
     server: ServerProcess = serve("--exec-ms", "60000", "--grace-s", "0.3")
     c = await connect(server)
     await c.send(submit("forever"))
-    await wait_for(c, lambda s: s["inflight"] == 1)
+    await c.stats_when(lambda s: s["inflight"] == 1)
     server.signal(signal.SIGINT)
     reply = await c.recv_for("forever")
     assert (reply["code"], reply["retryable"]) == ("shutting_down", True)
@@ -610,9 +601,9 @@ async def test_second_signal_stops_at_once(serve: Any, connect: Any) -> None:
     server: ServerProcess = serve("--exec-ms", "60000", "--grace-s", "60")
     c = await connect(server)
     await c.send(submit("forever"))
-    await wait_for(c, lambda s: s["inflight"] == 1)
+    await c.stats_when(lambda s: s["inflight"] == 1)
     server.signal(signal.SIGTERM)
-    await wait_for(c, lambda s: s["shutting_down"])  # the first one was handled
+    await c.stats_when(lambda s: s["shutting_down"])  # the first one was handled
     server.signal(signal.SIGTERM)
     reply = await c.recv_for("forever")
     assert reply["code"] == "shutting_down"
@@ -623,7 +614,7 @@ async def test_a_full_server_yields_before_it_looks_at_params(serve: Any, connec
     server = serve("--max-inflight", "1", "--exec-ms", "400")
     c = await connect(server)
     await c.send(submit("busy"))
-    await wait_for(c, lambda s: s["inflight"] == 1)
+    await c.stats_when(lambda s: s["inflight"] == 1)
     # Refusing is the cheap path: a full server yields without validating params...
     assert (await c.submit("x", params={"exec_ms": -1}))["status"] == "yield"
     await c.recv_for("busy")
@@ -645,7 +636,7 @@ async def test_an_id_is_in_flight_until_its_reply_is_sent(serve: Any, connect: A
     await slow_reader.send(big_submits(30, 500_000))
     await slow_reader.send(submit("a", params={"exec_ms": 0}))
     # "a" has executed, but its reply waits behind the others.
-    await wait_for(monitor, lambda s: s["executed_total"] == 31)
+    await monitor.stats_when(lambda s: s["executed_total"] == 31)
     await slow_reader.send(submit("a", params={"exec_ms": 0}))
     replies = [await slow_reader.recv(timeout=30) for _ in range(32)]
     for_a = sorted(r.get("code", r["status"]) for r in replies if r["id"] == "a")
@@ -656,7 +647,7 @@ async def test_shutdown_never_sends_a_second_terminal_reply(serve: Any, connect:
     server: ServerProcess = serve("--max-inflight", "64", "--exec-ms", "0", "--grace-s", "0.5")
     slow_reader, monitor = await connect(server), await connect(server)
     await slow_reader.send(big_submits(30, 500_000))
-    stats = await wait_for(monitor, lambda s: s["executed_total"] == 30)
+    stats = await monitor.stats_when(lambda s: s["executed_total"] == 30)
     assert stats["inflight"] == 0
     server.signal(signal.SIGTERM)
     terminal: dict[str, list[str]] = {}
@@ -679,11 +670,11 @@ async def test_leaving_after_frame_too_large_still_frees_the_slots(
     server = serve("--max-inflight", "1", "--max-frame-bytes", "1024", "--exec-ms", "10000")
     victim, monitor = await connect(server), await connect(server)
     await victim.send(submit("work"))
-    await wait_for(monitor, lambda s: s["inflight"] == 1)
+    await monitor.stats_when(lambda s: s["inflight"] == 1)
     await victim.send(b"{" + b" " * 2000)  # too large: the server stops reading frames
     assert (await victim.recv())["code"] == "frame_too_large"
     await victim.aclose()  # ...but still notices the client leave
-    stats = await wait_for(monitor, lambda s: s["inflight"] == 0, timeout=3)
+    stats = await monitor.stats_when(lambda s: s["inflight"] == 0, timeout=3)
     assert stats["cancelled_total"] == 1
 
 
@@ -698,38 +689,15 @@ async def test_a_lone_surrogate_auth_is_unauthorized(
     assert (reply["id"], reply["code"]) == ("p1", "unauthorized")
 
 
-def test_running_out_of_descriptors_does_not_kill_the_server() -> None:
-    import json
-    import resource
-    import socket
-    import subprocess
-    import sys
-
-    def low_limit() -> None:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (40, 40))
-
+def test_running_out_of_descriptors_does_not_kill_the_server(serve: Any) -> None:
     def request(sock: socket.socket, line: bytes) -> dict[str, Any]:
-        sock.sendall(line)
-        reply = bytearray()
-        while not reply.endswith(b"\n"):
-            data = sock.recv(65536)
-            assert data, "connection closed"
-            reply += data
-        answer: dict[str, Any] = json.loads(reply)
+        answer: dict[str, Any] = json.loads(send_line(sock, line))
         return answer
 
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "yieldgate", "serve", "--port", "0", "--exec-ms", "1"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-        preexec_fn=low_limit,
-    )
+    server = serve("--exec-ms", "1", fd_limit=40)
+    port = server.port
     socks: list[socket.socket] = []
     try:
-        assert proc.stdout is not None
-        line = proc.stdout.readline().strip()
-        port = int(line.rpartition(":")[2])
         kept = socket.create_connection(("127.0.0.1", port), timeout=10)
         socks.append(kept)
         assert request(kept, b'{"op":"ping","id":"before"}\n')["op"] == "pong"
@@ -751,12 +719,10 @@ def test_running_out_of_descriptors_does_not_kill_the_server() -> None:
             time.sleep(0.02)
         with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
             assert request(sock, b'{"op":"ping","id":"after"}\n')["op"] == "pong"
-        assert proc.poll() is None, "the server died"
+        assert server.proc.poll() is None, "the server died"
     finally:
         for sock in socks:
             sock.close()
-        proc.kill()
-        proc.wait()
 
 
 @pytest.mark.parametrize("rid", ["a", 'quote " and \\ back', "caf\u00e9 \u2603", "\n\t"])

@@ -18,18 +18,6 @@ from yieldgate.protocol import encode_frame, submit_frame
 pytestmark = [pytest.mark.anyio, pytest.mark.e2e]
 
 
-async def wait_for_stats(
-    client: RawClient, predicate: Callable[[dict[str, Any]], bool], timeout: float = 15.0
-) -> dict[str, Any]:
-    """Poll ``stats`` until ``predicate(stats)`` holds."""
-    with anyio.fail_after(timeout):
-        while True:
-            stats = await client.stats()
-            if predicate(stats):
-                return stats
-            await anyio.sleep(0.02)
-
-
 async def test_a_slowloris_is_closed_and_costs_others_nothing(
     serve: Callable[..., ServerProcess], connect: Callable[[ServerProcess], Any]
 ) -> None:
@@ -174,8 +162,7 @@ async def test_readers_that_stopped_lose_their_slots_after_the_write_timeout(
         for i in range(4)
     ]
     try:
-        stats = await wait_for_stats(
-            monitor,
+        stats = await monitor.stats_when(
             lambda s: s["connections_write_timeout_total"] == 4 and s["connections_open"] == 1,
             timeout=60,
         )
