@@ -494,7 +494,9 @@ class Gate:
             retries=c.retries,
             waited_s=c.waited_s,
             rejected_open=c.rejected_open,
-            rate_per_s=None if rate is None else rate.rate_now(now or rate.updated),
+            rate_per_s=None
+            if rate is None
+            else rate.rate_now(rate.updated if now is None else now),
             hedges=c.hedges,
             hedge_wins=c.hedge_wins,
             hedges_denied=c.hedges_denied,
@@ -1072,7 +1074,11 @@ class _Call:
                 probing = [u for u in ups if u.breaker.probe_pending]
                 if not probing:
                     raise self._circuit_error(exc) from None
-                await self._wait(probing[0].breaker.wait_verdict, "waiting for the breaker's probe")
+                await self._await_verdict(probing[0])
+
+    async def _await_verdict(self, up: Upstream) -> None:
+        """Wait, within the deadline, for the verdict of ``up``'s half-open probe."""
+        await self._wait(up.breaker.wait_verdict, "waiting for the breaker's probe")
 
     def _margin(self, up: Upstream, room: float) -> float:
         """How long before the deadline an attempt should start, out of ``room``: its
@@ -1133,7 +1139,7 @@ class _Call:
                 window.release(permit, Signal.CANCELLED)
                 if not up.breaker.probe_pending:
                     raise self._circuit_error(exc) from None
-                await self._wait(up.breaker.wait_verdict, "waiting for the breaker's probe")
+                await self._await_verdict(up)
                 continue
             except BaseException:
                 window.release(permit, Signal.CANCELLED)
@@ -1209,7 +1215,7 @@ class _Call:
                     # A timeout is what a backend that buffers instead of yielding
                     # shows under overload: narrow the window as for a yield.
                     signal = Signal.CONGESTION
-                elif signal is Signal.REFUSED or signal is Signal.CONGESTION:
+                elif outcome.is_congestion:
                     # Held before the slot goes back: else the freed slot would
                     # admit a waiter into the very overload the hint is about.
                     self._hold_from(outcome, up)

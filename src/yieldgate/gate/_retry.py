@@ -117,7 +117,7 @@ def _repeat_floor_s(policy: RetryPolicy, n: int) -> float:
 def hinted_wait_s(policy: RetryPolicy, hint_s: float, rng: random.Random, n: int = 1) -> float:
     """The wait for an upstream hint before retry ``n``: at least the hint, spread above it."""
     hint = min(max(hint_s, 0.0), policy.max_hint_s)
-    if hint <= _repeat_floor_s(policy, n) or hint <= 0:
+    if hint <= _repeat_floor_s(policy, n):
         # A zero hint, or one shorter than this retry's backoff: "now" from a
         # hundred callers at once is a stampede, and from one caller again and
         # again it is a retry storm. Spread over a base step, then back off.

@@ -270,15 +270,15 @@ class Window:
 
     def held_until(self, priority: Priority, now: float | None = None) -> float:
         """When the hold on ``priority`` ends, or 0.0 if none is in force."""
-        until = self._holds[RANK[priority]]
-        if until and until > (self._clock() if now is None else now):
-            return until
-        return 0.0
+        return self._ahead(self._holds[RANK[priority]], now)
 
     def hint_until(self, priority: Priority, now: float | None = None) -> float:
         """When the upstream asked ``priority`` to come back (the start of the hold's
         release), or 0.0 if that has passed."""
-        until = self._hints[RANK[priority]]
+        return self._ahead(self._hints[RANK[priority]], now)
+
+    def _ahead(self, until: float, now: float | None) -> float:
+        """``until`` if it is still to come, else 0.0 (the clock is read only for a time set)."""
         if until and until > (self._clock() if now is None else now):
             return until
         return 0.0
@@ -306,15 +306,16 @@ class Window:
             return start
         due = self._release_at[rank]
         if due is None:
-            left = self._holds[rank] - start
-            due = start + left * self._rng.uniform(0, 2) / (self._waiting + 1)
-            self._release_at[rank] = due
+            due = self._release_at[rank] = start + self._gap(self._holds[rank] - start)
         return due
 
     def _released_one(self, rank: int, now: float) -> None:
         """A held caller of ``rank`` went on schedule: set when the next may go."""
-        left = max(0.0, self._holds[rank] - now)
-        self._release_at[rank] = now + left * self._rng.uniform(0, 2) / (self._waiting + 1)
+        self._release_at[rank] = now + self._gap(max(0.0, self._holds[rank] - now))
+
+    def _gap(self, left: float) -> float:
+        """The time to the next release: a random share of ``left`` among the waiters."""
+        return left * self._rng.uniform(0, 2) / (self._waiting + 1)
 
     # -- acquire ------------------------------------------------------------
 

@@ -18,13 +18,20 @@ import socket
 import struct
 import sys
 
-__all__ = ["WriteProgress", "bytes_acked"]
+__all__ = ["WriteProgress", "bytes_acked", "check_interval_s"]
 
 # struct tcp_info (linux/tcp.h) is only ever extended: tcpi_bytes_acked, a u64,
 # sits at byte 120 since it was added.
 _ACKED = struct.Struct("=Q")
 _ACKED_AT = 120
 _TCP_INFO = getattr(socket, "TCP_INFO", None) if sys.platform.startswith("linux") else None
+
+
+def check_interval_s(timeout_s: float) -> float:
+    """How often a front looks for stalled writes: a quarter of the timeout, at most a
+    second, so a stuck write is noticed between 1 and about 1.5 timeouts after its
+    peer stopped taking bytes."""
+    return min(timeout_s / 4, 1.0)
 
 
 def bytes_acked(sock: socket.socket) -> int | None:

@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from yieldgate.server._flow import WriteProgress
+from yieldgate.server._flow import WriteProgress, check_interval_s
 
 __all__ = ["ConnectionGuard", "GuardedH11Protocol", "GuardedProtocol", "accept_connections"]
 
@@ -166,7 +166,7 @@ class GuardedProtocol(_Base):
         self._write_timer = self.loop.call_later(self._check_every(), self._check_write)
 
     def _check_every(self) -> float:
-        return min(self.guard.write_timeout_s / 4, 1.0)
+        return check_interval_s(self.guard.write_timeout_s)
 
     def _check_write(self) -> None:
         self._write_timer = None

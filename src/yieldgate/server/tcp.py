@@ -63,7 +63,7 @@ from yieldgate.protocol import (
     stats_reply_frame,
 )
 from yieldgate.server._fastframe import FastSubmit, fast_submit_decoder
-from yieldgate.server._flow import WriteProgress
+from yieldgate.server._flow import WriteProgress, check_interval_s
 from yieldgate.server.admission import Admission, Admitted, Failure, Outstanding
 from yieldgate.server.backends import Backend, Emit
 from yieldgate.server.governor import Governor, Slot, Yield
@@ -338,7 +338,7 @@ class TcpFront:
         """
         timeout = self.config.write_timeout_s
         while True:
-            await anyio.sleep(min(timeout / 4, 1.0))
+            await anyio.sleep(check_interval_s(timeout))
             now = time.monotonic()
             for conn in self._connections:
                 if not conn.timed_out and conn.progress.stalled(now, timeout):

@@ -136,11 +136,15 @@ class _Connection:
                 await self.stream.send(data)
         except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError) as exc:
             error = self.failure or TransportError(f"connection lost while sending: {exc!r}")
-            self.fail(error)
             # Closing it also ends the reader, instead of waiting for the server to.
-            with anyio.CancelScope(shield=True):
-                await self.stream.aclose()
+            await self.close(error)
             raise _fresh(error) from exc
+
+    async def close(self, error: YieldgateError) -> None:
+        """Fail the connection with ``error`` and close its socket, even when cancelled."""
+        self.fail(error)
+        with anyio.CancelScope(shield=True):
+            await self.stream.aclose()
 
     def fail(self, error: YieldgateError) -> None:
         """Mark the connection dead and end every pending request's reply stream."""
@@ -180,9 +184,7 @@ class _Connection:
             # Whatever a reply does to the decoder, it must not reach the user's task group.
             self.fail(ProtocolError(f"server sent a reply that could not be read: {exc!r}"))
         finally:
-            self.fail(TransportError("connection closed"))
-            with anyio.CancelScope(shield=True):
-                await self.stream.aclose()
+            await self.close(TransportError("connection closed"))
 
     def _check_size(self, pending: bytearray) -> None:
         if len(pending) > self.max_frame_bytes:
@@ -298,11 +300,9 @@ class GovernedClient:
             return
         self._state = "closed"
         for conn in list(self._open):
-            conn.fail(TransportError("client closed"))
             # Closing the stream ends the reader task. (The task group's scope
             # wraps the user's own block: cancelling it would cancel them too.)
-            with anyio.CancelScope(shield=True):
-                await conn.stream.aclose()
+            await conn.close(TransportError("client closed"))
 
     def _check_open(self) -> None:
         if self._state != "open":
@@ -424,7 +424,7 @@ class GovernedClient:
         receive.close()
         if not conn.exclusive:
             if conn.draining and not conn.waiters:
-                await self._close(conn, TransportError("connection drained"))
+                await conn.close(TransportError("connection drained"))
             elif not complete and not conn.broken and self._state == "open":
                 self._send_cancel(conn, rid)
             return
@@ -433,13 +433,7 @@ class GovernedClient:
             if endpoint is not None and len(endpoint.idle) < _MAX_IDLE_EXCLUSIVE:
                 endpoint.idle.append(conn)
                 return
-        await self._close(conn, TransportError("request abandoned"))
-
-    @staticmethod
-    async def _close(conn: _Connection, error: YieldgateError) -> None:
-        conn.fail(error)
-        with anyio.CancelScope(shield=True):
-            await conn.stream.aclose()
+        await conn.close(TransportError("request abandoned"))
 
     def _send_cancel(self, conn: _Connection, rid: str) -> None:
         """Ask the server to stop ``rid`` (protocol 1.1), from the client's own task
