@@ -46,3 +46,17 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
 
     def advance(self, seconds: float) -> None:
         self._virtual_now += seconds
+
+
+def gates_read_the_loop_clock(monkeypatch: Any) -> None:
+    """Make Gates built from now on read the event loop's (virtual) clock.
+
+    In production a Gate reads ``time.monotonic`` (which asyncio's clock is
+    too), so that threads and event loops share one timeline; under virtual
+    time the loop's clock is the only one that moves.
+    """
+    import anyio
+
+    import yieldgate.gate._gate
+
+    monkeypatch.setattr(yieldgate.gate._gate, "default_clock", anyio.current_time)

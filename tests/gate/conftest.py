@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from trio.testing import MockClock
 
-from tests.vtime import VirtualTimeLoop
+from tests.vtime import VirtualTimeLoop, gates_read_the_loop_clock
 
 
 @pytest.fixture(
@@ -26,3 +26,8 @@ def anyio_backend(request: pytest.FixtureRequest) -> tuple[str, dict[str, Any]]:
     if request.param == "trio":
         return ("trio", {"clock": MockClock(autojump_threshold=0)})
     return ("asyncio", {"loop_factory": VirtualTimeLoop})
+
+
+@pytest.fixture(autouse=True)
+def _loop_clock(monkeypatch: pytest.MonkeyPatch) -> None:
+    gates_read_the_loop_clock(monkeypatch)

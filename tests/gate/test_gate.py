@@ -320,20 +320,20 @@ async def test_attempt_timeout_is_retryable() -> None:
             return await slow_then_fast()
         return "fast"
 
-    g = gate(timeouts=TimeoutPolicy(attempt_s=1.0, total_s=60))
+    g = gate(timeout=TimeoutPolicy(attempt_s=1.0, total_s=60))
     assert await g.call(attempt) == "fast"
     assert g.statistics().failures == 1
 
 
 async def test_attempt_timeouts_exhaust_into_retries_exhausted() -> None:
-    g = gate(timeouts=TimeoutPolicy(attempt_s=1.0, total_s=600), retry=RetryPolicy(max_attempts=2))
+    g = gate(timeout=TimeoutPolicy(attempt_s=1.0, total_s=600), retry=RetryPolicy(max_attempts=2))
     with pytest.raises(RetriesExhaustedError) as info:
         await g.call(Script("never", duration_s=100))
     assert isinstance(info.value.__cause__, AttemptTimeoutError)
 
 
 async def test_total_deadline_cancels_a_running_attempt() -> None:
-    g = gate(timeouts=TimeoutPolicy(attempt_s=None, total_s=3.0))
+    g = gate(timeout=TimeoutPolicy(attempt_s=None, total_s=3.0))
     start = anyio.current_time()
     with pytest.raises(DeadlineExceededError) as info:
         await g.call(Script("never", duration_s=100))
@@ -351,7 +351,7 @@ async def test_current_attempt_carries_the_remaining_budget() -> None:
         seen.append((info.number, info.remaining_s()))
         return Outcome.ok(1) if info.number == 2 else Outcome.yielded(2.0)
 
-    g = gate(timeouts=TimeoutPolicy(attempt_s=5.0, total_s=20.0))
+    g = gate(timeout=TimeoutPolicy(attempt_s=5.0, total_s=20.0))
     await g.call(attempt)
     assert seen[0] == (1, pytest.approx(5.0))  # the attempt timeout binds first
     number, remaining = seen[1]
@@ -369,7 +369,7 @@ async def test_remaining_budget_follows_the_call_deadline_near_its_end() -> None
         seen.append(info.remaining_s())
         return Outcome.ok(1) if len(seen) == 2 else Outcome.yielded(7.0)
 
-    g = gate(timeouts=TimeoutPolicy(attempt_s=5.0, total_s=10.0), retry=RetryPolicy(hint_jitter=0))
+    g = gate(timeout=TimeoutPolicy(attempt_s=5.0, total_s=10.0), retry=RetryPolicy(hint_jitter=0))
     await g.call(attempt)
     assert seen[1] == pytest.approx(3.0, abs=0.01)  # 10 s total - 7 s spent waiting
 
@@ -497,7 +497,7 @@ async def test_a_finished_call_keeps_no_reference_to_its_value() -> None:
 
     big = Big()
     ref = weakref.ref(big)
-    g = gate(timeouts=TimeoutPolicy(attempt_s=600.0, total_s=None))
+    g = gate(timeout=TimeoutPolicy(attempt_s=600.0, total_s=None))
 
     async def fn(payload: Big) -> Big:
         return payload
@@ -633,7 +633,7 @@ async def test_a_shared_hint_holds_back_the_callers_queued_behind_it() -> None:
 
 
 async def test_a_shared_hint_past_the_deadline_fails_fast() -> None:
-    g = Gate(GatePolicy(timeouts=TimeoutPolicy(total_s=0.5)), instrumentation=NullInstrumentation())
+    g = Gate(GatePolicy(timeout=TimeoutPolicy(total_s=0.5)), instrumentation=NullInstrumentation())
 
     async def cold() -> Outcome:
         return Outcome.yielded(5.0, reason="cold_start")
@@ -698,7 +698,7 @@ async def test_a_probe_is_chosen_when_it_can_send_not_while_it_queues() -> None:
             results[tag] = exc
 
     async with anyio.create_task_group() as tg, g.hold(ok):  # the only slot is busy...
-        g._upstreams[0].breaker._cb.open()  # ...when failures elsewhere open the breaker
+        g._core.upstreams[0].breaker._cb.open()  # ...when failures elsewhere open the breaker
         await anyio.sleep(5)  # a probe is now due
         tg.start_soon(caller, "first")
         await anyio.sleep(0.1)
@@ -772,7 +772,7 @@ async def test_waited_time_is_what_was_waited() -> None:
 async def test_attempt_timeouts_narrow_the_window() -> None:
     g = gate(
         window=WindowPolicy(initial=10, max=10, decrease=0.5),
-        timeouts=TimeoutPolicy(attempt_s=1.0, total_s=60),
+        timeout=TimeoutPolicy(attempt_s=1.0, total_s=60),
     )
     script = Script("slow", duration_s=5.0)
 
@@ -786,7 +786,7 @@ async def test_attempt_timeouts_narrow_the_window() -> None:
 
 
 async def test_timeout_none_means_no_limit_and_default_means_the_policy() -> None:
-    g = gate(timeouts=TimeoutPolicy(attempt_s=None, total_s=2.0))
+    g = gate(timeout=TimeoutPolicy(attempt_s=None, total_s=2.0))
     with pytest.raises(DeadlineExceededError):
         await g.call(Script("slow", duration_s=10))
     assert await g.call(Script("slow", duration_s=10), timeout=None) == "slow"

@@ -278,7 +278,7 @@ async def test_item2_a_hedge_never_takes_the_half_open_probe() -> None:
         breaker=BreakerPolicy(fail_max=1, reset_timeout_s=0.01),
     )
     # Failures elsewhere open the breaker; a probe is due at 0.061 s.
-    await _hedge_as_the_ramp_restarts(g, then=g._upstreams[0].breaker._cb.open)
+    await _hedge_as_the_ramp_restarts(g, then=g._core.upstreams[0].breaker._cb.open)
     # No hedge took the probe and lost it: the next call can probe, and closes it.
     await anyio.sleep(1)
     assert await g.call(Timed(0.0)) == "answer 1"
@@ -326,7 +326,7 @@ async def test_add_upstream_refuses_a_second_target_for_a_name() -> None:
     g = gate(upstreams=["a"])
     g.add_upstream("a")  # the same again: nothing happens
     g.add_upstream("a", "tcp://a:1")  # a target for a name that had none
-    assert g._upstreams[0].target == "tcp://a:1"
+    assert g._core.upstreams[0].target == "tcp://a:1"
     g.add_upstream("a")
     g.add_upstream("b", "tcp://b:1")
     with pytest.raises(ValueError, match="already registered"):
@@ -433,7 +433,7 @@ async def test_a_loser_teaches_the_router_it_was_slow() -> None:
 async def test_attempt_timeouts_still_apply_per_attempt() -> None:
     g = gate(
         hedge=HedgePolicy.fixed(0.1, max_hedges=1),
-        timeouts=TimeoutPolicy(attempt_s=0.5, total_s=10.0),
+        timeout=TimeoutPolicy(attempt_s=0.5, total_s=10.0),
         retry=RetryPolicy(base_s=0.01),
     )
     fn = Timed(5.0, 5.0, 0.05)
@@ -447,8 +447,8 @@ def test_hedge_policy_validation() -> None:
         HedgePolicy(quantile=1.0)
     with pytest.raises(ValueError, match="delay_s"):
         HedgePolicy(delay_s=-1.0)
-    with pytest.raises(ValueError, match="window"):
-        HedgePolicy(min_samples=50, window=10)
+    with pytest.raises(ValueError, match="samples"):
+        HedgePolicy(min_samples=50, samples=10)
 
 
 def test_latency_tracker_quantiles_and_lower_bounds() -> None:

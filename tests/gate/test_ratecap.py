@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import threading
+
 import anyio
 import pytest
 
+from yieldgate.gate._async import take_rate
 from yieldgate.gate._ratecap import RateCap, RatePolicy
+
+LOCK = threading.RLock()
 
 pytestmark = pytest.mark.anyio
 
@@ -14,7 +19,7 @@ async def test_paces_attempt_starts() -> None:
     cap = RateCap(RatePolicy(per_s=10), anyio.current_time)
     start = anyio.current_time()
     for _ in range(21):
-        await cap.acquire()
+        await take_rate(cap, LOCK, anyio.current_time)
     assert anyio.current_time() - start == pytest.approx(2.0, abs=0.15)
 
 
@@ -24,7 +29,7 @@ async def test_ramp_rises_linearly_to_the_top() -> None:
     starts: list[float] = []
     t0 = anyio.current_time()
     while anyio.current_time() - t0 < 12:
-        await cap.acquire()
+        await take_rate(cap, LOCK, anyio.current_time)
         starts.append(anyio.current_time() - t0)
     first_second = sum(1 for t in starts if t < 1)
     last_second = sum(1 for t in starts if 11 <= t < 12)
@@ -58,7 +63,7 @@ async def start_times(cap: RateCap, callers: int, every_s: float = 0.0) -> list[
     t0 = anyio.current_time()
 
     async def one() -> None:
-        await cap.acquire()
+        await take_rate(cap, LOCK, anyio.current_time)
         starts.append(anyio.current_time() - t0)
 
     async with anyio.create_task_group() as tg:
@@ -95,7 +100,7 @@ async def test_restart_slows_callers_already_queued() -> None:
     starts: list[float] = []
 
     async def one() -> None:
-        await cap.acquire()
+        await take_rate(cap, LOCK, anyio.current_time)
         starts.append(anyio.current_time())
 
     async with anyio.create_task_group() as tg:

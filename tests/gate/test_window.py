@@ -5,6 +5,7 @@ from __future__ import annotations
 import anyio
 import pytest
 
+from yieldgate.gate._async import acquire
 from yieldgate.gate._window import Permit, Signal, Window, WindowPolicy
 from yieldgate.protocol import Priority
 
@@ -118,7 +119,7 @@ async def test_waiters_are_admitted_by_priority_then_arrival() -> None:
     order: list[str] = []
 
     async def wait(tag: str, priority: Priority) -> None:
-        permit = await window.acquire(priority)
+        permit = await acquire(window, priority)
         order.append(tag)
         window.release(permit, Signal.SUCCESS)
 
@@ -141,7 +142,7 @@ async def test_try_acquire_does_not_jump_the_queue() -> None:
     window = Window(WindowPolicy.fixed(1))
     holder = fill(window, 1)[0]
     async with anyio.create_task_group() as tg:
-        tg.start_soon(window.acquire, Priority.NORMAL)
+        tg.start_soon(acquire, window, Priority.NORMAL)
         await anyio.sleep(0.01)
         window.release(holder, Signal.SUCCESS)  # granted to the waiter
         assert window.try_acquire(Priority.NORMAL) is None
@@ -152,7 +153,7 @@ async def test_cancelled_waiter_takes_nothing() -> None:
     window = Window(WindowPolicy.fixed(1))
     holder = fill(window, 1)[0]
     with anyio.move_on_after(1):
-        await window.acquire()
+        await acquire(window)
     assert (window.waiting, window.inflight) == (0, 1)
     window.release(holder, Signal.SUCCESS)
     assert window.try_acquire() is not None
@@ -166,7 +167,7 @@ async def test_a_permit_granted_to_a_cancelled_waiter_is_handed_back() -> None:
     async def waiter(box: list[anyio.CancelScope]) -> None:
         with anyio.CancelScope() as scope:
             box.append(scope)
-            await window.acquire()
+            await acquire(window)
             outcome.append("acquired")
         if scope.cancelled_caught:
             outcome.append("cancelled")
@@ -187,7 +188,7 @@ async def test_no_permit_leaks_under_random_cancellation() -> None:
 
     async def worker(delay: float) -> None:
         with anyio.move_on_after(delay):
-            permit = await window.acquire()
+            permit = await acquire(window)
             try:
                 await anyio.sleep(0.05)
             finally:

@@ -142,7 +142,7 @@ async def test_the_remaining_budget_travels_as_deadline_ms(serve: Any) -> None:
 async def test_attempt_timeout_bounds_the_server_side_deadline(serve: Any) -> None:
     server = serve("--exec-ms", "10000")
     policy = GatePolicy(
-        timeouts=TimeoutPolicy(attempt_s=0.3, total_s=30), retry=RetryPolicy(max_attempts=2)
+        timeout=TimeoutPolicy(attempt_s=0.3, total_s=30), retry=RetryPolicy(max_attempts=2)
     )
     async with GovernedClient(url(server), gate=Gate(policy)) as client:
         with pytest.raises(RetriesExhaustedError):
@@ -194,7 +194,7 @@ async def test_auth(serve: Any, tmp_path: Path) -> None:
 
 
 async def test_no_server_is_a_typed_error_within_the_deadline() -> None:
-    policy = GatePolicy(retry=RetryPolicy(base_s=0.05), timeouts=TimeoutPolicy(total_s=2))
+    policy = GatePolicy(retry=RetryPolicy(base_s=0.05), timeout=TimeoutPolicy(total_s=2))
     with anyio.fail_after(10):
         async with GovernedClient("tcp://127.0.0.1:9", gate=Gate(policy)) as client:
             with pytest.raises((RetriesExhaustedError, DeadlineExceededError)) as info:
@@ -365,7 +365,7 @@ async def test_aclose_from_another_task(serve: Any) -> None:
 
 async def test_a_stream_outlives_the_attempt_timeout(serve: Any) -> None:
     server = serve("--exec-ms", "3000")
-    policy = GatePolicy(timeouts=TimeoutPolicy(attempt_s=1.0, total_s=None))
+    policy = GatePolicy(timeout=TimeoutPolicy(attempt_s=1.0, total_s=None))
     async with (
         GovernedClient(url(server), gate=Gate(policy)) as client,
         client.stream("abcd", params={"chunks": 4}) as chunks,
@@ -430,7 +430,7 @@ async def test_item6_an_absurd_tcp_hint_is_clamped_not_an_overflow() -> None:
                 await stream.receive()
 
     started = time.monotonic()
-    error = await submit_to_fake_peer(handle, GatePolicy(timeouts=TimeoutPolicy(total_s=5)))
+    error = await submit_to_fake_peer(handle, GatePolicy(timeout=TimeoutPolicy(total_s=5)))
     assert isinstance(error, DeadlineExceededError), error
     assert "asked to wait" in str(error) or "would pass the call's deadline" in str(error)
     assert time.monotonic() - started < 2
@@ -530,7 +530,7 @@ async def test_item13_a_draining_connection_is_closed_once_its_work_is_answered(
     listener = await anyio.create_tcp_listener(local_host="127.0.0.1", local_port=0)
     port = listener.extra(anyio.abc.SocketAttribute.local_port)
     policy = GatePolicy(
-        retry=RetryPolicy(max_attempts=1), timeouts=TimeoutPolicy(attempt_s=0.05, total_s=5)
+        retry=RetryPolicy(max_attempts=1), timeout=TimeoutPolicy(attempt_s=0.05, total_s=5)
     )
     async with listener, anyio.create_task_group() as tg:
         tg.start_soon(listener.serve, handle)

@@ -30,7 +30,7 @@ async def test_a_server_killed_mid_flight_is_a_typed_error_within_the_deadline(
     serve: Any,
 ) -> None:
     server: ServerProcess = serve("--max-inflight", "8", "--exec-ms", "5000")
-    policy = GatePolicy(retry=RetryPolicy(base_s=0.05), timeouts=TimeoutPolicy(total_s=3))
+    policy = GatePolicy(retry=RetryPolicy(base_s=0.05), timeout=TimeoutPolicy(total_s=3))
     gate = Gate(policy)
     errors: list[BaseException] = []
     async with GovernedClient(f"tcp://{server.host}:{server.port}", gate=gate) as client:
@@ -69,7 +69,7 @@ async def test_a_hung_server_is_a_typed_error_within_the_deadline() -> None:
                         pass
 
             server.start_soon(listener.serve, swallow)
-            policy = GatePolicy(timeouts=TimeoutPolicy(total_s=1))
+            policy = GatePolicy(timeout=TimeoutPolicy(total_s=1))
             gate = Gate(policy)
             async with GovernedClient(f"tcp://127.0.0.1:{port}", gate=gate) as client:
                 started = anyio.current_time()
@@ -148,7 +148,7 @@ async def test_truncated_replies_and_resets_are_typed_errors(answer: bytes) -> N
                     await stream.aclose()
 
             server.start_soon(listener.serve, truncate)
-            policy = GatePolicy(retry=RetryPolicy(base_s=0.01), timeouts=TimeoutPolicy(total_s=2))
+            policy = GatePolicy(retry=RetryPolicy(base_s=0.01), timeout=TimeoutPolicy(total_s=2))
             gate = Gate(policy)
             async with GovernedClient(f"tcp://127.0.0.1:{port}", gate=gate) as client:
                 started = anyio.current_time()

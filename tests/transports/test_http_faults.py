@@ -72,7 +72,7 @@ async def test_a_5xx_storm_opens_the_breaker_and_one_probe_closes_it(upstream: U
         GatePolicy(
             retry=RetryPolicy(max_attempts=3, base_s=0.01),
             breaker=BreakerPolicy(fail_max=5, reset_timeout_s=0.5),
-            timeouts=TimeoutPolicy(total_s=5),
+            timeout=TimeoutPolicy(total_s=5),
         )
     )
     outcomes: list[str] = []

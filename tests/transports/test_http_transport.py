@@ -18,7 +18,7 @@ import httpx2
 import pytest
 import respx
 
-from tests.vtime import VirtualTimeLoop
+from tests.vtime import VirtualTimeLoop, gates_read_the_loop_clock
 from yieldgate import (
     CallFailedError,
     Gate,
@@ -43,6 +43,11 @@ pytestmark = pytest.mark.anyio
 @pytest.fixture
 def anyio_backend() -> tuple[str, dict[str, Any]]:
     return ("asyncio", {"loop_factory": VirtualTimeLoop})
+
+
+@pytest.fixture(autouse=True)
+def _loop_clock(monkeypatch: pytest.MonkeyPatch) -> None:
+    gates_read_the_loop_clock(monkeypatch)
 
 
 def yield_body(hint_ms: int, reason: str = "saturated") -> dict[str, Any]:
@@ -382,7 +387,7 @@ async def test_an_error_body_cut_off_by_the_attempt_timeout_is_still_closed() ->
     policy = GatePolicy(
         window=WindowPolicy.fixed(1),
         retry=RetryPolicy(max_attempts=2),
-        timeouts=TimeoutPolicy(attempt_s=1.0, total_s=30.0),
+        timeout=TimeoutPolicy(attempt_s=1.0, total_s=30.0),
     )
     gate = Gate(policy, name="upstream")
     async with http_client(gate, inner=httpx2.MockTransport(handler)) as client:

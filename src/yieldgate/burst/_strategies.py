@@ -47,7 +47,7 @@ _SECTIONS: dict[str, Any] = {
     "retry": yieldgate.RetryPolicy,
     "budget": yieldgate.RetryBudgetPolicy,
     "breaker": yieldgate.BreakerPolicy,
-    "timeouts": yieldgate.TimeoutPolicy,
+    "timeout": yieldgate.TimeoutPolicy,
     "rate": yieldgate.RatePolicy,
 }
 #: ``openai-python``'s constants (``_constants.py``).

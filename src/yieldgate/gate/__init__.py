@@ -1,21 +1,16 @@
 """The Gate and its parts: window, retry loop, budget, breaker, rate cap, telemetry.
 
 Users import the public names from ``yieldgate``; this package holds the
-implementation, one concept per private module.
+implementation, one concept per private module: the sans-IO core (``_core``,
+``_call`` and the parts they compose), the two drivers (``_async``, ``_sync``),
+the retry loop on tenacity (``_retrying``), hedging, the upstream set, the
+policies, and the ``Gate`` façade. docs/design.md draws the picture.
 """
 
+from yieldgate.gate._attempt import AttemptInfo, current_attempt
 from yieldgate.gate._breaker import BreakerPolicy, BreakerState
 from yieldgate.gate._budget import RetryBudgetPolicy
-from yieldgate.gate._gate import (
-    USE_POLICY,
-    AttemptInfo,
-    Gate,
-    GatePolicy,
-    GateStatistics,
-    Lease,
-    UsePolicy,
-    current_attempt,
-)
+from yieldgate.gate._gate import Gate, Lease
 from yieldgate.gate._hedge import HedgePolicy
 from yieldgate.gate._outcome import (
     Classifier,
@@ -24,6 +19,7 @@ from yieldgate.gate._outcome import (
     OutcomeSignal,
     default_classify,
 )
+from yieldgate.gate._policy import USE_POLICY, GatePolicy, GateStatistics, UsePolicy
 from yieldgate.gate._ratecap import RatePolicy
 from yieldgate.gate._retry import RetryPolicy, TimeoutPolicy
 from yieldgate.gate._telemetry import (

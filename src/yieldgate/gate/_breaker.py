@@ -16,11 +16,21 @@ and adds what asyncio needs:
 - **Neutral endings.** Yields, overloads, cancellations and fatal (caller-side)
   errors report ``neutral``: they count neither way, and a neutral probe frees the
   probe slot for the next caller without a verdict.
-- **Our clock.** The open -> half-open timeout runs on the Gate's clock
-  (pybreaker's own uses the wall clock), so it can be tested without sleeping.
-- **A verdict to wait for.** While the probe is out, other callers may
-  ``wait_verdict`` (within their deadline) instead of failing at once: the
+- **Our clock.** The open -> half-open timeout runs on the Gate's monotonic
+  clock: pybreaker's reads the wall clock (``datetime.now``), which steps when
+  the system time is set and cannot be driven by a test's virtual clock. So
+  pybreaker is built with a reset timeout it never reaches, and the Gate
+  calls its ``half_open()`` when our clock says the timeout has passed.
+- **A verdict to wait for.** While the probe is out, other callers may wait
+  for its verdict (within their deadline) instead of failing at once: the
   probe's success lets them all through, its failure opens the breaker again.
+  The breaker only keeps their ``wake`` callbacks; the drivers wait.
+
+Everything else is pybreaker's own: its state machine and listeners, its
+counters, and its storage (``state_storage``, shared by a fleet through
+``CircuitRedisStorage``). Failures reach it as the attempt's real exception
+(``AttemptFailure`` when the attempt ended without one), through its own
+``call``.
 """
 
 from __future__ import annotations
@@ -32,12 +42,18 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-import anyio
 import pybreaker
 
 from yieldgate._exceptions import CircuitOpenError
 
-__all__ = ["Breaker", "BreakerPolicy", "BreakerState", "BreakerTicket", "Verdict"]
+__all__ = [
+    "AttemptFailure",
+    "Breaker",
+    "BreakerPolicy",
+    "BreakerState",
+    "BreakerTicket",
+    "Verdict",
+]
 
 
 class BreakerState(StrEnum):
@@ -84,16 +100,17 @@ class BreakerTicket:
     probe: bool
 
 
-class _Failure(Exception):
-    """Stands for a failed attempt inside pybreaker's bookkeeping."""
+class AttemptFailure(Exception):
+    """What pybreaker is told failed when an attempt failed without an exception
+    (a 503 response, say): the attempt's own description."""
 
 
 def _succeed() -> None:
     return None
 
 
-def _fail() -> None:
-    raise _Failure
+def _raise(exc: BaseException) -> None:
+    raise exc
 
 
 class _Listener(pybreaker.CircuitBreakerListener):
@@ -115,6 +132,7 @@ class Breaker:
         *,
         name: str | None = None,
         on_change: Callable[[BreakerState, BreakerState], None] | None = None,
+        storage: pybreaker.CircuitBreakerStorage | None = None,
     ) -> None:
         self.policy = policy
         self._clock = clock
@@ -122,8 +140,9 @@ class Breaker:
         self._generation = 0
         self._opened_at = 0.0
         self._probe_out = False
-        # Set (and dropped) when the probe out reports or the state moves on.
-        self._verdict: anyio.Event | None = None
+        # Callers waiting for the probe's verdict: woken when it reports or the
+        # state moves on.
+        self._verdict_waiters: list[Callable[[], None]] = []
         self._cb = pybreaker.CircuitBreaker(
             fail_max=policy.fail_max,
             # We decide when an open breaker may probe; pybreaker must never do it itself.
@@ -131,6 +150,7 @@ class Breaker:
             success_threshold=policy.success_threshold,
             listeners=[_Listener(self)],
             name=name,
+            state_storage=storage,
         )
 
     @property
@@ -147,18 +167,18 @@ class Breaker:
         """Half-open with its one probe out: a verdict is coming."""
         return self._probe_out and self._cb.current_state == "half-open"
 
-    async def wait_verdict(self) -> None:
-        """Return once the probe out has reported (or the state has moved on)."""
+    def await_verdict(self, wake: Callable[[], None]) -> bool:
+        """Call ``wake`` once the probe out reports (or the state moves on).
+        ``False`` (and no call) when no probe is out: nothing to wait for."""
         if not self.probe_pending:
-            return
-        if self._verdict is None:
-            self._verdict = anyio.Event()
-        await self._verdict.wait()
+            return False
+        self._verdict_waiters.append(wake)
+        return True
 
     def _announce(self) -> None:
-        verdict, self._verdict = self._verdict, None
-        if verdict is not None:
-            verdict.set()
+        waiters, self._verdict_waiters = self._verdict_waiters, []
+        for wake in waiters:
+            wake()
 
     @property
     def failures(self) -> int:
@@ -234,8 +254,11 @@ class Breaker:
             return BreakerTicket(self._generation, probe=True)
         return BreakerTicket(self._generation, probe=False)
 
-    def record(self, ticket: BreakerTicket, verdict: Verdict) -> None:
-        """Report how the ticket's attempt ended. Stale tickets are ignored."""
+    def record(
+        self, ticket: BreakerTicket, verdict: Verdict, error: BaseException | None = None
+    ) -> None:
+        """Report how the ticket's attempt ended (a failure with its ``error``, if
+        it raised one). Stale tickets are ignored."""
         if not self.policy.enabled or ticket.generation != self._generation:
             return
         if ticket.probe:
@@ -245,8 +268,9 @@ class Breaker:
             if ticket.probe or self._cb.fail_counter:
                 self._cb.call(_succeed)
         elif verdict is Verdict.FAILURE:
-            with contextlib.suppress(_Failure, pybreaker.CircuitBreakerError):
-                self._cb.call(_fail)
+            failure = error if isinstance(error, Exception) else AttemptFailure("attempt failed")
+            with contextlib.suppress(type(failure), pybreaker.CircuitBreakerError):
+                self._cb.call(_raise, failure)
         if ticket.probe:
             # Closed, open again, or (a neutral probe) half-open with the probe
             # slot free for the next caller: whoever waited looks again.

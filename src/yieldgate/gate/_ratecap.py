@@ -3,14 +3,15 @@
 A token bucket holding at most ``burst`` starts, refilled at the rate in
 force: on the ramp, or at its top. The bucket is plain arithmetic on the time
 it is given (``try_take(now)``), so it works under any event loop and is
-tested without one; ``acquire`` is the one part that waits, behind a fair
-lock, so callers start in arrival order and only the caller at the head
-sleeps, re-reading the rate when it wakes: when the ramp moves (or restarts)
-the new rate applies to the very next start.
+tested without one. Callers that must wait queue in arrival order
+(``join``); only the one at the head sleeps, until ``due`` says a start is
+free, re-reading the rate when it wakes: when the ramp moves (or restarts)
+the new rate applies to the very next start. The waiting itself is the
+driver's (asyncio and trio, or threads).
 
 aiolimiter, which the design card first named for this, is asyncio-only (the
-Gate also runs under trio) and fixes its rate at construction (a ramp had to
-swap limiters): a dozen lines of bucket serve both drivers better.
+Gate also runs under trio and in threads) and fixes its rate at construction
+(a ramp had to swap limiters): a few lines of bucket serve every driver.
 
 A cold start signal from the upstream (a ``cold_start`` yield, HF's
 ``estimated_time``) restarts the ramp: a backend that has just loaded is
@@ -20,12 +21,9 @@ eased into, not hit with the full rate.
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-
-import anyio
-
-from yieldgate._locks import acquire
 
 __all__ = ["RateCap", "RatePolicy"]
 
@@ -57,8 +55,18 @@ class RatePolicy:
             raise ValueError("rate ramp_from_per_s must be in (0, per_s]")
 
 
+class RateWaiter:
+    """A caller queued for a start; ``wake`` (the driver's) says it may look again."""
+
+    __slots__ = ("wake",)
+
+    def __init__(self, wake: Callable[[], None]) -> None:
+        self.wake = wake
+
+
 class RateCap:
-    """Paces attempt starts: ``try_take`` (never waits) or ``acquire`` (waits its turn)."""
+    """Paces attempt starts: ``try_take`` (never waits), or ``join`` the queue and
+    ``take`` at the head when ``due``."""
 
     def __init__(self, policy: RatePolicy, clock: Callable[[], float]) -> None:
         self.policy = policy
@@ -67,7 +75,7 @@ class RateCap:
         self._ramp_start = now
         self._tokens = float(policy.burst)
         self._updated = now
-        self._lock = anyio.Lock()
+        self._queue: deque[RateWaiter] = deque()
 
     @property
     def updated(self) -> float:
@@ -112,19 +120,35 @@ class RateCap:
 
     def try_take(self, now: float) -> bool:
         """Take a start if one is free at ``now`` and nobody is queued; never waits."""
-        if self._lock.locked():
+        if self._queue:
             return False
         return self._take(now)
 
-    async def acquire(self) -> None:
-        """Wait for the next allowed start, in arrival order."""
-        await acquire(self._lock)
+    def join(self, wake: Callable[[], None]) -> RateWaiter:
+        """Queue for a start, in arrival order."""
+        waiter = RateWaiter(wake)
+        self._queue.append(waiter)
+        return waiter
+
+    def at_head(self, waiter: RateWaiter) -> bool:
+        """Whether ``waiter`` is next: only the head sleeps towards its start."""
+        return bool(self._queue) and self._queue[0] is waiter
+
+    def take_queued(self, waiter: RateWaiter, now: float) -> float | None:
+        """For the waiter at the head: take its start (``None``: taken, it has left
+        the queue), or say when to look again."""
+        if self._take(now):
+            self.leave(waiter)
+            return None
+        wait = (1.0 - self._tokens) / self.rate_now(now)
+        return now + max(wait, _MIN_SLEEP_S)
+
+    def leave(self, waiter: RateWaiter) -> None:
+        """Leave the queue (started, or gave up); the next at the head is woken."""
+        head = bool(self._queue) and self._queue[0] is waiter
         try:
-            while True:
-                now = self._clock()
-                if self._take(now):
-                    return
-                wait = (1.0 - self._tokens) / self.rate_now(now)
-                await anyio.sleep(max(wait, _MIN_SLEEP_S))
-        finally:
-            self._lock.release()
+            self._queue.remove(waiter)
+        except ValueError:
+            return
+        if head and self._queue:
+            self._queue[0].wake()

@@ -51,6 +51,13 @@ held caller of that priority or a higher one only: an upstream that keeps
 slots for high priority may not give a low one the slot a high one left. A
 waiter with a ``not_after`` time (the latest it can start and still meet its
 deadline, never before the hint) may go then, though the hold lasts longer.
+
+The window is sans-IO: it never waits and never reads a clock it was not
+given. A caller that must wait registers a waiter (``enqueue``) with a
+``wake`` callback, and the driver it runs on (``_async`` for asyncio and
+trio, ``_sync`` for threads) does the waiting: it sleeps until woken or until
+``wake_at``, then calls ``look`` again. The Gate calls every method under its
+one lock, so callers of both drivers share one window.
 """
 
 from __future__ import annotations
@@ -58,16 +65,22 @@ from __future__ import annotations
 import heapq
 import math
 import random
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Final
 
-import anyio
-
 from yieldgate.protocol import Priority
 
-__all__ = ["Permit", "Signal", "Window", "WindowPolicy", "WindowStatistics"]
+__all__ = [
+    "Permit",
+    "Signal",
+    "Waiter",
+    "Window",
+    "WindowPolicy",
+    "WindowStatistics",
+]
 
 _PRIORITY_ORDER: Final = (Priority.HIGH, Priority.NORMAL, Priority.LOW)
 # How much slower the window grows just below the level that last met congestion.
@@ -148,19 +161,24 @@ class Permit:
         self._released = False
 
 
-class _Waiter:
-    __slots__ = ("event", "gone", "not_after", "permit", "priority")
+class Waiter:
+    """A caller waiting for a permit. ``wake`` is the driver's: it must be safe to
+    call from any thread, and it is called with the Gate's lock held."""
 
-    def __init__(self, priority: Priority, not_after: float | None) -> None:
+    __slots__ = ("gone", "not_after", "permit", "priority", "wake")
+
+    def __init__(
+        self, priority: Priority, not_after: float | None, wake: Callable[[], None]
+    ) -> None:
         self.priority = priority
         self.not_after = not_after
-        self.event = anyio.Event()
+        self.wake = wake
         self.permit: Permit | None = None
         # Granted or cancelled: no longer queued (queues drop such entries lazily).
         self.gone = False
 
 
-_Entry = tuple[float, int, _Waiter]
+_Entry = tuple[float, int, Waiter]
 
 
 class Window:
@@ -195,7 +213,7 @@ class Window:
         self._decreases = 0
         self._on_change = on_change
         # Read only while a hold is set: a window without holds never needs a clock.
-        self._clock = clock or anyio.current_time
+        self._clock = clock or time.monotonic
         self._rng = rng or random.Random()  # noqa: S311 - jitter, not secrets
         # Per rank: the hold ends at ``_holds`` (the hint with its jitter);
         # ``_hints`` is when the upstream itself said to come back. Between the
@@ -266,7 +284,7 @@ class Window:
             if r == rank:
                 for _, _, waiter in self._queues[p]:
                     if not waiter.gone:
-                        waiter.event.set()
+                        waiter.wake()
 
     def held_until(self, priority: Priority, now: float | None = None) -> float:
         """When the hold on ``priority`` ends, or 0.0 if none is in force."""
@@ -347,25 +365,22 @@ class Window:
                 return False
         return False  # pragma: no cover - priority is always in the order
 
-    async def acquire(
+    def enqueue(
         self,
-        priority: Priority = Priority.NORMAL,
+        priority: Priority,
+        wake: Callable[[], None],
         *,
         key: float | None = None,
         not_after: float | None = None,
-    ) -> Permit:
-        """Wait for a permit. Cancellation while waiting takes nothing.
+    ) -> Waiter:
+        """Queue a caller that ``try_acquire`` refused; ``look`` tells it what next.
 
         Waiters of one priority are admitted in order of ``key`` (default: when
         they started waiting). ``not_after`` is the latest this caller can
-        start: from then on a hold no longer keeps it back (the limit still does).
+        start: from then on a hold no longer keeps it back (the limit still
+        does). ``wake`` is called when the waiter should ``look`` again.
         """
-        permit = self.try_acquire(priority)
-        if permit is not None:
-            # Granted without awaiting: nothing can cancel us between the grant
-            # and the caller holding the permit (and no event-loop trip is paid).
-            return permit
-        waiter = _Waiter(priority, not_after)
+        waiter = Waiter(priority, not_after, wake)
         self._arrivals += 1
         entry = (self._clock() if key is None else key, self._arrivals, waiter)
         heapq.heappush(self._queues[priority], entry)
@@ -374,30 +389,27 @@ class Window:
         self._counts[priority] += 1
         self._waiting += 1
         self._full_seq = self._seq  # demand exceeds the limit
-        try:
-            self._wake()  # a held queue may release this one at once
-            while waiter.permit is None:
-                wake_at = self._wake_at(waiter)
-                if wake_at is None:
-                    await waiter.event.wait()
-                else:
-                    with anyio.CancelScope(deadline=wake_at):
-                        await waiter.event.wait()
-                if waiter.permit is None:
-                    # A hold began or moved (a nudge), a release is due, or this
-                    # waiter's not_after came: look again.
-                    waiter.event = anyio.Event()
-                    self._wake()
-        except BaseException:
-            if waiter.permit is not None:
-                # Granted just as we were cancelled: hand it on, not lost.
-                self.release(waiter.permit, Signal.CANCELLED)
-            else:
-                self._leave(waiter)
-            raise
-        return waiter.permit
+        self._wake()  # a held queue may release this one at once
+        return waiter
 
-    def _wake_at(self, waiter: _Waiter) -> float | None:
+    def look(self, waiter: Waiter) -> float | None:
+        """After a wake (or its timer): admit whoever may go now, then say when
+        ``waiter``, if still waiting, should look again (``None``: when woken)."""
+        if waiter.permit is None:
+            self._wake()
+        if waiter.permit is not None:
+            return None
+        return self._wake_at(waiter)
+
+    def abandon(self, waiter: Waiter) -> None:
+        """The waiter gives up (cancelled, out of time): it takes nothing with it."""
+        if waiter.permit is not None:
+            # Granted just as it gave up: hand the permit on, not lost.
+            self.release(waiter.permit, Signal.CANCELLED)
+        elif not waiter.gone:
+            self._leave(waiter)
+
+    def _wake_at(self, waiter: Waiter) -> float | None:
         """When a held waiter should look again (``None``: only a grant or a nudge wakes it).
 
         Only the head of a held queue keeps a timer (for the next release), and
@@ -418,7 +430,7 @@ class Window:
             times.append(waiter.not_after)
         return min(times) if times else None
 
-    def _leave(self, waiter: _Waiter) -> None:
+    def _leave(self, waiter: Waiter) -> None:
         head = self._head(waiter.priority) is waiter
         waiter.gone = True
         self._counts[waiter.priority] -= 1
@@ -426,15 +438,15 @@ class Window:
         if head and self._holds[RANK[waiter.priority]]:
             after = self._head(waiter.priority)
             if after is not None:
-                after.event.set()  # the new head keeps the hold's timer
+                after.wake()  # the new head keeps the hold's timer
 
-    def _head(self, priority: Priority) -> _Waiter | None:
+    def _head(self, priority: Priority) -> Waiter | None:
         queue = self._queues[priority]
         while queue and queue[0][2].gone:
             heapq.heappop(queue)
         return queue[0][2] if queue else None
 
-    def _overdue(self, now: float) -> _Waiter | None:
+    def _overdue(self, now: float) -> Waiter | None:
         due = self._due
         while due and due[0][2].gone:
             heapq.heappop(due)
@@ -442,7 +454,7 @@ class Window:
             return due[0][2]
         return None
 
-    def _next(self) -> _Waiter | None:
+    def _next(self) -> Waiter | None:
         """The waiter to admit next, if any may go now."""
         now: float | None = None
         for p in _PRIORITY_ORDER:
@@ -477,7 +489,7 @@ class Window:
                 return
             self._leave(waiter)
             waiter.permit = self._grant(waiter.priority)
-            waiter.event.set()
+            waiter.wake()
 
     def _clocking(self) -> bool:
         """Some waiter is held back by a hold in force now."""

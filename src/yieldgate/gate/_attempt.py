@@ -1,0 +1,147 @@
+"""One attempt of a call, and ``current_attempt()``: what the code it runs can see."""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from yieldgate.protocol import Priority
+
+if TYPE_CHECKING:
+    from yieldgate.gate._breaker import BreakerTicket
+    from yieldgate.gate._call import CallState
+    from yieldgate.gate._upstream import Upstream
+    from yieldgate.gate._window import Permit
+
+__all__ = ["CURRENT", "Attempt", "AttemptInfo", "Slot", "current_attempt", "current_task"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AttemptInfo:
+    """The attempt running now in this task or thread (see ``current_attempt``).
+
+    ``upstream`` names the member of the Gate's upstream set this attempt was
+    sent to and ``target`` is what was registered for it (a URL, a client);
+    both are ``None`` for a Gate without upstreams. ``hedging`` is true when
+    the call may run several attempts at once (a hedge policy is set): a
+    transport then keeps each attempt cancellable on its own. ``deadline`` is
+    the attempt's (its timeout or the call's, whichever ends first);
+    ``call_deadline`` the whole call's (``None``: no total timeout). Both are
+    times on ``clock``, the Gate's clock (``time.monotonic`` unless the Gate
+    was given another): use ``remaining_s`` and ``call_remaining_s``.
+    """
+
+    gate: str
+    number: int
+    priority: Priority
+    deadline: float | None
+    upstream: str | None = None
+    target: Any = None
+    hedging: bool = False
+    call_deadline: float | None = None
+    clock: Callable[[], float] = field(default=time.monotonic, repr=False, compare=False)
+
+    def remaining_s(self) -> float | None:
+        """Seconds left for this attempt (its timeout or the call's deadline), or None."""
+        if self.deadline is None:
+            return None
+        return max(0.0, self.deadline - self.clock())
+
+    def call_remaining_s(self) -> float | None:
+        """Seconds left of the whole call's total timeout, or None if it has none.
+
+        What a stream carries upstream: it goes on past its attempt (its first
+        chunk), within the budget the caller gave the call.
+        """
+        if self.call_deadline is None:
+            return None
+        return max(0.0, self.call_deadline - self.clock())
+
+
+class Slot:
+    """What an attempt needs before it is sent: an upstream, a window slot, a breaker ticket."""
+
+    __slots__ = ("permit", "ticket", "upstream", "waited")
+
+    def __init__(
+        self, upstream: Upstream, permit: Permit, ticket: BreakerTicket, waited: bool
+    ) -> None:
+        self.upstream = upstream
+        self.permit = permit
+        self.ticket = ticket
+        self.waited = waited
+
+
+class Attempt:
+    """One attempt in flight: its call, number, slot and deadline, and the task (or
+    thread) that runs it, so a call of the same Gate from there is seen as nested."""
+
+    __slots__ = ("call", "deadline", "number", "slot", "started", "task")
+
+    def __init__(
+        self,
+        call: CallState,
+        number: int,
+        slot: Slot,
+        started: float,
+        deadline: float | None,
+    ) -> None:
+        self.call = call
+        self.number = number
+        self.slot = slot
+        self.started = started
+        self.deadline = deadline
+        self.task: object = None
+
+
+def current_task() -> object:
+    """The running asyncio or trio task, else the running thread: where a call runs."""
+    try:
+        return asyncio.current_task()
+    except RuntimeError:  # no asyncio loop running here: trio, or a plain thread
+        trio = sys.modules.get("trio")
+        if trio is not None:
+            try:
+                return trio.lowlevel.current_task()
+            except RuntimeError:
+                pass
+        return threading.current_thread()
+
+
+# Holds the running attempt; the AttemptInfo record is only built when asked for.
+CURRENT: contextvars.ContextVar[Attempt | None] = contextvars.ContextVar(
+    "yieldgate_attempt", default=None
+)
+
+
+def current_attempt() -> AttemptInfo | None:
+    """The attempt this code runs under, or ``None`` outside a Gate.
+
+    Transports read it to send the remaining budget upstream (``deadline_ms``)
+    and, for a Gate over several upstreams, to learn where to send. It works
+    in attempts of the async and the sync driver alike.
+    """
+    attempt = CURRENT.get()
+    if attempt is None:
+        return None
+    call = attempt.call
+    core = call.core
+    upstream = attempt.slot.upstream
+    named = core.named
+    return AttemptInfo(
+        gate=core.name,
+        number=attempt.number,
+        priority=call.priority,
+        deadline=attempt.deadline,
+        upstream=upstream.name if named else None,
+        target=upstream.target if named else None,
+        hedging=call.hedge is not None,
+        call_deadline=call.deadline,
+        clock=core.clock,
+    )

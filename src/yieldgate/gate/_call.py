@@ -1,0 +1,581 @@
+"""One call's decisions, sans-IO: admit, begin and end attempts, retry or give up.
+
+``CallState`` holds what one call carries across its attempts and makes every
+decision about it from the state it is given and the time: which upstream
+an attempt goes to, whether it may start now or must wait (and for what),
+what an outcome does to the window, the breaker and the hint holds, and
+whether to try again and after how long. It never waits, sleeps or calls
+the user's function: the drivers do (``_async`` for asyncio and trio,
+``_sync`` for threads), and both ask this one object. Every method takes the
+Gate's lock itself, so the drivers cannot forget it.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from yieldgate._exceptions import (
+    AttemptTimeoutError,
+    CallFailedError,
+    CircuitOpenError,
+    DeadlineExceededError,
+    RetriesExhaustedError,
+    RetryBudgetExhaustedError,
+    YieldExhaustedError,
+    YieldgateError,
+)
+from yieldgate.gate._attempt import Attempt, Slot
+from yieldgate.gate._breaker import Breaker, Verdict
+from yieldgate.gate._core import GateCore
+from yieldgate.gate._outcome import Outcome, OutcomeKind
+from yieldgate.gate._policy import SIGNALS
+from yieldgate.gate._ratecap import RateCap
+from yieldgate.gate._retry import backoff_floor_s, backoff_s, hinted_floor_s, hinted_wait_s
+from yieldgate.gate._telemetry import NULL_OBSERVER, AttemptDetails, CallObserver, WaitDetails
+from yieldgate.gate._upstream import Upstream, choose
+from yieldgate.gate._window import Permit, Signal
+from yieldgate.protocol import Priority
+
+__all__ = ["CallState"]
+
+
+class CallState:
+    """One call's state across its attempts (see the module docstring)."""
+
+    __slots__ = (
+        "attempts",
+        "congestion",
+        "core",
+        "deadline",
+        "hedge",
+        "hedging_off",
+        "held",
+        "hold",
+        "last",
+        "last_failed",
+        "last_hint_s",
+        "last_upstream",
+        "next_wait_s",
+        "observer",
+        "priority",
+        "running",
+        "shared_until",
+        "started",
+        "stop_error",
+        "task",
+        "winner",
+        "withdrawn",
+        "won",
+    )
+
+    def __init__(
+        self,
+        core: GateCore,
+        priority: Priority,
+        deadline: float | None,
+        started: float,
+        *,
+        hold: bool,
+        observer: CallObserver,
+        task: object,
+    ) -> None:
+        self.core = core
+        self.priority = priority
+        self.deadline = deadline
+        self.started = started
+        self.hold = hold
+        self.observer = observer
+        self.task = task  # where the call runs: a call of this Gate from there is nested
+        self.hedge = core.policy.hedge
+        self.attempts = 0
+        self.congestion = 0
+        self.last: Outcome | None = None
+        self.last_hint_s: float | None = None
+        self.stop_error: YieldgateError | None = None
+        # The wait decided for the next attempt (reported before it begins).
+        self.next_wait_s = 0.0
+        # The attempt whose success is the call's (the first to succeed), its outcome,
+        # and the slot it keeps for a call that holds (released by the Lease).
+        self.winner: Attempt | None = None
+        self.won: Outcome | None = None
+        self.held: tuple[Upstream, Permit] | None = None
+        # Upstreams this call's attempts are using now (tracked for a set or
+        # hedging only), the one that failed last, and the one that answered last.
+        self.running: list[Upstream] | None = [] if core.named or self.hedge is not None else None
+        self.last_failed: Upstream | None = None
+        self.last_upstream: Upstream | None = None
+        # Set by a yield or an overload: no more hedges for this call.
+        self.hedging_off = False
+        # When the hold that this call's last hint set ends (None: it set none).
+        self.shared_until: float | None = None
+        # A retry taken from the budget and not sent yet: refunded if never sent.
+        self.withdrawn: int | None = None
+
+    # -- errors -------------------------------------------------------------
+
+    def error(self, cls: type[YieldgateError], message: str, **extra: Any) -> YieldgateError:
+        return cls(
+            message, attempts=self.attempts, last_hint_s=self.last_hint_s, last_outcome=self.last,
+            **extra,
+        )  # fmt: skip
+
+    def deadline_error(self, while_: str) -> YieldgateError:
+        return self.error(
+            DeadlineExceededError,
+            f"call exceeded its total timeout {while_} after {self.attempts} attempt(s)",
+        )
+
+    def circuit_error(self, exc: CircuitOpenError) -> CircuitOpenError:
+        self.core.counters.rejected_open += 1
+        return CircuitOpenError(
+            exc.message,
+            retry_after_s=exc.retry_after_s,
+            attempts=self.attempts,
+            last_hint_s=self.last_hint_s,
+            last_outcome=self.last,
+        )
+
+    def finish(self, outcome: Outcome) -> Any:
+        """The call's value, or the error it ends with."""
+        if outcome.kind is OutcomeKind.OK:
+            return outcome.value
+        if self.stop_error is not None:
+            raise self.stop_error from outcome.error
+        raise self.error(CallFailedError, f"call failed: {outcome.describe()}") from outcome.error
+
+    def forget(self) -> None:
+        """Drop the values the call carried, once it is over.
+
+        Timers armed during an attempt keep a copy of its context, which holds
+        the attempt and so this call, until they fire or are purged: the
+        response must not live that long with them.
+        """
+        self.last = None
+        self.won = None
+        self.winner = None
+
+    # -- admission ----------------------------------------------------------
+
+    def admit_now(self) -> Slot | None:
+        """The common case without a wait: one upstream, no hint to wait out, a free
+        slot, no rate cap, a closed breaker. ``None``: take the general path."""
+        core = self.core
+        ups = core.upstreams
+        if len(ups) != 1 or core.policy.rate is not None:
+            return None
+        up = ups[0]
+        with core.lock:
+            if not up.breaker.lets_through:
+                return None
+            permit = up.window.try_acquire(self.priority)  # refuses while a hold is in force
+            if permit is None:
+                return None
+            return Slot(up, permit, up.breaker.acquire(), False)
+
+    def _avoid(self) -> set[Upstream]:
+        avoid = set(self.running or ())
+        if self.last_failed is not None:
+            avoid.add(self.last_failed)
+        return avoid
+
+    def upstream(self, now: float) -> Upstream | Breaker:
+        """The upstream for the next attempt, or the breaker whose half-open probe's
+        verdict to wait for (when only that stands between the call and an
+        upstream). Raises ``CircuitOpenError`` when every breaker says no."""
+        core = self.core
+        ups = core.upstreams
+        with core.lock:
+            if len(ups) == 1:
+                order = ups
+            else:
+                order = choose(ups, self.priority, now, core.rng, self._avoid())
+            refusal: CircuitOpenError | None = None
+            for up in order:
+                try:
+                    up.breaker.check()
+                except CircuitOpenError as exc:
+                    # Fail over; report the breaker that will let a probe through first.
+                    if refusal is None or (exc.retry_after_s or math.inf) < (
+                        refusal.retry_after_s or math.inf
+                    ):
+                        refusal = exc
+                    continue
+                return up
+            assert refusal is not None
+            probing = [u for u in ups if u.breaker.probe_pending]
+            if probing:
+                return probing[0].breaker
+            raise self.circuit_error(refusal)
+
+    def _margin(self, up: Upstream, room: float) -> float:
+        """How long before the deadline an attempt should start, out of ``room``: its
+        expected duration (the upstream's recent latency), else half the room."""
+        latency = up.latency.ewma_s
+        return min(room, room / 2 if latency is None else latency)
+
+    def not_after(self, up: Upstream, now: float) -> float | None:
+        """The latest this call can start and still have time for an attempt, for a
+        hold that outlasts its deadline (never before the hint itself ends)."""
+        if self.deadline is None:
+            return None
+        with self.core.lock:
+            hint_end = up.window.hint_until(self.priority, now)
+        if not hint_end:
+            return None
+        if hint_end > self.deadline:
+            raise self.error(
+                DeadlineExceededError,
+                f"the upstream asked to wait {hint_end - now:.3f} s, past the call's deadline "
+                f"({self.deadline - now:.3f} s left), after {self.attempts} attempt(s)",
+            )
+        return self.deadline - self._margin(up, self.deadline - hint_end)
+
+    def claim(
+        self, up: Upstream, permit: Permit, now: float, *, waited: bool, rated: bool = False
+    ) -> Slot | RateCap | Breaker:
+        """With a window slot: take the rate token and the breaker ticket.
+
+        Returns the slot, or what to wait for first: the rate cap (keeping the
+        window slot; then ``claim`` again with ``rated``, or give the slot back
+        if the wait fails), or a half-open probe's verdict (the slot given
+        back; then start over). The rate token is taken
+        last, by a caller that can start at once: taken before the window,
+        tokens would pile up in its queue and be spent together when slots free.
+        """
+        core = self.core
+        with core.lock:
+            rate = core.rate_cap()
+            if not rated and rate is not None and not rate.try_take(now):
+                return rate  # waited for with the window slot held
+            try:
+                # Claimed only now that we can send: a half-open probe never queues.
+                ticket = up.breaker.acquire()
+            except CircuitOpenError as exc:
+                up.window.release(permit, Signal.CANCELLED)
+                if up.breaker.probe_pending:
+                    return up.breaker
+                raise self.circuit_error(exc) from None
+            return Slot(up, permit, ticket, waited or rated)
+
+    def admit_hedge(self, now: float) -> Slot | None:
+        """What a hedge needs, taken now or not at all: a hedge never waits.
+
+        It needs an upstream with no hint hold and a closed breaker (a hedge
+        never takes the half-open probe), a free window slot there, a rate
+        token at hand, and a withdrawal from the retry budget.
+        """
+        core = self.core
+        if self.deadline is not None and now >= self.deadline:
+            return None
+        with core.lock:
+            ups = core.upstreams
+            if len(ups) == 1:
+                order = ups
+            else:
+                order = choose(ups, self.priority, now, core.rng, self._avoid())
+            rate = core.rate_cap()
+            for up in order:
+                if not up.breaker.lets_through or not up.takes(self.priority, now):
+                    continue
+                permit = up.window.try_acquire(self.priority)
+                if permit is None:
+                    continue
+                receipt = core.budget.withdraw()
+                if receipt is None or (rate is not None and not rate.try_take(now)):
+                    if receipt is not None:
+                        core.budget.refund(receipt)
+                    up.window.release(permit, Signal.CANCELLED)
+                    core.counters.hedges_denied += 1
+                    return None
+                core.counters.hedges += 1
+                return Slot(up, permit, up.breaker.acquire(), True)
+            return None
+
+    # -- attempts -----------------------------------------------------------
+
+    def begin(self, slot: Slot, now: float) -> Attempt:
+        """Start an attempt on ``slot``: count it, and fix its deadline (its own
+        timeout or the call's, whichever ends first)."""
+        core = self.core
+        number = self.attempts + 1
+        up = slot.upstream
+        with core.lock:
+            if (slot.waited or number > 1) and self.deadline is not None and now >= self.deadline:
+                # Admitted only at the deadline: an attempt now could only fail.
+                up.window.release(slot.permit, Signal.CANCELLED)
+                up.breaker.record(slot.ticket, Verdict.NEUTRAL)
+                raise self.deadline_error("before an attempt could start")
+            self.attempts = number
+            self.withdrawn = None  # the retry it paid for is being sent
+            core.counters.attempts += 1
+            if number == 1:
+                # A request, for the retry budget, is a call that sent something.
+                core.budget.deposit(now)
+            if self.running is not None:
+                self.running.append(up)
+        attempt_s = core.policy.timeout.attempt_s
+        deadline = self.deadline
+        if attempt_s is not None and (deadline is None or now + attempt_s < deadline):
+            deadline = now + attempt_s
+        return Attempt(self, number, slot, now, deadline)
+
+    def timed_out(self, attempt: Attempt) -> Outcome:
+        """The outcome of an attempt that ran out of time: past the call's deadline
+        it ends the call (raised), past its own timeout it may be retried."""
+        if self.deadline is not None and attempt.deadline == self.deadline:
+            raise self.deadline_error("during an attempt")
+        attempt_s = self.core.policy.timeout.attempt_s
+        return Outcome.retryable(
+            AttemptTimeoutError(
+                f"attempt {attempt.number} ran past {attempt_s} s", attempts=attempt.number
+            )
+        )
+
+    def end(self, attempt: Attempt, outcome: Outcome | None, now: float) -> bool:
+        """An attempt is over (``outcome`` ``None``: cancelled). Gives its slot back
+        (or keeps it for a holding call's winner), reports to the breaker, shares
+        a hint, and counts. ``True``: its value lost a race and must be discarded."""
+        core = self.core
+        slot = attempt.slot
+        up = slot.upstream
+        verdict = Verdict.NEUTRAL
+        if outcome is None:
+            signal = Signal.CANCELLED
+        elif outcome.kind is OutcomeKind.OK:
+            signal, verdict = Signal.SUCCESS, Verdict.SUCCESS
+        else:
+            signal, verdict = SIGNALS[outcome.kind]
+            if isinstance(outcome.error, AttemptTimeoutError):
+                # A timeout is what a backend that buffers instead of yielding
+                # shows under overload: narrow the window as for a yield.
+                signal = Signal.CONGESTION
+        with core.lock:
+            if outcome is not None and outcome.is_congestion:
+                # Held before the slot goes back: else the freed slot would
+                # admit a waiter into the very overload the hint is about.
+                self._hold_from(outcome, up, now)
+            if self.running is not None:
+                self.running.remove(up)
+            won = signal is Signal.SUCCESS and self.winner is None
+            if won:
+                self.winner = attempt
+                self.won = outcome
+            elif signal is Signal.CANCELLED and self.winner is not None:
+                core.counters.losers_cancelled += 1
+                # It lost the race: slower than the winner, at least this slow.
+                up.latency.record_at_least(now - attempt.started)
+            if won and self.hold:
+                self.held = (up, slot.permit)  # released by the Lease
+            else:
+                up.window.release(slot.permit, signal)
+            up.breaker.record(slot.ticket, verdict, None if outcome is None else outcome.error)
+            if outcome is not None:
+                self._note(outcome, attempt, now)
+        return signal is Signal.SUCCESS and not won
+
+    def _hold_from(self, outcome: Outcome, up: Upstream, now: float) -> None:
+        """Share a congestion hint: hold the upstream's admissions at this priority
+        and below until it (with its jitter) has passed."""
+        self.shared_until = None
+        retry = self.core.policy.retry
+        if outcome.hint_s is None or not (retry.share_hints and retry.honour_hints):
+            return
+        hint = min(outcome.hint_s, retry.max_hint_s)
+        if hint <= 0:
+            return  # "come back now": nothing to hold (the retry spreads and backs off)
+        # The callers held behind the hint go one by one over its jitter, as
+        # their own jittered waits would have spread them, but in their order.
+        until = now + hint * (1.0 + retry.hint_jitter)
+        up.window.hold(self.priority, until, now + hint)
+        self.shared_until = until
+
+    def _note(self, outcome: Outcome, attempt: Attempt, now: float) -> None:
+        core = self.core
+        up = attempt.slot.upstream
+        self.last = outcome
+        self.last_upstream = up
+        if outcome.hint_s is not None:
+            self.last_hint_s = outcome.hint_s
+        kind = outcome.kind
+        congestion = kind is OutcomeKind.YIELD or kind is OutcomeKind.OVERLOADED
+        if not congestion:
+            self.shared_until = None
+        counters = core.counters
+        if kind is OutcomeKind.OK:
+            # Latencies feed hedge delays and the choice of upstream.
+            if core.named or self.hedge is not None:
+                up.latency.record(now - attempt.started)
+                if up.latency is not core.latency:  # a member of a set: the Gate's too
+                    core.latency.record(now - attempt.started)
+            if self.last_failed is up:
+                self.last_failed = None
+        elif kind is OutcomeKind.YIELD:
+            counters.yields += 1
+        elif kind is OutcomeKind.OVERLOADED:
+            counters.overloads += 1
+        else:
+            counters.failures += 1
+            self.last_failed = up
+        if core.named:
+            failure = kind is OutcomeKind.RETRYABLE or kind is OutcomeKind.FATAL
+            up.note(ok=kind is OutcomeKind.OK, congestion=congestion, failure=failure)
+        if congestion:
+            # "Too much load" from any attempt: hedging would only add to it.
+            self.hedging_off = True
+        if outcome.reason == "cold_start" and core.rate is not None:
+            core.rate.restart_ramp(now)
+        if self.observer is not NULL_OBSERVER:
+            self.observer.on_attempt(
+                AttemptDetails(
+                    gate=core.name,
+                    attempt=attempt.number,
+                    outcome=kind,
+                    reason=outcome.reason,
+                    hint_s=outcome.hint_s,
+                    duration_s=now - attempt.started,
+                )
+            )
+
+    def abandon(self) -> tuple[bool, Any]:
+        """The call ends in an exception: give back what it still holds.
+
+        A retry drawn from the budget but never sent goes back to it. A call
+        that meant to hold its winner's slot but ends without handing out a
+        ``Lease`` releases the slot. Returns whether a won value is left to
+        discard, and the value.
+        """
+        core = self.core
+        with core.lock:
+            if self.withdrawn is not None:
+                core.budget.refund(self.withdrawn)
+                self.withdrawn = None
+            held, self.held = self.held, None
+            if held is None:
+                return False, None
+            held[0].window.release(held[1], Signal.CANCELLED)
+        won = self.won
+        return (won is not None, None if won is None else won.value)
+
+    # -- retrying -----------------------------------------------------------
+
+    def _elsewhere(self, last: Upstream, now: float) -> bool:
+        """Whether an upstream other than ``last`` could take an attempt now."""
+        ups = self.core.upstreams
+        if len(ups) == 1:
+            return False
+        return any(up is not last and up.takes(self.priority, now) for up in ups)
+
+    def decide(self, outcome: Outcome, now: float) -> float:
+        """Whether to try again after ``outcome`` and after how long. Stopping sets
+        ``stop_error`` (and returns 0.0); so does nothing else."""
+        with self.core.lock:
+            return self._decide(outcome, now)
+
+    def _decide(self, outcome: Outcome, now: float) -> float:
+        core = self.core
+        policy = core.policy.retry
+        if outcome.is_congestion:
+            self.congestion += 1
+            if self.congestion > policy.max_yields:
+                return self._stop(
+                    YieldExhaustedError,
+                    f"upstream still congested after {self.congestion} yield(s)/overload(s): "
+                    f"{outcome.describe()}",
+                )
+            n = self.congestion
+        else:
+            n = self.attempts - self.congestion
+            if n >= policy.max_attempts:
+                return self._stop(
+                    RetriesExhaustedError,
+                    f"gave up after {n} failed attempt(s): {outcome.describe()}",
+                )
+        hint = outcome.hint_s if policy.honour_hints else None
+        last = self.last_upstream
+        hold_left = 0.0
+        if last is not None and self._elsewhere(last, now):
+            # Another upstream of the set can take the retry now: the hint or the
+            # backoff was about the one that just answered. A short jitter only.
+            wait = core.rng.uniform(0, policy.base_s)
+            floor = 0.0
+        elif hint is not None:
+            wait = hinted_wait_s(policy, hint, core.rng, n)
+            floor = hinted_floor_s(policy, hint, n)
+            shared = self.shared_until
+            if shared is not None and now + floor <= shared:
+                # The hint this call got holds the upstream for every caller, and
+                # its end (with the jitter) is this call's wait too: it waits in the
+                # window, in its place among them, where a completion may admit it
+                # early. Its own sleep would put it behind all who came later.
+                hold_left = shared - now
+                wait = 0.0
+        else:
+            wait = backoff_s(policy, n, core.rng)
+            floor = backoff_floor_s(policy, n)
+        if self.deadline is not None:
+            # Give up only when even the least wait would overrun the deadline.
+            # The jitter above it is trimmed so that the retry still starts with
+            # an attempt's worth of time left, never at the deadline itself.
+            left = self.deadline - now
+            if floor > left:
+                return self._stop(
+                    DeadlineExceededError,
+                    f"the next wait ({floor:.3f} s at least) would pass the call's deadline "
+                    f"({left:.3f} s left) after {self.attempts} attempt(s): {outcome.describe()}",
+                )
+            up = last if last is not None else core.upstreams[0]
+            wait = min(wait, left - self._margin(up, left - floor))
+        retry_after = min(u.breaker.retry_after_s() for u in core.upstreams)
+        if retry_after > max(wait, hold_left):
+            # The breaker opened meanwhile and will still be open when we wake.
+            return self._stop(
+                CircuitOpenError,
+                f"circuit opened while retrying; next probe in {retry_after:.2f} s: "
+                f"{outcome.describe()}",
+                retry_after_s=retry_after,
+            )
+        if outcome.kind is not OutcomeKind.YIELD:
+            receipt = core.budget.withdraw()
+            if receipt is None:
+                return self._stop(
+                    RetryBudgetExhaustedError,
+                    f"retry budget spent (too many retries recently): {outcome.describe()}",
+                )
+            self.withdrawn = receipt  # refunded if the call stops before sending it
+        self.next_wait_s = max(wait, hold_left)
+        return wait
+
+    def before_wait(self, outcome: Outcome) -> None:
+        """A retry was decided and its wait begins: count it and report it."""
+        core = self.core
+        with core.lock:
+            core.counters.retries += 1
+        if self.observer is not NULL_OBSERVER:
+            self.observer.on_wait(
+                WaitDetails(
+                    gate=core.name,
+                    next_attempt=self.attempts + 1,
+                    wait_s=self.next_wait_s,
+                    cause=outcome.kind,
+                    hint_s=outcome.hint_s,
+                )
+            )
+
+    def _stop(self, cls: type[YieldgateError], message: str, **extra: Any) -> float:
+        self.stop_error = self.error(cls, message, **extra)
+        return 0.0
+
+    def hedge_delay(self, up: Upstream) -> float:
+        """How long the attempts so far may stay unanswered before the next hedge."""
+        hedge = self.hedge
+        assert hedge is not None
+        if hedge.delay_s is not None:
+            return max(hedge.delay_s, hedge.min_delay_s)
+        with self.core.lock:
+            tracker = up.latency if len(up.latency) >= hedge.min_samples else self.core.latency
+            if len(tracker) < hedge.min_samples:
+                return max(hedge.initial_delay_s, hedge.min_delay_s)
+            observed = tracker.quantile(hedge.quantile)
+        assert observed is not None
+        return max(observed, hedge.min_delay_s)

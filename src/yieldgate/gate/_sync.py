@@ -1,0 +1,237 @@
+"""The sync driver: runs a call's decisions in the calling thread.
+
+The same decisions as the async driver (they are the ``CallState``'s); only
+the waiting differs: a thread blocks on a ``threading.Event`` (woken by
+whoever frees what it waits for, in any thread or event loop) with a
+timeout on the Gate's clock. Deadlines, priorities, holds, the breaker, the
+budget and the rate cap all apply, and callers of both drivers share them.
+
+Two differences follow from threads. An attempt cannot be interrupted: a
+blocking call is not a coroutine, so the attempt's deadline is handed to
+the code it runs (``current_attempt().remaining_s()``, which the transports
+pass on as their request timeout) instead of being enforced from outside.
+And the hedge policy is ignored (see ``_hedge``).
+
+``Timer`` is how the driver sleeps and waits; tests give it a virtual one.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from yieldgate.gate._attempt import CURRENT, Slot
+from yieldgate.gate._breaker import Breaker
+from yieldgate.gate._call import CallState
+from yieldgate.gate._outcome import Classifier, Outcome
+from yieldgate.gate._ratecap import RateCap
+from yieldgate.gate._retrying import Strategies, needs_retry
+from yieldgate.gate._upstream import Upstream
+from yieldgate.gate._window import Permit, Signal
+
+__all__ = ["Timer", "run"]
+
+SyncFn = Callable[..., Any]
+SyncDiscard = Callable[[Any], None]
+
+
+class Timer:
+    """Real time: ``sleep`` and ``wait`` block the thread for up to ``seconds``."""
+
+    def sleep(self, seconds: float) -> None:
+        time.sleep(seconds)
+
+    def wait(self, event: threading.Event, seconds: float | None) -> bool:
+        return event.wait(seconds)
+
+
+class _Driver:
+    """One sync call: its state, function and the waits it makes."""
+
+    __slots__ = ("args", "call", "classify", "core", "discard", "fn", "timer")
+
+    def __init__(
+        self,
+        call: CallState,
+        fn: SyncFn,
+        args: tuple[Any, ...],
+        classify: Classifier,
+        discard: SyncDiscard | None,
+        timer: Timer,
+    ) -> None:
+        self.core = call.core
+        self.call = call
+        self.fn = fn
+        self.args = args
+        self.classify = classify
+        self.discard = discard
+        self.timer = timer
+
+    def _block(self, event: threading.Event, until: float | None, while_: str) -> None:
+        """Block until ``event`` is set or ``until``; past the call's deadline, raise."""
+        clock = self.core.clock
+        deadline = self.call.deadline
+        limit = until
+        if deadline is not None and (limit is None or deadline < limit):
+            limit = deadline
+        if self.timer.wait(event, None if limit is None else max(0.0, limit - clock())):
+            return
+        if deadline is not None and limit == deadline and clock() >= deadline:
+            raise self.call.deadline_error(while_)
+
+    def verdict(self, breaker: Breaker) -> None:
+        event = threading.Event()
+        with self.core.lock:
+            if not breaker.await_verdict(event.set):
+                return
+        while not event.is_set():
+            self._block(event, None, "waiting for the breaker's probe")
+
+    def acquire(self, up: Upstream, not_after: float | None) -> Permit:
+        call, core = self.call, self.core
+        window = up.window
+        event = threading.Event()
+        with core.lock:
+            permit: Permit | None = window.try_acquire(call.priority)
+            if permit is not None:
+                return permit
+            waiter = window.enqueue(call.priority, event.set, key=call.started, not_after=not_after)
+        try:
+            while True:
+                with core.lock:
+                    wake_at = window.look(waiter)
+                    if waiter.permit is not None:
+                        return waiter.permit
+                    event.clear()
+                self._block(event, wake_at, "waiting for a window slot")
+        except BaseException:
+            with core.lock:
+                window.abandon(waiter)
+            raise
+
+    def take_rate(self, rate: RateCap) -> None:
+        core = self.core
+        event = threading.Event()
+        with core.lock:
+            if rate.try_take(core.clock()):
+                return
+            waiter = rate.join(event.set)
+        try:
+            while True:
+                with core.lock:
+                    again = None
+                    if rate.at_head(waiter):
+                        again = rate.take_queued(waiter, core.clock())
+                        if again is None:
+                            return
+                    event.clear()
+                self._block(event, again, "waiting for the rate cap")
+        except BaseException:
+            with core.lock:
+                rate.leave(waiter)
+            raise
+
+    def admit(self) -> Slot:
+        call, core = self.call, self.core
+        clock, lock = core.clock, core.lock
+        while True:
+            target = call.upstream(clock())
+            if isinstance(target, Breaker):
+                self.verdict(target)
+                continue
+            up = target
+            with lock:
+                permit = up.window.try_acquire(call.priority)
+            waited = permit is None
+            if permit is None:
+                now = clock()
+                not_after = call.not_after(up, now)
+                with lock:
+                    held = up.window.held_until(call.priority, now) > 0
+                try:
+                    permit = self.acquire(up, not_after)
+                finally:
+                    if held:  # waiting out a hint, as a retry's sleep would
+                        with lock:
+                            core.counters.waited_s += clock() - now
+            claimed = call.claim(up, permit, clock(), waited=waited)
+            if isinstance(claimed, RateCap):
+                try:
+                    self.take_rate(claimed)
+                except BaseException:
+                    with lock:
+                        up.window.release(permit, Signal.CANCELLED)
+                    raise
+                claimed = call.claim(up, permit, clock(), waited=True, rated=True)
+            assert not isinstance(claimed, RateCap)  # claimed with the token in hand
+            if isinstance(claimed, Breaker):
+                self.verdict(claimed)
+                continue
+            return claimed
+
+    def send(self, slot: Slot) -> Outcome:
+        call, core = self.call, self.core
+        attempt = call.begin(slot, core.clock())
+        attempt.task = call.task
+        outcome: Outcome | None = None
+        token = CURRENT.set(attempt)
+        try:
+            try:
+                value = self.fn(*self.args)
+            except Exception as exc:
+                outcome = self.classify(None, exc)
+            else:
+                outcome = self.classify(value, None)
+        finally:
+            CURRENT.reset(token)
+            lost = call.end(attempt, outcome, core.clock())
+        assert outcome is not None  # else the attempt raised
+        if lost and self.discard is not None:
+            self.discard(outcome.value)
+        return outcome
+
+    def round(self) -> Outcome:
+        return self.send(self.admit())
+
+    def sleep(self, seconds: float) -> None:
+        if seconds <= 0:
+            return  # the hold in the window is the wait: queue there at once
+        clock = self.core.clock
+        started = clock()
+        try:
+            self.timer.sleep(seconds)
+        finally:
+            with self.core.lock:
+                self.core.counters.waited_s += clock() - started
+
+    def run(self) -> Any:
+        call = self.call
+        outcome = self.send(call.admit_now() or self.admit())
+        if needs_retry(outcome):
+            strategies = Strategies(call)
+            wait = strategies.first_wait(outcome)
+            if wait is not None:
+                self.sleep(wait)
+                outcome = strategies.retrying(self.sleep)(self.round)
+        return call.finish(outcome)
+
+
+def run(
+    call: CallState,
+    fn: SyncFn,
+    args: tuple[Any, ...],
+    classify: Classifier,
+    discard: SyncDiscard | None,
+    timer: Timer,
+) -> Any:
+    """Run ``call`` to its value or its error; on any exception, give back what it holds."""
+    driver = _Driver(call, fn, args, classify, discard, timer)
+    try:
+        return driver.run()
+    except BaseException:
+        left, value = call.abandon()
+        if left and discard is not None:
+            discard(value)
+        raise
