@@ -72,7 +72,8 @@ def test_map_sync_raises_the_first_failure_or_returns_it_in_place() -> None:
     with pytest.raises(Exception, match="bad item"):
         gate.map_sync(attempt, range(6), concurrency=2)
     results = gate.map_sync(attempt, range(6), concurrency=2, return_exceptions=True)
-    assert results[:3] == [0, 1, 2] and results[4:] == [4, 5]
+    assert results[:3] == [0, 1, 2]
+    assert results[4:] == [4, 5]
     assert isinstance(results[3], Exception)
 
 
@@ -143,8 +144,9 @@ def test_a_slot_freed_by_a_thread_admits_a_waiting_task(backend: str) -> None:
                     result.append(await gate.call(attempt))
 
                 tg.start_soon(caller)
-                while gate.statistics().window.waiting == 0:
-                    await anyio.sleep(0.001)
+                await anyio.to_thread.run_sync(
+                    wait_for, lambda: gate.statistics().window.waiting > 0, "the task to queue"
+                )
                 give_back.set()
             return result[0]
 

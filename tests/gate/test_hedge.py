@@ -32,7 +32,7 @@ from yieldgate import (
     current_attempt,
 )
 from yieldgate.gate import NullInstrumentation
-from yieldgate.gate._hedge import LatencyTracker
+from yieldgate.gate._upstream import LatencyTracker
 
 pytestmark = pytest.mark.anyio
 

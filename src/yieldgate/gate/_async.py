@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 
 import anyio
 
+from yieldgate.gate import _admission as admission
 from yieldgate.gate._attempt import CURRENT, Slot, current_task
 from yieldgate.gate._breaker import Breaker
 from yieldgate.gate._call import CallState
@@ -185,7 +186,7 @@ class _Driver:
         call, core = self.call, self.core
         clock, lock = core.clock, core.lock
         while True:
-            target = call.upstream(clock())
+            target = admission.upstream(call, clock())
             if isinstance(target, Breaker):
                 await self.verdict(target)
                 continue
@@ -195,7 +196,7 @@ class _Driver:
             waited = permit is None
             if permit is None:
                 now = clock()
-                not_after = call.not_after(up, now)
+                not_after = admission.not_after(call, up, now)
                 with lock:
                     held = up.window.held_until(call.priority, now) > 0
                 try:
@@ -215,7 +216,7 @@ class _Driver:
                     if held:  # waiting out a hint, as a retry's sleep would
                         with lock:
                             core.counters.waited_s += clock() - now
-            claimed = call.claim(up, permit, clock(), waited=waited)
+            claimed = admission.claim(call, up, permit, clock(), waited=waited)
             if isinstance(claimed, RateCap):
                 try:
                     await self.within_deadline(
@@ -226,7 +227,7 @@ class _Driver:
                     with lock:
                         up.window.release(permit, Signal.CANCELLED)
                     raise
-                claimed = call.claim(up, permit, clock(), waited=True, rated=True)
+                claimed = admission.claim(call, up, permit, clock(), waited=True, rated=True)
             assert not isinstance(claimed, RateCap)  # claimed with the token in hand
             if isinstance(claimed, Breaker):
                 await self.verdict(claimed)
@@ -293,7 +294,7 @@ class _Driver:
         # would pass the deadline is never started.
         call = self.call
         if call.hedge is None:
-            outcome = await self.send(call.admit_now() or await self.admit())
+            outcome = await self.send(admission.admit_now(call) or await self.admit())
         else:
             outcome = await self.round()
         if needs_retry(outcome):

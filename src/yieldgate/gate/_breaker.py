@@ -36,7 +36,6 @@ counters, and its storage (``state_storage``, shared by a fleet through
 from __future__ import annotations
 
 import contextlib
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
@@ -45,6 +44,7 @@ from typing import Any
 import pybreaker
 
 from yieldgate._exceptions import CircuitOpenError
+from yieldgate.gate._policy import BreakerPolicy
 
 __all__ = [
     "AttemptFailure",
@@ -66,32 +66,6 @@ class Verdict(StrEnum):
     SUCCESS = "success"
     FAILURE = "failure"
     NEUTRAL = "neutral"
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class BreakerPolicy:
-    """Open after ``fail_max`` consecutive failures; probe after ``reset_timeout_s``.
-
-    ``success_threshold`` probes must succeed, one after another, to close it.
-    ``BreakerPolicy.disabled()`` never opens.
-    """
-
-    fail_max: int = 5
-    reset_timeout_s: float = 10.0
-    success_threshold: int = 1
-    enabled: bool = True
-
-    def __post_init__(self) -> None:
-        if self.fail_max < 1:
-            raise ValueError("breaker fail_max must be >= 1")
-        if not (self.reset_timeout_s >= 0 and math.isfinite(self.reset_timeout_s)):
-            raise ValueError("breaker reset_timeout_s must be a finite number >= 0")
-        if self.success_threshold < 1:
-            raise ValueError("breaker success_threshold must be >= 1")
-
-    @classmethod
-    def disabled(cls) -> BreakerPolicy:
-        return cls(enabled=False)
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,35 +13,13 @@ Only retries after failures and overloads withdraw from it. Waiting out a
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
-from dataclasses import dataclass
+
+from yieldgate.gate._policy import RetryBudgetPolicy
 
 __all__ = ["RetryBudget", "RetryBudgetPolicy"]
 
 _BUCKETS = 10
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class RetryBudgetPolicy:
-    """Retries allowed per request over a sliding window."""
-
-    ratio: float = 0.2
-    min_per_s: float = 1.0
-    window_s: float = 10.0
-
-    def __post_init__(self) -> None:
-        if not (self.ratio >= 0 and math.isfinite(self.ratio)):
-            raise ValueError("budget ratio must be a finite number >= 0")
-        if not (self.min_per_s >= 0 and math.isfinite(self.min_per_s)):
-            raise ValueError("budget min_per_s must be a finite number >= 0")
-        if not (self.window_s > 0 and math.isfinite(self.window_s)):
-            raise ValueError("budget window_s must be a positive number")
-
-    @classmethod
-    def unlimited(cls) -> RetryBudgetPolicy:
-        """No budget: every retry the attempt caps allow is made (the dangerous choice)."""
-        return cls(ratio=1e9, min_per_s=1e9)
 
 
 class RetryBudget:

@@ -12,8 +12,7 @@ Gate's lock itself, so the drivers cannot forget it.
 
 from __future__ import annotations
 
-import math
-from typing import Any
+from typing import Any, Final
 
 from yieldgate._exceptions import (
     AttemptTimeoutError,
@@ -26,18 +25,25 @@ from yieldgate._exceptions import (
     YieldgateError,
 )
 from yieldgate.gate._attempt import Attempt, Slot
-from yieldgate.gate._breaker import Breaker, Verdict
+from yieldgate.gate._breaker import Verdict
 from yieldgate.gate._core import GateCore
 from yieldgate.gate._outcome import Outcome, OutcomeKind
-from yieldgate.gate._policy import SIGNALS
-from yieldgate.gate._ratecap import RateCap
 from yieldgate.gate._retry import backoff_floor_s, backoff_s, hinted_floor_s, hinted_wait_s
 from yieldgate.gate._telemetry import NULL_OBSERVER, AttemptDetails, CallObserver, WaitDetails
-from yieldgate.gate._upstream import Upstream, choose
+from yieldgate.gate._upstream import Upstream
 from yieldgate.gate._window import Permit, Signal
 from yieldgate.protocol import Priority
 
 __all__ = ["CallState"]
+
+# What each kind of outcome tells the window and the breaker.
+SIGNALS: Final = {
+    OutcomeKind.OK: (Signal.SUCCESS, Verdict.SUCCESS),
+    OutcomeKind.YIELD: (Signal.REFUSED, Verdict.NEUTRAL),
+    OutcomeKind.OVERLOADED: (Signal.CONGESTION, Verdict.NEUTRAL),
+    OutcomeKind.RETRYABLE: (Signal.FAILURE, Verdict.FAILURE),
+    OutcomeKind.FATAL: (Signal.FAILURE, Verdict.NEUTRAL),
+}
 
 
 class CallState:
@@ -155,142 +161,11 @@ class CallState:
         self.won = None
         self.winner = None
 
-    # -- admission ----------------------------------------------------------
-
-    def admit_now(self) -> Slot | None:
-        """The common case without a wait: one upstream, no hint to wait out, a free
-        slot, no rate cap, a closed breaker. ``None``: take the general path."""
-        core = self.core
-        ups = core.upstreams
-        if len(ups) != 1 or core.policy.rate is not None:
-            return None
-        up = ups[0]
-        with core.lock:
-            if not up.breaker.lets_through:
-                return None
-            permit = up.window.try_acquire(self.priority)  # refuses while a hold is in force
-            if permit is None:
-                return None
-            return Slot(up, permit, up.breaker.acquire(), False)
-
-    def _avoid(self) -> set[Upstream]:
-        avoid = set(self.running or ())
-        if self.last_failed is not None:
-            avoid.add(self.last_failed)
-        return avoid
-
-    def upstream(self, now: float) -> Upstream | Breaker:
-        """The upstream for the next attempt, or the breaker whose half-open probe's
-        verdict to wait for (when only that stands between the call and an
-        upstream). Raises ``CircuitOpenError`` when every breaker says no."""
-        core = self.core
-        ups = core.upstreams
-        with core.lock:
-            if len(ups) == 1:
-                order = ups
-            else:
-                order = choose(ups, self.priority, now, core.rng, self._avoid())
-            refusal: CircuitOpenError | None = None
-            for up in order:
-                try:
-                    up.breaker.check()
-                except CircuitOpenError as exc:
-                    # Fail over; report the breaker that will let a probe through first.
-                    if refusal is None or (exc.retry_after_s or math.inf) < (
-                        refusal.retry_after_s or math.inf
-                    ):
-                        refusal = exc
-                    continue
-                return up
-            assert refusal is not None
-            probing = [u for u in ups if u.breaker.probe_pending]
-            if probing:
-                return probing[0].breaker
-            raise self.circuit_error(refusal)
-
-    def _margin(self, up: Upstream, room: float) -> float:
+    def margin(self, up: Upstream, room: float) -> float:
         """How long before the deadline an attempt should start, out of ``room``: its
         expected duration (the upstream's recent latency), else half the room."""
         latency = up.latency.ewma_s
         return min(room, room / 2 if latency is None else latency)
-
-    def not_after(self, up: Upstream, now: float) -> float | None:
-        """The latest this call can start and still have time for an attempt, for a
-        hold that outlasts its deadline (never before the hint itself ends)."""
-        if self.deadline is None:
-            return None
-        with self.core.lock:
-            hint_end = up.window.hint_until(self.priority, now)
-        if not hint_end:
-            return None
-        if hint_end > self.deadline:
-            raise self.error(
-                DeadlineExceededError,
-                f"the upstream asked to wait {hint_end - now:.3f} s, past the call's deadline "
-                f"({self.deadline - now:.3f} s left), after {self.attempts} attempt(s)",
-            )
-        return self.deadline - self._margin(up, self.deadline - hint_end)
-
-    def claim(
-        self, up: Upstream, permit: Permit, now: float, *, waited: bool, rated: bool = False
-    ) -> Slot | RateCap | Breaker:
-        """With a window slot: take the rate token and the breaker ticket.
-
-        Returns the slot, or what to wait for first: the rate cap (keeping the
-        window slot; then ``claim`` again with ``rated``, or give the slot back
-        if the wait fails), or a half-open probe's verdict (the slot given
-        back; then start over). The rate token is taken
-        last, by a caller that can start at once: taken before the window,
-        tokens would pile up in its queue and be spent together when slots free.
-        """
-        core = self.core
-        with core.lock:
-            rate = core.rate_cap()
-            if not rated and rate is not None and not rate.try_take(now):
-                return rate  # waited for with the window slot held
-            try:
-                # Claimed only now that we can send: a half-open probe never queues.
-                ticket = up.breaker.acquire()
-            except CircuitOpenError as exc:
-                up.window.release(permit, Signal.CANCELLED)
-                if up.breaker.probe_pending:
-                    return up.breaker
-                raise self.circuit_error(exc) from None
-            return Slot(up, permit, ticket, waited or rated)
-
-    def admit_hedge(self, now: float) -> Slot | None:
-        """What a hedge needs, taken now or not at all: a hedge never waits.
-
-        It needs an upstream with no hint hold and a closed breaker (a hedge
-        never takes the half-open probe), a free window slot there, a rate
-        token at hand, and a withdrawal from the retry budget.
-        """
-        core = self.core
-        if self.deadline is not None and now >= self.deadline:
-            return None
-        with core.lock:
-            ups = core.upstreams
-            if len(ups) == 1:
-                order = ups
-            else:
-                order = choose(ups, self.priority, now, core.rng, self._avoid())
-            rate = core.rate_cap()
-            for up in order:
-                if not up.breaker.lets_through or not up.takes(self.priority, now):
-                    continue
-                permit = up.window.try_acquire(self.priority)
-                if permit is None:
-                    continue
-                receipt = core.budget.withdraw()
-                if receipt is None or (rate is not None and not rate.try_take(now)):
-                    if receipt is not None:
-                        core.budget.refund(receipt)
-                    up.window.release(permit, Signal.CANCELLED)
-                    core.counters.hedges_denied += 1
-                    return None
-                core.counters.hedges += 1
-                return Slot(up, permit, up.breaker.acquire(), True)
-            return None
 
     # -- attempts -----------------------------------------------------------
 
@@ -525,7 +400,7 @@ class CallState:
                     f"({left:.3f} s left) after {self.attempts} attempt(s): {outcome.describe()}",
                 )
             up = last if last is not None else core.upstreams[0]
-            wait = min(wait, left - self._margin(up, left - floor))
+            wait = min(wait, left - self.margin(up, left - floor))
         retry_after = min(u.breaker.retry_after_s() for u in core.upstreams)
         if retry_after > max(wait, hold_left):
             # The breaker opened meanwhile and will still be open when we wake.

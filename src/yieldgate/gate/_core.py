@@ -20,12 +20,11 @@ from typing import Any, Final
 
 from yieldgate.gate._breaker import Breaker, BreakerState
 from yieldgate.gate._budget import RetryBudget
-from yieldgate.gate._hedge import LatencyTracker
 from yieldgate.gate._outcome import Classifier
 from yieldgate.gate._policy import Counters, GatePolicy, GateStatistics
 from yieldgate.gate._ratecap import RateCap
 from yieldgate.gate._telemetry import BreakerChange, Instrumentation, WindowChange
-from yieldgate.gate._upstream import Upstream
+from yieldgate.gate._upstream import LatencyTracker, Upstream
 from yieldgate.gate._window import Window, WindowStatistics
 
 __all__ = ["GateCore", "default_clock", "unique_name"]

@@ -17,104 +17,21 @@ ignores the hedge policy.
 
 from __future__ import annotations
 
-import math
-from collections import deque
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import anyio
 
 from yieldgate._exceptions import YieldgateError
+from yieldgate.gate import _admission as admission
 from yieldgate.gate._outcome import Outcome, OutcomeKind
+from yieldgate.gate._policy import HedgePolicy
 
 if TYPE_CHECKING:
     from yieldgate.gate._attempt import Slot
     from yieldgate.gate._call import CallState
 
-__all__ = ["HedgePolicy", "LatencyTracker", "hedged_round"]
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class HedgePolicy:
-    """When a Gate starts extra attempts for a call that has not answered yet.
-
-    ``max_hedges`` extra attempts at most per round of attempts (one round per
-    retry). The delay before each is ``delay_s`` when given; otherwise the
-    ``quantile`` of the last ``samples`` successful attempt latencies (the time
-    to the value, or to the first chunk of a stream), once ``min_samples``
-    have been seen, and ``initial_delay_s`` until then; never less than
-    ``min_delay_s``.
-    """
-
-    max_hedges: int = 1
-    delay_s: float | None = None
-    quantile: float = 0.95
-    initial_delay_s: float = 1.0
-    min_delay_s: float = 0.01
-    min_samples: int = 20
-    samples: int = 200
-
-    def __post_init__(self) -> None:
-        if self.max_hedges < 1:
-            raise ValueError("max_hedges must be >= 1")
-        for name in ("initial_delay_s", "min_delay_s"):
-            value = getattr(self, name)
-            if not (value >= 0 and math.isfinite(value)):
-                raise ValueError(f"{name} must be a finite number >= 0")
-        if self.delay_s is not None and not (self.delay_s >= 0 and math.isfinite(self.delay_s)):
-            raise ValueError("delay_s must be a finite number >= 0 or None")
-        if not 0 < self.quantile < 1:
-            raise ValueError("quantile must be between 0 and 1 (exclusive)")
-        if self.min_samples < 1:
-            raise ValueError("min_samples must be >= 1")
-        if self.samples < self.min_samples:
-            raise ValueError("samples must be >= min_samples")
-
-    @classmethod
-    def fixed(cls, delay_s: float, *, max_hedges: int = 1) -> HedgePolicy:
-        """Hedge after a fixed ``delay_s``."""
-        return cls(delay_s=delay_s, max_hedges=max_hedges)
-
-
-class LatencyTracker:
-    """Recent successful latencies: their quantiles, and a moving average.
-
-    Only attempts that answered are measured; a hedged attempt cancelled as a
-    loser is not, so the quantile leans towards the faster attempts.
-    """
-
-    __slots__ = ("_recent", "_sorted", "ewma_s")
-
-    def __init__(self, size: int = 200) -> None:
-        self._recent: deque[float] = deque(maxlen=size)
-        self._sorted: list[float] | None = None
-        self.ewma_s: float | None = None
-
-    def __len__(self) -> int:
-        return len(self._recent)
-
-    def record(self, seconds: float) -> None:
-        self._recent.append(seconds)
-        self._sorted = None
-        self.ewma_s = seconds if self.ewma_s is None else 0.8 * self.ewma_s + 0.2 * seconds
-
-    def record_at_least(self, seconds: float) -> None:
-        """An attempt cancelled after ``seconds`` without answering (a hedge's loser):
-        its latency was at least that. It moves the average up, never down, and
-        stays out of the quantiles, which hold only answers."""
-        if self.ewma_s is None or seconds > self.ewma_s:
-            self.ewma_s = seconds if self.ewma_s is None else 0.8 * self.ewma_s + 0.2 * seconds
-
-    def quantile(self, q: float) -> float | None:
-        """The ``q`` quantile of the recent latencies (nearest rank), or None if empty."""
-        if not self._recent:
-            return None
-        if self._sorted is None:
-            self._sorted = sorted(self._recent)
-        values = self._sorted
-        rank = min(len(values) - 1, max(0, math.ceil(q * len(values)) - 1))
-        return values[rank]
+__all__ = ["HedgePolicy", "hedged_round"]
 
 
 async def hedged_round(
@@ -161,7 +78,7 @@ async def hedged_round(
                 await settled.wait()
             if settled.is_set() or call.hedging_off:
                 break
-            slot = call.admit_hedge(clock())
+            slot = admission.admit_hedge(call, clock())
             if slot is None:
                 continue  # no room to hedge now; look again after another delay
             hedges += 1

@@ -1,20 +1,36 @@
-"""What a Gate is told to do (``GatePolicy``) and what it reports (``GateStatistics``)."""
+"""The policies: what a Gate is told to do, and what it reports.
+
+Every knob is a field of a frozen dataclass, checked when it is built, so a
+bad setting fails at start-up with a clear message, never mid-burst. One
+``GatePolicy`` gathers them: ``window``, ``retry``, ``budget``, ``breaker``,
+``timeout``, ``rate`` and ``hedge``. The mechanisms that follow them live in
+their own modules (``_window``, ``_retry``, ``_breaker``, ``_budget``,
+``_ratecap``, ``_hedge``); docs/configuration.md lists every field.
+"""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Final
 
-from yieldgate.gate._breaker import BreakerPolicy, Verdict
-from yieldgate.gate._budget import RetryBudgetPolicy
-from yieldgate.gate._hedge import HedgePolicy
-from yieldgate.gate._outcome import OutcomeKind
-from yieldgate.gate._ratecap import RatePolicy
-from yieldgate.gate._retry import RetryPolicy, TimeoutPolicy
-from yieldgate.gate._upstream import UpstreamStatistics
-from yieldgate.gate._window import Signal, WindowPolicy, WindowStatistics
-
-__all__ = ["SIGNALS", "USE_POLICY", "Counters", "GatePolicy", "GateStatistics", "UsePolicy"]
+__all__ = [
+    "DEFAULT_INITIAL",
+    "USE_POLICY",
+    "BreakerPolicy",
+    "Counters",
+    "GatePolicy",
+    "GateStatistics",
+    "HedgePolicy",
+    "RatePolicy",
+    "RetryBudgetPolicy",
+    "RetryPolicy",
+    "TimeoutPolicy",
+    "UpstreamStatistics",
+    "UsePolicy",
+    "WindowPolicy",
+    "WindowStatistics",
+]
 
 
 class UsePolicy:
@@ -27,14 +43,223 @@ class UsePolicy:
 USE_POLICY: Final = UsePolicy()
 """``timeout=USE_POLICY`` (the default): the policy's total time; ``None``: no limit."""
 
-# What each kind of outcome tells the window and the breaker.
-SIGNALS: Final = {
-    OutcomeKind.OK: (Signal.SUCCESS, Verdict.SUCCESS),
-    OutcomeKind.YIELD: (Signal.REFUSED, Verdict.NEUTRAL),
-    OutcomeKind.OVERLOADED: (Signal.CONGESTION, Verdict.NEUTRAL),
-    OutcomeKind.RETRYABLE: (Signal.FAILURE, Verdict.FAILURE),
-    OutcomeKind.FATAL: (Signal.FAILURE, Verdict.NEUTRAL),
-}
+# Where slow start begins unless told otherwise (as TCP's initial window grew
+# from 1 to 10 segments, and Netflix's concurrency limits begin at 20).
+DEFAULT_INITIAL: Final = 8
+# Holds cover a priority and those below it: rank 0 is the lowest.
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WindowPolicy:
+    """Bounds and gains of the adaptive window.
+
+    ``initial`` is where slow start begins (default: 8, within ``[min, max]``),
+    ``max`` a hard ceiling that nothing passes, ``min`` the floor a decrease
+    stops at. ``WindowPolicy.fixed(n)`` is a plain bulkhead of ``n`` slots
+    that never adapts.
+    """
+
+    initial: int | None = None
+    min: int = 1
+    max: int = 64
+    increase: float = 1.0
+    decrease: float = 0.7
+
+    def __post_init__(self) -> None:
+        if self.min < 1:
+            raise ValueError(f"window min must be >= 1, got {self.min}")
+        if self.max < self.min:
+            raise ValueError(f"window max ({self.max}) must be >= min ({self.min})")
+        if self.initial is None:
+            object.__setattr__(self, "initial", max(self.min, min(DEFAULT_INITIAL, self.max)))
+        elif not self.min <= self.initial <= self.max:
+            raise ValueError(f"window initial ({self.initial}) must be within [min, max]")
+        if not (self.increase >= 0 and math.isfinite(self.increase)):
+            raise ValueError("window increase must be a finite number >= 0")
+        if not 0.0 < self.decrease <= 1.0:
+            raise ValueError("window decrease must be in (0, 1]")
+
+    @classmethod
+    def fixed(cls, size: int) -> WindowPolicy:
+        """A non-adaptive limit of ``size`` (a bulkhead)."""
+        return cls(initial=size, min=size, max=size, increase=0.0, decrease=1.0)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RetryPolicy:
+    """How often and how long a call tries again.
+
+    ``max_attempts`` caps attempts that did not end in congestion (a first
+    attempt and its retries after failures); ``max_yields`` caps the waits on
+    yields and overloads. Both are further bounded by the call's total
+    timeout and, for failures and overloads, by the retry budget.
+
+    ``share_hints``: a yield or overload that carries a hint holds back every
+    attempt of the Gate at that priority and below until the hint has passed,
+    not only the retry of the call that got it. Calls queued behind a cold or
+    full upstream then wait once, instead of each collecting a yield of its own.
+    """
+
+    max_attempts: int = 4
+    max_yields: int = 64
+    base_s: float = 0.1
+    multiplier: float = 2.0
+    max_backoff_s: float = 10.0
+    hint_jitter: float = 0.5
+    max_hint_s: float = 120.0
+    honour_hints: bool = True
+    share_hints: bool = True
+
+    def __post_init__(self) -> None:
+        if self.max_attempts < 1:
+            raise ValueError("max_attempts must be >= 1")
+        if self.max_yields < 0:
+            raise ValueError("max_yields must be >= 0")
+        for name in ("base_s", "max_backoff_s", "max_hint_s"):
+            value = getattr(self, name)
+            if not (value > 0 and math.isfinite(value)):
+                raise ValueError(f"{name} must be a positive number")
+        if not (self.multiplier >= 1 and math.isfinite(self.multiplier)):
+            raise ValueError("multiplier must be >= 1")
+        if not (self.hint_jitter >= 0 and math.isfinite(self.hint_jitter)):
+            raise ValueError("hint_jitter must be a finite number >= 0")
+
+    @classmethod
+    def no_retry(cls) -> RetryPolicy:
+        """One attempt, no waiting on yields: for callers that retry elsewhere.
+
+        Hints are not shared either: another call's yield must not hold back
+        an attempt of a caller that decides about waiting itself.
+        """
+        return cls(max_attempts=1, max_yields=0, share_hints=False)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TimeoutPolicy:
+    """Per-attempt and total time limits in seconds (``None``: no limit)."""
+
+    attempt_s: float | None = 60.0
+    total_s: float | None = 300.0
+
+    def __post_init__(self) -> None:
+        for name in ("attempt_s", "total_s"):
+            value = getattr(self, name)
+            if value is not None and not (value > 0 and not math.isnan(value)):
+                raise ValueError(f"{name} must be a positive number or None")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RetryBudgetPolicy:
+    """Retries allowed per request over a sliding window."""
+
+    ratio: float = 0.2
+    min_per_s: float = 1.0
+    window_s: float = 10.0
+
+    def __post_init__(self) -> None:
+        if not (self.ratio >= 0 and math.isfinite(self.ratio)):
+            raise ValueError("budget ratio must be a finite number >= 0")
+        if not (self.min_per_s >= 0 and math.isfinite(self.min_per_s)):
+            raise ValueError("budget min_per_s must be a finite number >= 0")
+        if not (self.window_s > 0 and math.isfinite(self.window_s)):
+            raise ValueError("budget window_s must be a positive number")
+
+    @classmethod
+    def unlimited(cls) -> RetryBudgetPolicy:
+        """No budget: every retry the attempt caps allow is made (the dangerous choice)."""
+        return cls(ratio=1e9, min_per_s=1e9)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BreakerPolicy:
+    """Open after ``fail_max`` consecutive failures; probe after ``reset_timeout_s``.
+
+    ``success_threshold`` probes must succeed, one after another, to close it.
+    ``BreakerPolicy.disabled()`` never opens.
+    """
+
+    fail_max: int = 5
+    reset_timeout_s: float = 10.0
+    success_threshold: int = 1
+    enabled: bool = True
+
+    def __post_init__(self) -> None:
+        if self.fail_max < 1:
+            raise ValueError("breaker fail_max must be >= 1")
+        if not (self.reset_timeout_s >= 0 and math.isfinite(self.reset_timeout_s)):
+            raise ValueError("breaker reset_timeout_s must be a finite number >= 0")
+        if self.success_threshold < 1:
+            raise ValueError("breaker success_threshold must be >= 1")
+
+    @classmethod
+    def disabled(cls) -> BreakerPolicy:
+        return cls(enabled=False)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RatePolicy:
+    """At most ``per_s`` attempt starts per second, bursting to ``burst``.
+
+    With ``ramp_s > 0`` the cap starts at ``ramp_from_per_s`` and rises
+    linearly to ``per_s`` over ``ramp_s`` seconds (slow start for a rate).
+    """
+
+    per_s: float
+    burst: int = 1
+    ramp_from_per_s: float | None = None
+    ramp_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not (self.per_s > 0 and math.isfinite(self.per_s)):
+            raise ValueError("rate per_s must be a positive number")
+        if self.burst < 1:
+            raise ValueError("rate burst must be >= 1")
+        if not (self.ramp_s >= 0 and math.isfinite(self.ramp_s)):
+            raise ValueError("rate ramp_s must be a finite number >= 0")
+        if self.ramp_from_per_s is not None and not 0 < self.ramp_from_per_s <= self.per_s:
+            raise ValueError("rate ramp_from_per_s must be in (0, per_s]")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HedgePolicy:
+    """When a Gate starts extra attempts for a call that has not answered yet.
+
+    ``max_hedges`` extra attempts at most per round of attempts (one round per
+    retry). The delay before each is ``delay_s`` when given; otherwise the
+    ``quantile`` of the last ``samples`` successful attempt latencies (the time
+    to the value, or to the first chunk of a stream), once ``min_samples``
+    have been seen, and ``initial_delay_s`` until then; never less than
+    ``min_delay_s``.
+    """
+
+    max_hedges: int = 1
+    delay_s: float | None = None
+    quantile: float = 0.95
+    initial_delay_s: float = 1.0
+    min_delay_s: float = 0.01
+    min_samples: int = 20
+    samples: int = 200
+
+    def __post_init__(self) -> None:
+        if self.max_hedges < 1:
+            raise ValueError("max_hedges must be >= 1")
+        for name in ("initial_delay_s", "min_delay_s"):
+            value = getattr(self, name)
+            if not (value >= 0 and math.isfinite(value)):
+                raise ValueError(f"{name} must be a finite number >= 0")
+        if self.delay_s is not None and not (self.delay_s >= 0 and math.isfinite(self.delay_s)):
+            raise ValueError("delay_s must be a finite number >= 0 or None")
+        if not 0 < self.quantile < 1:
+            raise ValueError("quantile must be between 0 and 1 (exclusive)")
+        if self.min_samples < 1:
+            raise ValueError("min_samples must be >= 1")
+        if self.samples < self.min_samples:
+            raise ValueError("samples must be >= min_samples")
+
+    @classmethod
+    def fixed(cls, delay_s: float, *, max_hedges: int = 1) -> HedgePolicy:
+        """Hedge after a fixed ``delay_s``."""
+        return cls(delay_s=delay_s, max_hedges=max_hedges)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -83,6 +308,33 @@ class GatePolicy:
             retry=RetryPolicy(max_attempts=6, max_yields=1000, max_backoff_s=30.0),
             timeout=TimeoutPolicy(attempt_s=300.0, total_s=3600.0),
         )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WindowStatistics:
+    """A snapshot of the window."""
+
+    limit: int
+    inflight: int
+    waiting: int
+    slow_start: bool
+    increases: int
+    decreases: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class UpstreamStatistics:
+    """A snapshot of one upstream of a Gate."""
+
+    name: str
+    window: WindowStatistics
+    breaker: str
+    attempts: int
+    successes: int
+    yields: int
+    failures: int
+    latency_ewma_s: float | None
+    hold_s: float
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

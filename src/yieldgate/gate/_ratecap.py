@@ -20,39 +20,15 @@ eased into, not hit with the full rate.
 
 from __future__ import annotations
 
-import math
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+
+from yieldgate.gate._policy import RatePolicy
 
 __all__ = ["RateCap", "RatePolicy"]
 
 # The least sleep before looking again: a float rounding error must not spin.
 _MIN_SLEEP_S = 1e-6
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class RatePolicy:
-    """At most ``per_s`` attempt starts per second, bursting to ``burst``.
-
-    With ``ramp_s > 0`` the cap starts at ``ramp_from_per_s`` and rises
-    linearly to ``per_s`` over ``ramp_s`` seconds (slow start for a rate).
-    """
-
-    per_s: float
-    burst: int = 1
-    ramp_from_per_s: float | None = None
-    ramp_s: float = 0.0
-
-    def __post_init__(self) -> None:
-        if not (self.per_s > 0 and math.isfinite(self.per_s)):
-            raise ValueError("rate per_s must be a positive number")
-        if self.burst < 1:
-            raise ValueError("rate burst must be >= 1")
-        if not (self.ramp_s >= 0 and math.isfinite(self.ramp_s)):
-            raise ValueError("rate ramp_s must be a finite number >= 0")
-        if self.ramp_from_per_s is not None and not 0 < self.ramp_from_per_s <= self.per_s:
-            raise ValueError("rate ramp_from_per_s must be in (0, per_s]")
 
 
 class RateWaiter:

@@ -17,9 +17,9 @@ falling rate, so no hint can make a call's retries amplify an overload.
 
 from __future__ import annotations
 
-import math
 import random
-from dataclasses import dataclass
+
+from yieldgate.gate._policy import RetryPolicy, TimeoutPolicy
 
 __all__ = [
     "RetryPolicy",
@@ -29,69 +29,6 @@ __all__ = [
     "hinted_floor_s",
     "hinted_wait_s",
 ]
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class RetryPolicy:
-    """How often and how long a call tries again.
-
-    ``max_attempts`` caps attempts that did not end in congestion (a first
-    attempt and its retries after failures); ``max_yields`` caps the waits on
-    yields and overloads. Both are further bounded by the call's total
-    timeout and, for failures and overloads, by the retry budget.
-
-    ``share_hints``: a yield or overload that carries a hint holds back every
-    attempt of the Gate at that priority and below until the hint has passed,
-    not only the retry of the call that got it. Calls queued behind a cold or
-    full upstream then wait once, instead of each collecting a yield of its own.
-    """
-
-    max_attempts: int = 4
-    max_yields: int = 64
-    base_s: float = 0.1
-    multiplier: float = 2.0
-    max_backoff_s: float = 10.0
-    hint_jitter: float = 0.5
-    max_hint_s: float = 120.0
-    honour_hints: bool = True
-    share_hints: bool = True
-
-    def __post_init__(self) -> None:
-        if self.max_attempts < 1:
-            raise ValueError("max_attempts must be >= 1")
-        if self.max_yields < 0:
-            raise ValueError("max_yields must be >= 0")
-        for name in ("base_s", "max_backoff_s", "max_hint_s"):
-            value = getattr(self, name)
-            if not (value > 0 and math.isfinite(value)):
-                raise ValueError(f"{name} must be a positive number")
-        if not (self.multiplier >= 1 and math.isfinite(self.multiplier)):
-            raise ValueError("multiplier must be >= 1")
-        if not (self.hint_jitter >= 0 and math.isfinite(self.hint_jitter)):
-            raise ValueError("hint_jitter must be a finite number >= 0")
-
-    @classmethod
-    def no_retry(cls) -> RetryPolicy:
-        """One attempt, no waiting on yields: for callers that retry elsewhere.
-
-        Hints are not shared either: another call's yield must not hold back
-        an attempt of a caller that decides about waiting itself.
-        """
-        return cls(max_attempts=1, max_yields=0, share_hints=False)
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class TimeoutPolicy:
-    """Per-attempt and total time limits in seconds (``None``: no limit)."""
-
-    attempt_s: float | None = 60.0
-    total_s: float | None = 300.0
-
-    def __post_init__(self) -> None:
-        for name in ("attempt_s", "total_s"):
-            value = getattr(self, name)
-            if value is not None and not (value > 0 and not math.isnan(value)):
-                raise ValueError(f"{name} must be a positive number or None")
 
 
 def _step(policy: RetryPolicy, n: int) -> float:

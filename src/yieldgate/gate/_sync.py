@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from yieldgate.gate import _admission as admission
 from yieldgate.gate._attempt import CURRENT, Slot
 from yieldgate.gate._breaker import Breaker
 from yieldgate.gate._call import CallState
@@ -137,7 +138,7 @@ class _Driver:
         call, core = self.call, self.core
         clock, lock = core.clock, core.lock
         while True:
-            target = call.upstream(clock())
+            target = admission.upstream(call, clock())
             if isinstance(target, Breaker):
                 self.verdict(target)
                 continue
@@ -147,7 +148,7 @@ class _Driver:
             waited = permit is None
             if permit is None:
                 now = clock()
-                not_after = call.not_after(up, now)
+                not_after = admission.not_after(call, up, now)
                 with lock:
                     held = up.window.held_until(call.priority, now) > 0
                 try:
@@ -156,7 +157,7 @@ class _Driver:
                     if held:  # waiting out a hint, as a retry's sleep would
                         with lock:
                             core.counters.waited_s += clock() - now
-            claimed = call.claim(up, permit, clock(), waited=waited)
+            claimed = admission.claim(call, up, permit, clock(), waited=waited)
             if isinstance(claimed, RateCap):
                 try:
                     self.take_rate(claimed)
@@ -164,7 +165,7 @@ class _Driver:
                     with lock:
                         up.window.release(permit, Signal.CANCELLED)
                     raise
-                claimed = call.claim(up, permit, clock(), waited=True, rated=True)
+                claimed = admission.claim(call, up, permit, clock(), waited=True, rated=True)
             assert not isinstance(claimed, RateCap)  # claimed with the token in hand
             if isinstance(claimed, Breaker):
                 self.verdict(claimed)
@@ -208,7 +209,7 @@ class _Driver:
 
     def run(self) -> Any:
         call = self.call
-        outcome = self.send(call.admit_now() or self.admit())
+        outcome = self.send(admission.admit_now(call) or self.admit())
         if needs_retry(outcome):
             strategies = Strategies(call)
             wait = strategies.first_wait(outcome)

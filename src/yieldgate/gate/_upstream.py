@@ -8,35 +8,61 @@ and picks one per attempt by an estimated latency cost.
 
 from __future__ import annotations
 
+import math
 import random
-from dataclasses import dataclass
+from collections import deque
 from typing import Any
 
 from yieldgate._exceptions import CircuitOpenError
 from yieldgate.gate._breaker import Breaker
-from yieldgate.gate._hedge import LatencyTracker
-from yieldgate.gate._window import Window, WindowStatistics
+from yieldgate.gate._policy import UpstreamStatistics
+from yieldgate.gate._window import Window
 from yieldgate.protocol import Priority
 
-__all__ = ["UpstreamStatistics"]
+__all__ = ["LatencyTracker", "UpstreamStatistics"]
 
 # Moving averages of "this attempt yielded" and "this attempt failed", per upstream.
 _ALPHA = 0.2
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class UpstreamStatistics:
-    """A snapshot of one upstream of a Gate."""
+class LatencyTracker:
+    """Recent successful latencies: their quantiles, and a moving average.
 
-    name: str
-    window: WindowStatistics
-    breaker: str
-    attempts: int
-    successes: int
-    yields: int
-    failures: int
-    latency_ewma_s: float | None
-    hold_s: float
+    Only attempts that answered are measured; a hedged attempt cancelled as a
+    loser is not, so the quantile leans towards the faster attempts.
+    """
+
+    __slots__ = ("_recent", "_sorted", "ewma_s")
+
+    def __init__(self, size: int = 200) -> None:
+        self._recent: deque[float] = deque(maxlen=size)
+        self._sorted: list[float] | None = None
+        self.ewma_s: float | None = None
+
+    def __len__(self) -> int:
+        return len(self._recent)
+
+    def record(self, seconds: float) -> None:
+        self._recent.append(seconds)
+        self._sorted = None
+        self.ewma_s = seconds if self.ewma_s is None else 0.8 * self.ewma_s + 0.2 * seconds
+
+    def record_at_least(self, seconds: float) -> None:
+        """An attempt cancelled after ``seconds`` without answering (a hedge's loser):
+        its latency was at least that. It moves the average up, never down, and
+        stays out of the quantiles, which hold only answers."""
+        if self.ewma_s is None or seconds > self.ewma_s:
+            self.ewma_s = seconds if self.ewma_s is None else 0.8 * self.ewma_s + 0.2 * seconds
+
+    def quantile(self, q: float) -> float | None:
+        """The ``q`` quantile of the recent latencies (nearest rank), or None if empty."""
+        if not self._recent:
+            return None
+        if self._sorted is None:
+            self._sorted = sorted(self._recent)
+        values = self._sorted
+        rank = min(len(values) - 1, max(0, math.ceil(q * len(values)) - 1))
+        return values[rank]
 
 
 class Upstream:

@@ -63,14 +63,13 @@ one lock, so callers of both drivers share one window.
 from __future__ import annotations
 
 import heapq
-import math
 import random
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from enum import StrEnum
 from typing import Final
 
+from yieldgate.gate._policy import WindowPolicy, WindowStatistics
 from yieldgate.protocol import Priority
 
 __all__ = [
@@ -85,10 +84,6 @@ __all__ = [
 _PRIORITY_ORDER: Final = (Priority.HIGH, Priority.NORMAL, Priority.LOW)
 # How much slower the window grows just below the level that last met congestion.
 _PLATEAU: Final = 0.25
-# Where slow start begins unless told otherwise (as TCP's initial window grew
-# from 1 to 10 segments, and Netflix's concurrency limits begin at 20).
-DEFAULT_INITIAL: Final = 8
-# Holds cover a priority and those below it: rank 0 is the lowest.
 RANK: Final = {Priority.LOW: 0, Priority.NORMAL: 1, Priority.HIGH: 2}
 
 
@@ -100,54 +95,6 @@ class Signal(StrEnum):
     CONGESTION = "congestion"
     FAILURE = "failure"
     CANCELLED = "cancelled"
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class WindowPolicy:
-    """Bounds and gains of the adaptive window.
-
-    ``initial`` is where slow start begins (default: 8, within ``[min, max]``),
-    ``max`` a hard ceiling that nothing passes, ``min`` the floor a decrease
-    stops at. ``WindowPolicy.fixed(n)`` is a plain bulkhead of ``n`` slots
-    that never adapts.
-    """
-
-    initial: int | None = None
-    min: int = 1
-    max: int = 64
-    increase: float = 1.0
-    decrease: float = 0.7
-
-    def __post_init__(self) -> None:
-        if self.min < 1:
-            raise ValueError(f"window min must be >= 1, got {self.min}")
-        if self.max < self.min:
-            raise ValueError(f"window max ({self.max}) must be >= min ({self.min})")
-        if self.initial is None:
-            object.__setattr__(self, "initial", max(self.min, min(DEFAULT_INITIAL, self.max)))
-        elif not self.min <= self.initial <= self.max:
-            raise ValueError(f"window initial ({self.initial}) must be within [min, max]")
-        if not (self.increase >= 0 and math.isfinite(self.increase)):
-            raise ValueError("window increase must be a finite number >= 0")
-        if not 0.0 < self.decrease <= 1.0:
-            raise ValueError("window decrease must be in (0, 1]")
-
-    @classmethod
-    def fixed(cls, size: int) -> WindowPolicy:
-        """A non-adaptive limit of ``size`` (a bulkhead)."""
-        return cls(initial=size, min=size, max=size, increase=0.0, decrease=1.0)
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class WindowStatistics:
-    """A snapshot of the window."""
-
-    limit: int
-    inflight: int
-    waiting: int
-    slow_start: bool
-    increases: int
-    decreases: int
 
 
 class Permit:

@@ -1,0 +1,159 @@
+"""Admission, sans-IO: what an attempt needs before it may be sent.
+
+In order: an upstream whose breaker lets it through (or, when only a
+half-open probe stands in the way, its verdict to wait for), a window slot
+(held back while a hint is waited out), a token from the rate cap, and a
+ticket from the breaker. Each function takes the call and the time and says
+what the driver must do next: go, or wait for this. A hedge takes what it
+needs at once or not at all. Every function takes the Gate's lock itself.
+"""
+
+from __future__ import annotations
+
+import math
+
+from yieldgate._exceptions import CircuitOpenError, DeadlineExceededError
+from yieldgate.gate._attempt import Slot
+from yieldgate.gate._breaker import Breaker
+from yieldgate.gate._call import CallState
+from yieldgate.gate._ratecap import RateCap
+from yieldgate.gate._upstream import Upstream, choose
+from yieldgate.gate._window import Permit, Signal
+
+__all__ = ["admit_hedge", "admit_now", "claim", "not_after", "upstream"]
+
+
+def admit_now(call: CallState) -> Slot | None:
+    """The common case without a wait: one upstream, no hint to wait out, a free
+    slot, no rate cap, a closed breaker. ``None``: take the general path."""
+    core = call.core
+    ups = core.upstreams
+    if len(ups) != 1 or core.policy.rate is not None:
+        return None
+    up = ups[0]
+    with core.lock:
+        if not up.breaker.lets_through:
+            return None
+        permit = up.window.try_acquire(call.priority)  # refuses while a hold is in force
+        if permit is None:
+            return None
+        return Slot(up, permit, up.breaker.acquire(), False)
+
+
+def _order(call: CallState, now: float) -> list[Upstream]:
+    """The upstreams in the order this call should try them (the one, without a set)."""
+    ups = call.core.upstreams
+    if len(ups) == 1:
+        return ups
+    return choose(ups, call.priority, now, call.core.rng, _avoid(call))
+
+
+def _avoid(call: CallState) -> set[Upstream]:
+    avoid = set(call.running or ())
+    if call.last_failed is not None:
+        avoid.add(call.last_failed)
+    return avoid
+
+
+def upstream(call: CallState, now: float) -> Upstream | Breaker:
+    """The upstream for the next attempt, or the breaker whose half-open probe's
+    verdict to wait for (when only that stands between the call and an
+    upstream). Raises ``CircuitOpenError`` when every breaker says no."""
+    core = call.core
+    ups = core.upstreams
+    with core.lock:
+        order = _order(call, now)
+        refusal: CircuitOpenError | None = None
+        for up in order:
+            try:
+                up.breaker.check()
+            except CircuitOpenError as exc:
+                # Fail over; report the breaker that will let a probe through first.
+                if refusal is None or (exc.retry_after_s or math.inf) < (
+                    refusal.retry_after_s or math.inf
+                ):
+                    refusal = exc
+                continue
+            return up
+        assert refusal is not None
+        probing = [u for u in ups if u.breaker.probe_pending]
+        if probing:
+            return probing[0].breaker
+        raise call.circuit_error(refusal)
+
+
+def not_after(call: CallState, up: Upstream, now: float) -> float | None:
+    """The latest this call can start and still have time for an attempt, for a
+    hold that outlasts its deadline (never before the hint itself ends)."""
+    if call.deadline is None:
+        return None
+    with call.core.lock:
+        hint_end = up.window.hint_until(call.priority, now)
+    if not hint_end:
+        return None
+    if hint_end > call.deadline:
+        raise call.error(
+            DeadlineExceededError,
+            f"the upstream asked to wait {hint_end - now:.3f} s, past the call's deadline "
+            f"({call.deadline - now:.3f} s left), after {call.attempts} attempt(s)",
+        )
+    return call.deadline - call.margin(up, call.deadline - hint_end)
+
+
+def claim(
+    call: CallState, up: Upstream, permit: Permit, now: float, *, waited: bool, rated: bool = False
+) -> Slot | RateCap | Breaker:
+    """With a window slot: take the rate token and the breaker ticket.
+
+    Returns the slot, or what to wait for first: the rate cap (keeping the
+    window slot; then ``claim`` again with ``rated``, or give the slot back
+    if the wait fails), or a half-open probe's verdict (the slot given
+    back; then start over). The rate token is taken
+    last, by a caller that can start at once: taken before the window,
+    tokens would pile up in its queue and be spent together when slots free.
+    """
+    core = call.core
+    with core.lock:
+        rate = core.rate_cap()
+        if not rated and rate is not None and not rate.try_take(now):
+            return rate  # waited for with the window slot held
+        try:
+            # Claimed only now that we can send: a half-open probe never queues.
+            ticket = up.breaker.acquire()
+        except CircuitOpenError as exc:
+            up.window.release(permit, Signal.CANCELLED)
+            if up.breaker.probe_pending:
+                return up.breaker
+            raise call.circuit_error(exc) from None
+        return Slot(up, permit, ticket, waited or rated)
+
+
+def admit_hedge(call: CallState, now: float) -> Slot | None:
+    """What a hedge needs, taken now or not at all: a hedge never waits.
+
+    It needs an upstream with no hint hold and a closed breaker (a hedge
+    never takes the half-open probe), a free window slot there, a rate
+    token at hand, and a withdrawal from the retry budget.
+    """
+    core = call.core
+    if call.deadline is not None and now >= call.deadline:
+        return None
+    with core.lock:
+        order = _order(call, now)
+        rate = core.rate_cap()
+        for up in order:
+            if not up.breaker.lets_through or not up.takes(call.priority, now):
+                continue
+            permit = up.window.try_acquire(call.priority)
+            if permit is None:
+                continue
+            receipt = core.budget.withdraw()
+            if receipt is None or (rate is not None and not rate.try_take(now)):
+                if receipt is not None:
+                    core.budget.refund(receipt)
+                up.window.release(permit, Signal.CANCELLED)
+                core.counters.hedges_denied += 1
+                return None
+            core.counters.hedges += 1
+            return Slot(up, permit, up.breaker.acquire(), True)
+        return None
