@@ -1251,3 +1251,8 @@ async def test_item10_calls_that_never_await_leave_no_pile_of_timers(anyio_backe
         await g.call(instant)
     scheduled = asyncio.get_running_loop()._scheduled  # type: ignore[attr-defined]
     assert len(scheduled) < 1_000
+    # The attempts' deadlines share one timer; their ended entries are swept.
+    from yieldgate.gate import _deadlines
+
+    deadlines = _deadlines._LOOPS[asyncio.get_running_loop()]
+    assert len(deadlines.heap) <= 2 * _deadlines._SWEEP_AT + 2

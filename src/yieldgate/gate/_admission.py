@@ -32,12 +32,13 @@ def admit_now(call: CallState) -> Slot | None:
         return None
     up = ups[0]
     with core.lock:
-        if not up.breaker.lets_through:
+        ticket = up.breaker.try_pass()
+        if ticket is None:
             return None
         permit = up.window.try_acquire(call.priority)  # refuses while a hold is in force
         if permit is None:
             return None
-        return Slot(up, permit, up.breaker.acquire(), False)
+        return Slot(up, permit, ticket, False)
 
 
 def _order(call: CallState, now: float) -> list[Upstream]:

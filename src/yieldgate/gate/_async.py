@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 import anyio
 
 from yieldgate.gate import _admission as admission
+from yieldgate.gate import _deadlines
 from yieldgate.gate._attempt import CURRENT, Slot, current_task
 from yieldgate.gate._breaker import Breaker
 from yieldgate.gate._call import CallState
@@ -243,8 +244,24 @@ class _Driver:
         token = CURRENT.set(attempt)
         try:
             deadline = attempt.deadline
+            task = attempt.task
             if deadline is None:
                 outcome = await self._invoke()
+            elif isinstance(task, asyncio.Task):
+                # One timer per loop for every attempt's deadline (see _deadlines).
+                when = task.get_loop().time() + (deadline - core.clock())
+                entry = _deadlines.add(when, task)
+                try:
+                    outcome = await self._invoke()
+                except asyncio.CancelledError:
+                    if not entry.timed_out():
+                        raise
+                    outcome = call.timed_out(attempt)
+                else:
+                    if entry.expired:  # the attempt swallowed its cancellation
+                        task.uncancel()
+                finally:
+                    entry.done()
             else:
                 with anyio.CancelScope(
                     deadline=anyio.current_time() + (deadline - core.clock())

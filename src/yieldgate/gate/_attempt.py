@@ -102,16 +102,12 @@ class Attempt:
 
 def current_task() -> object:
     """The running asyncio or trio task, else the running thread: where a call runs."""
-    try:
+    if asyncio._get_running_loop() is not None:
         return asyncio.current_task()
-    except RuntimeError:  # no asyncio loop running here: trio, or a plain thread
-        trio = sys.modules.get("trio")
-        if trio is not None:
-            try:
-                return trio.lowlevel.current_task()
-            except RuntimeError:
-                pass
-        return threading.current_thread()
+    trio = sys.modules.get("trio")
+    if trio is not None and trio.lowlevel.in_trio_task():
+        return trio.lowlevel.current_task()
+    return threading.current_thread()
 
 
 # Holds the running attempt; the AttemptInfo record is only built when asked for.

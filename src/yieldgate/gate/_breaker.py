@@ -37,9 +37,8 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
-from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
+from typing import Any, NamedTuple
 
 import pybreaker
 
@@ -68,8 +67,9 @@ class Verdict(StrEnum):
     NEUTRAL = "neutral"
 
 
-@dataclass(frozen=True, slots=True)
-class BreakerTicket:
+class BreakerTicket(NamedTuple):
+    """Leave to attempt, stamped with the breaker's generation; ``probe``: the half-open trial."""
+
     generation: int
     probe: bool
 
@@ -135,6 +135,13 @@ class Breaker:
     def lets_through(self) -> bool:
         """Closed (or disabled): ``acquire`` would hand out a plain ticket."""
         return not self.policy.enabled or self._cb.current_state == "closed"
+
+    def try_pass(self) -> BreakerTicket | None:
+        """A plain ticket if the breaker is closed (or disabled), else ``None``
+        (then ``check`` and ``acquire`` say why, or hand out the probe)."""
+        if self.policy.enabled and self._cb.current_state != "closed":
+            return None
+        return BreakerTicket(self._generation, probe=False)
 
     @property
     def probe_pending(self) -> bool:

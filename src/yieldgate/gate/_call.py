@@ -49,31 +49,28 @@ SIGNALS: Final = {
 class CallState:
     """One call's state across its attempts (see the module docstring)."""
 
-    __slots__ = (
-        "attempts",
-        "congestion",
-        "core",
-        "deadline",
-        "hedge",
-        "hedging_off",
-        "held",
-        "hold",
-        "last",
-        "last_failed",
-        "last_hint_s",
-        "last_upstream",
-        "next_wait_s",
-        "observer",
-        "priority",
-        "running",
-        "shared_until",
-        "started",
-        "stop_error",
-        "task",
-        "winner",
-        "withdrawn",
-        "won",
-    )
+    # Set as the call goes; until then the class's defaults stand (most calls
+    # never set most of them, and a call is built on the hot path).
+    congestion: int = 0  # yields and overloads so far
+    last: Outcome | None = None
+    last_hint_s: float | None = None
+    stop_error: YieldgateError | None = None
+    # The wait decided for the next attempt (reported before it begins).
+    next_wait_s: float = 0.0
+    # The attempt whose success is the call's (the first to succeed), its outcome,
+    # and the slot it keeps for a call that holds (released by the Lease).
+    winner: Attempt | None = None
+    won: Outcome | None = None
+    held: tuple[Upstream, Permit] | None = None
+    # The upstream that failed this call last, and the one that answered last.
+    last_failed: Upstream | None = None
+    last_upstream: Upstream | None = None
+    # Set by a yield or an overload: no more hedges for this call.
+    hedging_off: bool = False
+    # When the hold that this call's last hint set ends (None: it set none).
+    shared_until: float | None = None
+    # A retry taken from the budget and not sent yet: refunded if never sent.
+    withdrawn: int | None = None
 
     def __init__(
         self,
@@ -95,28 +92,8 @@ class CallState:
         self.task = task  # where the call runs: a call of this Gate from there is nested
         self.hedge = core.policy.hedge
         self.attempts = 0
-        self.congestion = 0
-        self.last: Outcome | None = None
-        self.last_hint_s: float | None = None
-        self.stop_error: YieldgateError | None = None
-        # The wait decided for the next attempt (reported before it begins).
-        self.next_wait_s = 0.0
-        # The attempt whose success is the call's (the first to succeed), its outcome,
-        # and the slot it keeps for a call that holds (released by the Lease).
-        self.winner: Attempt | None = None
-        self.won: Outcome | None = None
-        self.held: tuple[Upstream, Permit] | None = None
-        # Upstreams this call's attempts are using now (tracked for a set or
-        # hedging only), the one that failed last, and the one that answered last.
+        # Upstreams this call's attempts are using now (tracked for a set or hedging only).
         self.running: list[Upstream] | None = [] if core.named or self.hedge is not None else None
-        self.last_failed: Upstream | None = None
-        self.last_upstream: Upstream | None = None
-        # Set by a yield or an overload: no more hedges for this call.
-        self.hedging_off = False
-        # When the hold that this call's last hint set ends (None: it set none).
-        self.shared_until: float | None = None
-        # A retry taken from the budget and not sent yet: refunded if never sent.
-        self.withdrawn: int | None = None
 
     # -- errors -------------------------------------------------------------
 
@@ -226,7 +203,7 @@ class CallState:
                 # shows under overload: narrow the window as for a yield.
                 signal = Signal.CONGESTION
         with core.lock:
-            if outcome is not None and outcome.is_congestion:
+            if signal is not Signal.SUCCESS and outcome is not None and outcome.is_congestion:
                 # Held before the slot goes back: else the freed slot would
                 # admit a waiter into the very overload the hint is about.
                 self._hold_from(outcome, up, now)

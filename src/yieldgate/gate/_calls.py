@@ -90,7 +90,7 @@ class GateBase:
             raise ValueError(f"timeout must be a positive number or None, got {total}")
         started = core.clock()
         deadline = None if total is None else started + total
-        observer = core.instr.start_call(self.name, prio.value)
+        observer = core.instr.start_call(self.name, prio)
         with core.lock:
             core.counters.calls += 1
         return CallState(

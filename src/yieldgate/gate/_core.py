@@ -32,9 +32,8 @@ __all__ = ["GateCore", "default_clock", "unique_name"]
 _SERIAL: Final = itertools.count(1)
 
 
-def default_clock() -> float:
-    """The Gate's clock unless told otherwise: monotonic, shared by every thread and loop."""
-    return time.monotonic()
+# The Gate's clock unless told otherwise: monotonic, shared by every thread and loop.
+default_clock: Final[Callable[[], float]] = time.monotonic
 
 
 def unique_name() -> str:

@@ -18,6 +18,7 @@ from yieldgate.gate._call import CallState
 from yieldgate.gate._calls import GateBase, Lease, Timeout
 from yieldgate.gate._outcome import Classifier
 from yieldgate.gate._policy import USE_POLICY
+from yieldgate.gate._telemetry import NULL_OBSERVER
 from yieldgate.gate._window import Signal
 from yieldgate.protocol import Priority
 
@@ -43,8 +44,13 @@ class SyncCalls(GateBase):
     ) -> Any:
         core = self._core
         try:
-            with call.observer.scope():
+            if call.observer is NULL_OBSERVER:
                 value = _sync.run(call, fn, args, classify or core.classify, discard, self._timer)
+            else:
+                with call.observer.scope():
+                    value = _sync.run(
+                        call, fn, args, classify or core.classify, discard, self._timer
+                    )
         except BaseException as exc:
             self._ended(call, exc)
             raise

@@ -104,11 +104,11 @@ class Outcome:
         # Built for every successful attempt: skip the dataclass __init__ and
         # its hint check (an ok carries no hint).
         outcome = object.__new__(cls)
-        object.__setattr__(outcome, "kind", OutcomeKind.OK)
-        object.__setattr__(outcome, "value", value)
-        object.__setattr__(outcome, "hint_s", None)
-        object.__setattr__(outcome, "reason", None)
-        object.__setattr__(outcome, "error", None)
+        _set_kind(outcome, OutcomeKind.OK)
+        _set_value(outcome, value)
+        _set_hint(outcome, None)
+        _set_reason(outcome, None)
+        _set_error(outcome, None)
         return outcome
 
     @classmethod
@@ -159,6 +159,19 @@ class Outcome:
         if self.error is not None:
             parts.append(f"{type(self.error).__name__}: {self.error}")
         return ", ".join(parts)
+
+
+def _setter(name: str) -> Callable[[Outcome, Any], None]:
+    setter: Callable[[Outcome, Any], None] = vars(Outcome)[name].__set__
+    return setter
+
+
+# The slots of a frozen Outcome, set directly: ``Outcome.ok`` runs for every success.
+_set_kind = _setter("kind")
+_set_value = _setter("value")
+_set_hint = _setter("hint_s")
+_set_reason = _setter("reason")
+_set_error = _setter("error")
 
 
 class OutcomeSignal(Exception):

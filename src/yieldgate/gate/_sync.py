@@ -173,25 +173,7 @@ class _Driver:
             return claimed
 
     def send(self, slot: Slot) -> Outcome:
-        call, core = self.call, self.core
-        attempt = call.begin(slot, core.clock())
-        attempt.task = call.task
-        outcome: Outcome | None = None
-        token = CURRENT.set(attempt)
-        try:
-            try:
-                value = self.fn(*self.args)
-            except Exception as exc:
-                outcome = self.classify(None, exc)
-            else:
-                outcome = self.classify(value, None)
-        finally:
-            CURRENT.reset(token)
-            lost = call.end(attempt, outcome, core.clock())
-        assert outcome is not None  # else the attempt raised
-        if lost and self.discard is not None:
-            self.discard(outcome.value)
-        return outcome
+        return _send(self.call, slot, self.fn, self.args, self.classify)
 
     def round(self) -> Outcome:
         return self.send(self.admit())
@@ -207,9 +189,10 @@ class _Driver:
             with self.core.lock:
                 self.core.counters.waited_s += clock() - started
 
-    def run(self) -> Any:
+    def run(self, first: Outcome | None) -> Any:
+        """The call from its first outcome (``None``: not sent yet) to its end."""
         call = self.call
-        outcome = self.send(admission.admit_now(call) or self.admit())
+        outcome = first if first is not None else self.send(self.admit())
         if needs_retry(outcome):
             strategies = Strategies(call)
             wait = strategies.first_wait(outcome)
@@ -228,11 +211,40 @@ def run(
     timer: Timer,
 ) -> Any:
     """Run ``call`` to its value or its error; on any exception, give back what it holds."""
-    driver = _Driver(call, fn, args, classify, discard, timer)
     try:
-        return driver.run()
+        slot = admission.admit_now(call)
+        if slot is not None:
+            # The common case, without a driver object: sent at once, and done.
+            outcome = _send(call, slot, fn, args, classify)
+            if not needs_retry(outcome):
+                return call.finish(outcome)
+        driver = _Driver(call, fn, args, classify, discard, timer)
+        return driver.run(None if slot is None else outcome)
     except BaseException:
         left, value = call.abandon()
         if left and discard is not None:
             discard(value)
         raise
+
+
+def _send(
+    call: CallState, slot: Slot, fn: SyncFn, args: tuple[Any, ...], classify: Classifier
+) -> Outcome:
+    """One attempt on ``slot``, in this thread."""
+    clock = call.core.clock
+    attempt = call.begin(slot, clock())
+    attempt.task = call.task
+    outcome: Outcome | None = None
+    token = CURRENT.set(attempt)
+    try:
+        try:
+            value = fn(*args)
+        except Exception as exc:
+            outcome = classify(None, exc)
+        else:
+            outcome = classify(value, None)
+    finally:
+        CURRENT.reset(token)
+        call.end(attempt, outcome, clock())  # never a lost race: threads do not hedge
+    assert outcome is not None  # else the attempt raised
+    return outcome

@@ -1,0 +1,118 @@
+"""Attempt deadlines on asyncio: one timer per event loop, not one per attempt.
+
+Every attempt runs under a deadline (its timeout, 60 s by default), and
+nearly every attempt ends long before it. A cancel scope per attempt arms a
+timer in the loop's heap and cancels it again: on asyncio that is most of
+what a call through the Gate costs. Here the deadlines of all attempts on a
+loop share one timer, armed for the earliest: an attempt adds an entry to a
+heap and marks it done when it ends; dead entries are dropped when they
+reach the top, or all at once when they outnumber the live ones. When the
+timer fires, the tasks whose deadlines have passed are cancelled, and the
+attempt turns that cancellation into a time-out, as ``asyncio.timeout``
+does (counting ``Task.cancelling`` so a cancellation from elsewhere still
+propagates). Under trio, whose deadlines cost little, the async driver uses
+a cancel scope instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+import math
+import weakref
+from typing import Any, Final
+
+__all__ = ["Deadline", "add"]
+
+# Dead entries are swept once there are more of them than this and than live ones.
+_SWEEP_AT: Final = 1024
+
+
+class Deadline:
+    """One attempt's deadline: ``expired`` once it has passed while the attempt ran."""
+
+    __slots__ = ("active", "cancelling", "expired", "owner", "task", "when")
+
+    def __init__(self, owner: _Deadlines, when: float, task: asyncio.Task[Any]) -> None:
+        self.owner = owner
+        self.when = when
+        self.task = task
+        self.cancelling = task.cancelling()
+        self.active = True
+        self.expired = False
+
+    def timed_out(self) -> bool:
+        """After a ``CancelledError``: whether it was this deadline's doing alone."""
+        return self.expired and self.task.uncancel() <= self.cancelling
+
+    def done(self) -> None:
+        """The attempt ended: the deadline no longer applies. If it had passed and
+        the attempt swallowed the cancellation, the task's count is set right."""
+        if self.active:
+            self.owner.remove(self)
+
+
+class _Deadlines:
+    """The deadlines of the attempts running on one loop."""
+
+    __slots__ = ("__weakref__", "armed", "dead", "handle", "heap", "loop", "seq")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.heap: list[tuple[float, int, Deadline]] = []
+        self.seq = itertools.count()
+        self.handle: asyncio.TimerHandle | None = None
+        self.armed = math.inf
+        self.dead = 0
+
+    def add(self, when: float, task: asyncio.Task[Any]) -> Deadline:
+        entry = Deadline(self, when, task)
+        heapq.heappush(self.heap, (when, next(self.seq), entry))
+        if when < self.armed:
+            self._arm(when)
+        return entry
+
+    def remove(self, entry: Deadline) -> None:
+        entry.active = False
+        self.dead += 1
+        if self.dead > _SWEEP_AT and self.dead * 2 > len(self.heap):
+            self.heap = [item for item in self.heap if item[2].active]
+            heapq.heapify(self.heap)
+            self.dead = 0
+
+    def _arm(self, when: float) -> None:
+        if self.handle is not None:
+            self.handle.cancel()
+        self.handle = self.loop.call_at(when, self._fire)
+        self.armed = when
+
+    def _fire(self) -> None:
+        self.handle = None
+        self.armed = math.inf
+        heap = self.heap
+        now = self.loop.time()
+        while heap and (heap[0][0] <= now or not heap[0][2].active):
+            _, _, entry = heapq.heappop(heap)
+            if entry.active:
+                entry.active = False
+                entry.expired = True
+                entry.task.cancel()
+            else:
+                self.dead -= 1
+        if heap:
+            self._arm(heap[0][0])
+
+
+_LOOPS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Deadlines] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def add(when: float, task: asyncio.Task[Any]) -> Deadline:
+    """Cancel ``task`` at ``when`` (its loop's time) unless the deadline is ``done`` first."""
+    loop = task.get_loop()
+    deadlines = _LOOPS.get(loop)
+    if deadlines is None:
+        deadlines = _LOOPS[loop] = _Deadlines(loop)
+    return deadlines.add(when, task)
