@@ -415,6 +415,26 @@ async def test_cancellation_returns_the_window_slot() -> None:
     assert await g.call(Script("still works")) == "still works"
 
 
+async def test_a_cancellation_as_the_attempt_times_out_still_cancels_the_call() -> None:
+    # The attempt's deadline and an outer scope end at the same instant: the
+    # call is cancelled, not turned into a time-out and retried.
+    g = gate(timeout=TimeoutPolicy(attempt_s=1.0, total_s=None))
+    attempts = 0
+
+    async def slow() -> None:
+        nonlocal attempts
+        attempts += 1
+        await anyio.sleep(5)
+
+    with anyio.move_on_after(1.0) as scope:
+        await g.call(slow)
+    assert scope.cancelled_caught
+    assert attempts == 1
+    stats = g.statistics()
+    assert (stats.window.inflight, stats.retries, stats.calls_failed) == (0, 0, 1)
+    assert await g.call(Script("still works")) == "still works"
+
+
 async def test_priority_order_through_the_gate() -> None:
     g = gate(window=WindowPolicy.fixed(1))
     order: list[str] = []
