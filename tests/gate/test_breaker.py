@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import pybreaker
 import pytest
 
 from yieldgate import CircuitOpenError
-from yieldgate.gate._breaker import Breaker, BreakerPolicy, BreakerState, Verdict
+from yieldgate.gate._breaker import AttemptFailure, Breaker, BreakerPolicy, BreakerState, Verdict
 
 
 class Clock:
@@ -148,3 +149,22 @@ def test_check_raises_like_acquire_but_changes_nothing() -> None:
         breaker.check()
     breaker.record(probe, Verdict.SUCCESS)
     assert changes == [("closed", "open"), ("open", "half-open"), ("half-open", "closed")]
+
+
+def test_pybreaker_keeps_the_record_in_its_storage_and_hears_the_real_errors() -> None:
+    storage = pybreaker.CircuitMemoryStorage(pybreaker.STATE_CLOSED)
+    breaker = Breaker(BreakerPolicy(fail_max=2), Clock(), storage=storage)
+    heard: list[BaseException] = []
+
+    class Listener(pybreaker.CircuitBreakerListener):
+        def failure(self, cb: pybreaker.CircuitBreaker, exc: BaseException) -> None:
+            heard.append(exc)
+
+    breaker._cb.add_listener(Listener())
+    reset = ConnectionResetError("reset by peer")
+    breaker.record(breaker.acquire(), Verdict.FAILURE, reset)
+    breaker.record(breaker.acquire(), Verdict.FAILURE)  # a failed attempt without an exception
+    assert heard[0] is reset
+    assert isinstance(heard[1], AttemptFailure)
+    assert storage.state == "open"  # pybreaker's own state machine, in its own storage
+    assert breaker.state is BreakerState.OPEN

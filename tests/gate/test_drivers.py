@@ -70,6 +70,7 @@ class Script:
         self.started: list[float] = []
         self.elapsed = 0.0
         self.gate: Gate | None = None
+        self.upstreams: list[str] | None = None
 
     def run(self, steps: list[tuple[str, Any]]) -> None:
         """Steps: ("call", fn, kwargs) or ("pause", seconds)."""
@@ -116,7 +117,12 @@ class Script:
             anyio.run(main, backend="asyncio", backend_options={"loop_factory": VirtualTimeLoop})
 
     def _gate(self, clock: Callable[[], float]) -> Gate:
-        return Gate(self.policy, instrumentation=NullInstrumentation(), clock=clock)
+        return Gate(
+            self.policy,
+            instrumentation=NullInstrumentation(),
+            clock=clock,
+            upstreams=self.upstreams,
+        )
 
 
 def answers(*values: Any) -> Callable[[], Any]:
@@ -261,3 +267,39 @@ def test_the_attempt_sees_its_number_priority_and_time_left(driver: str) -> None
     assert (n2, p2, r2) == (2, "high", 5.0)
     assert c2 is not None
     assert c2 <= 20.0 - 1.0  # the hint's second has gone from the call's time
+
+
+def test_a_set_fails_over_to_the_upstream_that_answers(driver: str) -> None:
+    seen: list[str | None] = []
+
+    def fn() -> Any:
+        info = current_attempt()
+        assert info is not None
+        seen.append(info.upstream)
+        if info.upstream == "a":
+            raise ConnectionResetError("a is down")
+        return f"from {info.upstream}"
+
+    policy = GatePolicy(breaker=BreakerPolicy(fail_max=1))
+    s = Script(driver, policy)
+    s.upstreams = ["a", "b"]
+    s.run([call(fn) for _ in range(6)])
+    assert s.results == ["from b"] * 6
+    assert seen.count("a") <= 1  # once failed, its breaker is open: never again
+    assert s.gate is not None
+    by_name = {u.name: u for u in s.gate.statistics().upstreams}
+    assert by_name["a"].breaker == "open"
+
+
+def test_a_custom_classifier_turns_a_value_into_a_yield(driver: str) -> None:
+    def classify(value: Any, error: BaseException | None) -> Outcome:
+        if value == "busy":
+            return Outcome.yielded(hint_s=0.5, value=value)
+        return Outcome.ok(value)
+
+    s = Script(driver, GatePolicy())
+    s.run([call(answers("busy", "busy", "free"), classify=classify)])
+    assert s.results == ["free"]
+    assert s.gate is not None
+    assert s.gate.statistics().yields == 2
+    assert s.elapsed >= 1.0

@@ -140,3 +140,9 @@ async def test_the_default_instrumentation_costs_nothing_without_an_sdk() -> Non
         return 1
 
     assert await g.call(one) == 1
+
+
+def test_gates_built_without_a_name_each_get_their_own() -> None:
+    names = {Gate().name for _ in range(3)}
+    assert len(names) == 3
+    assert all(name.startswith("gate-") for name in names)

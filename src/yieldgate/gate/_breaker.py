@@ -250,8 +250,12 @@ class Breaker:
                 self._cb.call(_succeed)
         elif verdict is Verdict.FAILURE:
             failure = error if isinstance(error, Exception) else AttemptFailure("attempt failed")
-            with contextlib.suppress(type(failure), pybreaker.CircuitBreakerError):
-                self._cb.call(_raise, failure)
+            traceback = failure.__traceback__
+            try:
+                with contextlib.suppress(type(failure), pybreaker.CircuitBreakerError):
+                    self._cb.call(_raise, failure)
+            finally:
+                failure.__traceback__ = traceback  # the caller's error, as it was raised
         if ticket.probe:
             # Closed, open again, or (a neutral probe) half-open with the probe
             # slot free for the next caller: whoever waited looks again.
