@@ -177,7 +177,7 @@ async def test_openai_gives_the_clients_own_error_when_the_gate_gives_up(
         client = openai.AsyncOpenAI(
             base_url=f"{server.http_url}/v1",
             api_key="unused",
-            http_client=yieldgate.http_client(gate, dialect="openai", call_timeout=1.0),
+            http_client=yieldgate.http_client(gate, dialect="openai", timeout=1.0),
             max_retries=0,
         )
         async with client:

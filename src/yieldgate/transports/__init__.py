@@ -1,8 +1,8 @@
 """Transports: how a Gate reaches an upstream.
 
 ``GovernedClient`` speaks the governed protocol over TCP; ``http_client`` and
-``gate_transport`` put a Gate under httpx and httpx2 clients (the official
-openai and huggingface_hub clients among them).
+``gate_transport`` put a Gate under httpx and httpx2 clients, async and sync
+(the official openai and huggingface_hub clients among them).
 """
 
 from yieldgate.transports.governed import GovernedClient, GovernedStream
