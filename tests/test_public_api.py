@@ -33,6 +33,8 @@ SURFACE = {
         "GovernedClient",
         "http_client",
         "gate_transport",
+        "openai_client",
+        "huggingface_clients",
     ],
     "errors": [
         "YieldgateError",

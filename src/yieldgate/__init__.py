@@ -50,7 +50,13 @@ from yieldgate.gate import (
     default_classify,
 )
 from yieldgate.protocol import Priority
-from yieldgate.transports import GovernedClient, gate_transport, http_client
+from yieldgate.transports import (
+    GovernedClient,
+    gate_transport,
+    http_client,
+    huggingface_clients,
+    openai_client,
+)
 
 try:
     __version__ = _metadata.version("yieldgate")
@@ -89,4 +95,6 @@ __all__ = [
     "default_classify",
     "gate_transport",
     "http_client",
+    "huggingface_clients",
+    "openai_client",
 ]
