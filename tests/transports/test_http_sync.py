@@ -9,6 +9,7 @@ in the calling thread through the Gate's sync driver (``call_and_hold_sync``).
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
 import socket
@@ -121,7 +122,7 @@ def test_a_yield_is_waited_out_and_the_same_body_resent(server: ServerProcess, f
     yielded = stats(server)["yielded_total"]
     with (
         http_client(gate, sync=True, flavor=flavor, base_url=server.http_url) as client,
-        Holder(server, exec_ms=300),
+        Holder(server, exec_ms=1_000),
     ):
         assert isinstance(client, LIBRARIES[flavor].Client)
         response = client.post(CHAT, json=chat("hello"))
@@ -212,7 +213,13 @@ def test_a_server_that_never_answers_costs_an_attempt_timeout_not_the_librarys(
     with socket.create_server(("127.0.0.1", 0)) as listener:
         port = listener.getsockname()[1]
         accepted: list[socket.socket] = []
-        threading.Thread(target=lambda: accepted.append(listener.accept()[0])).start()
+
+        def accept() -> None:
+            with contextlib.suppress(OSError):  # the listener closed first
+                accepted.append(listener.accept()[0])
+
+        acceptor = threading.Thread(target=accept)
+        acceptor.start()
         policy = GatePolicy(
             retry=RetryPolicy(max_attempts=1), timeouts=TimeoutPolicy(attempt_s=0.5, total_s=60)
         )
@@ -222,8 +229,9 @@ def test_a_server_that_never_answers_costs_an_attempt_timeout_not_the_librarys(
             pytest.raises(RetriesExhaustedError) as caught,
         ):
             client.get(f"http://127.0.0.1:{port}/", timeout=30.0)
-        for conn in accepted:
-            conn.close()
+    acceptor.join(10)
+    for conn in accepted:
+        conn.close()
     assert isinstance(caught.value.__cause__, LIBRARIES[flavor].ReadTimeout)
 
 
