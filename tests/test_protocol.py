@@ -12,16 +12,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from yieldgate import FrameError, ProtocolError
 from yieldgate.protocol import (
     CancelRequest,
     ChunkReply,
     ErrorCode,
     ErrorReply,
+    FrameError,
     OkReply,
     PingRequest,
     PongReply,
     Priority,
+    ProtocolError,
     StatsReply,
     StatsRequest,
     SubmitRequest,

@@ -2,10 +2,56 @@
 
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
+from pathlib import Path
 
 import yieldgate
+import yieldgate.dialects
+import yieldgate.gate
+import yieldgate.protocol
+
+# What a user needs: a Gate and its policies, what a classifier works with, the
+# transports and the official clients' helpers, and the errors a caller catches.
+SURFACE = {
+    "gate": [
+        "Gate",
+        "GatePolicy",
+        "WindowPolicy",
+        "RetryPolicy",
+        "RetryBudgetPolicy",
+        "BreakerPolicy",
+        "TimeoutPolicy",
+        "RatePolicy",
+        "HedgePolicy",
+        "Priority",
+        "current_attempt",
+    ],
+    "classifying": ["Outcome", "OutcomeKind", "default_classify"],
+    "transports": [
+        "GovernedClient",
+        "http_client",
+        "gate_transport",
+        "openai_client",
+        "huggingface_clients",
+    ],
+    "errors": [
+        "YieldgateError",
+        "GateClosedError",
+        "CallFailedError",
+        "GaveUpError",
+        "RetriesExhaustedError",
+        "YieldExhaustedError",
+        "RetryBudgetExhaustedError",
+        "CircuitOpenError",
+        "DeadlineExceededError",
+        "AttemptTimeoutError",
+        "TransportError",
+        "StreamInterruptedError",
+        "RemoteError",
+    ],
+}
 
 
 def test_all_is_sorted_and_complete() -> None:
@@ -17,19 +63,51 @@ def test_all_is_sorted_and_complete() -> None:
     assert [n for n in public if n not in modules] == exported
 
 
-def test_errors_share_one_root() -> None:
-    assert issubclass(yieldgate.FrameError, yieldgate.ProtocolError)
-    assert issubclass(yieldgate.ProtocolError, yieldgate.YieldgateError)
+def test_all_is_the_curated_surface() -> None:
+    curated = sorted(name for names in SURFACE.values() for name in names)
+    assert sorted(n for n in yieldgate.__all__ if n != "__version__") == curated
+
+
+def test_protocol_details_live_in_their_modules() -> None:
+    for name in ("ProtocolError", "FrameError", "IntegrityError"):
+        assert name in yieldgate.protocol.__all__
+        assert not hasattr(yieldgate, name)
+    assert "ResponseFormatError" in yieldgate.dialects.__all__
+    assert not hasattr(yieldgate, "ResponseFormatError")
+    # The records a Gate hands back, for annotations and extensions.
+    for name in ("GateStatistics", "AttemptInfo", "Lease", "Signal", "USE_POLICY"):
+        assert name in yieldgate.gate.__all__
+
+
+def test_the_top_level_names_are_the_modules_own() -> None:
+    assert yieldgate.OutcomeKind is yieldgate.gate.OutcomeKind
+    assert yieldgate.default_classify is yieldgate.gate.default_classify
+    assert yieldgate.Priority is yieldgate.protocol.Priority
 
 
 def test_importing_yieldgate_pulls_in_no_extra() -> None:
     code = (
         "import sys, yieldgate, yieldgate.protocol, yieldgate.server; "
         "heavy = {'torch', 'starlette', 'uvicorn', 'rich', 'matplotlib', 'prometheus_client', "
-        "'httpx2', 'openai', 'huggingface_hub', 'yieldgate.burst'}; "
+        "'httpx', 'httpx2', 'openai', 'huggingface_hub', 'yieldgate.burst'}; "
         "print(sorted(heavy & set(sys.modules)))"
     )
     result = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     )
     assert result.stdout.strip() == "[]"
+
+
+def test_the_protocol_module_needs_nothing_but_the_standard_library_and_its_errors() -> None:
+    # Shared by the server, which never imports the gate: its errors come from
+    # the exception module, not from the package that re-exports them.
+    tree = ast.parse(Path(yieldgate.protocol.__file__).read_text(encoding="utf-8"))
+    imported = {
+        (node.module or "") if isinstance(node, ast.ImportFrom) else alias.name
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Import | ast.ImportFrom)
+        for alias in node.names
+    }
+    own = {name for name in imported if name.split(".")[0] == "yieldgate"}
+    assert own == {"yieldgate._exceptions"}
+    assert all(name.split(".")[0] in sys.stdlib_module_names for name in imported - own)

@@ -6,11 +6,15 @@ lockstep amplify it. yieldgate's governed server refuses to queue and answers
 congestion signal, not a failure: it narrows its window and comes back around
 the hint, with jitter, within a retry budget.
 
-The public surface is what ``__all__`` lists; modules whose names start with
-an underscore are private. The wire protocol lives in ``yieldgate.protocol``,
-the reference server in ``yieldgate.server``, telemetry types in
-``yieldgate.gate``. Importing ``yieldgate`` never imports the extras (torch,
-starlette, uvicorn, rich).
+The public surface is what ``__all__`` lists: a Gate and its policies, what a
+classifier works with, the transports (the official clients' among them) and
+the errors a caller catches. Modules whose names start with an underscore are
+private. The wire protocol and its errors live in ``yieldgate.protocol``, the
+reference server in ``yieldgate.server``, the dialects in
+``yieldgate.dialects``, and the Gate's records, leases and telemetry types in
+``yieldgate.gate``. Importing ``yieldgate`` imports neither the extras (torch,
+starlette, uvicorn, rich) nor an HTTP library (httpx, httpx2) nor an official
+client: each is imported when first used.
 """
 
 from importlib import metadata as _metadata
@@ -20,12 +24,9 @@ from yieldgate._exceptions import (
     CallFailedError,
     CircuitOpenError,
     DeadlineExceededError,
-    FrameError,
     GateClosedError,
-    IntegrityError,
-    ProtocolError,
+    GaveUpError,
     RemoteError,
-    ResponseFormatError,
     RetriesExhaustedError,
     RetryBudgetExhaustedError,
     StreamInterruptedError,
@@ -39,15 +40,23 @@ from yieldgate.gate import (
     GatePolicy,
     HedgePolicy,
     Outcome,
+    OutcomeKind,
     RatePolicy,
     RetryBudgetPolicy,
     RetryPolicy,
     TimeoutPolicy,
     WindowPolicy,
     current_attempt,
+    default_classify,
 )
 from yieldgate.protocol import Priority
-from yieldgate.transports import GovernedClient, gate_transport, http_client
+from yieldgate.transports import (
+    GovernedClient,
+    gate_transport,
+    http_client,
+    huggingface_clients,
+    openai_client,
+)
 
 try:
     __version__ = _metadata.version("yieldgate")
@@ -60,19 +69,17 @@ __all__ = [
     "CallFailedError",
     "CircuitOpenError",
     "DeadlineExceededError",
-    "FrameError",
     "Gate",
     "GateClosedError",
     "GatePolicy",
+    "GaveUpError",
     "GovernedClient",
     "HedgePolicy",
-    "IntegrityError",
     "Outcome",
+    "OutcomeKind",
     "Priority",
-    "ProtocolError",
     "RatePolicy",
     "RemoteError",
-    "ResponseFormatError",
     "RetriesExhaustedError",
     "RetryBudgetExhaustedError",
     "RetryBudgetPolicy",
@@ -85,6 +92,9 @@ __all__ = [
     "YieldgateError",
     "__version__",
     "current_attempt",
+    "default_classify",
     "gate_transport",
     "http_client",
+    "huggingface_clients",
+    "openai_client",
 ]

@@ -6,22 +6,36 @@ dependency's exception type escapes the public API::
     YieldgateError                  .attempts, .last_hint_s, .last_outcome
      ├── GateClosedError            the Gate or client was used after aclose()
      ├── CallFailedError            an attempt failed in a way retrying cannot fix
-     ├── RetriesExhaustedError      failures kept coming until max_attempts
-     ├── YieldExhaustedError        the upstream kept yielding until max_yields
-     ├── RetryBudgetExhaustedError  a retry was due, but the retry budget was spent
-     ├── CircuitOpenError           the breaker is open: this attempt was not sent
-     ├── DeadlineExceededError      the call's total time ran out (or would have)
-     ├── AttemptTimeoutError        one attempt ran past its timeout (retryable)
+     ├── GaveUpError                the Gate stopped trying; a later call may succeed
+     │    ├── RetriesExhaustedError      failures kept coming until max_attempts
+     │    ├── YieldExhaustedError        the upstream kept yielding until max_yields
+     │    ├── RetryBudgetExhaustedError  a retry was due, but the retry budget was spent
+     │    ├── CircuitOpenError           the breaker is open: this attempt was not sent
+     │    └── DeadlineExceededError      the call's total time ran out (a TimeoutError too)
+     ├── AttemptTimeoutError        one attempt ran past its timeout (retryable; a TimeoutError too)
      ├── TransportError             the connection failed or broke (retryable)
      ├── StreamInterruptedError     a stream failed after its first chunk (.chunks)
      ├── RemoteError                the server answered an error (.code, .retryable)
-     ├── ProtocolError              a peer broke the governed protocol (PROTOCOL.md)
-     │    ├── FrameError            one frame could not be decoded or failed validation
-     │    └── IntegrityError        a body kept failing its SHA-256 check
-     └── ResponseFormatError        an HTTP body had none of the shapes its dialect knows
+     ├── ResponseFormatError        an HTTP body had none of the shapes its dialect knows
+     └── ProtocolError              a peer broke the governed protocol (PROTOCOL.md)
+          ├── FrameError            one frame could not be decoded or failed validation
+          └── IntegrityError        a body kept failing its SHA-256 check
 
-This module imports only the standard library, so that the protocol module
-(shared by the server and the client) can raise these types.
+``CallFailedError`` is not a ``GaveUpError``: the Gate did not stop, the
+answer was final (a 400, a request the server refused, an error in the
+attempt function), and the same call would fail the same way again. A
+``GaveUpError`` means a limit of the Gate's own ran out while the upstream
+was busy, broken or slow; the same call may succeed later, and
+``last_hint_s`` says when the upstream last asked to be called back.
+
+The two timeout errors are also the builtin ``TimeoutError``, so code that
+already handles timeouts (``except TimeoutError``) handles a Gate's.
+
+``yieldgate`` exports the errors a caller catches; the governed protocol's
+(``ProtocolError`` and its subclasses) are exported from ``yieldgate.protocol``
+and ``ResponseFormatError`` from ``yieldgate.dialects``. This module imports
+only the standard library, so that the protocol module (shared by the server
+and the client) can raise these types.
 """
 
 from __future__ import annotations
@@ -35,6 +49,7 @@ __all__ = [
     "DeadlineExceededError",
     "FrameError",
     "GateClosedError",
+    "GaveUpError",
     "IntegrityError",
     "ProtocolError",
     "RemoteError",
@@ -46,6 +61,14 @@ __all__ = [
     "YieldExhaustedError",
     "YieldgateError",
 ]
+
+
+def _rebuild(cls: type[YieldgateError], args: tuple[Any, ...], state: dict[str, Any]) -> Any:
+    """Unpickle an error without calling its ``__init__`` (whose signature is its own)."""
+    error = cls.__new__(cls, *args)
+    error.args = args
+    error.__dict__.update(state)
+    return error
 
 
 class YieldgateError(Exception):
@@ -71,28 +94,48 @@ class YieldgateError(Exception):
         self.last_hint_s = last_hint_s
         self.last_outcome = last_outcome
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # The default would call ``type(self)(*self.args)``, which subclasses
+        # with keyword-only fields (``chunks``, ``code``) refuse.
+        return _rebuild, (type(self), self.args, dict(self.__dict__))
+
 
 class GateClosedError(YieldgateError):
     """The Gate (or a client holding one) was used after ``aclose()``."""
 
 
 class CallFailedError(YieldgateError):
-    """An attempt failed with an error that retrying cannot fix (a fatal Outcome)."""
+    """An attempt failed with an error that retrying cannot fix (a fatal Outcome).
+
+    Not a ``GaveUpError``: the answer was final, and the same call would fail
+    the same way. The error the attempt raised (or the outcome's error, such as
+    a ``RemoteError`` for a 400) is ``__cause__``.
+    """
 
 
-class RetriesExhaustedError(YieldgateError):
+class GaveUpError(YieldgateError):
+    """The Gate stopped trying before the call succeeded.
+
+    One of its limits ran out (attempts, yields, the retry budget, the
+    breaker, the total time) while the upstream was busy, broken or slow. The
+    same call may succeed later: ``last_hint_s`` is the upstream's last word on
+    when. Catch this to handle every way a Gate gives up at once.
+    """
+
+
+class RetriesExhaustedError(GaveUpError):
     """Retryable failures continued until the policy's ``max_attempts``."""
 
 
-class YieldExhaustedError(YieldgateError):
+class YieldExhaustedError(GaveUpError):
     """The upstream kept yielding (or answering overloaded) until ``max_yields``."""
 
 
-class RetryBudgetExhaustedError(YieldgateError):
+class RetryBudgetExhaustedError(GaveUpError):
     """A retry was due but the retry budget was spent: retrying now would amplify an outage."""
 
 
-class CircuitOpenError(YieldgateError):
+class CircuitOpenError(GaveUpError):
     """The circuit breaker is open (or its single probe is out): the attempt was not sent.
 
     Raised before the first attempt, or in place of a retry (``attempts`` then
@@ -105,12 +148,19 @@ class CircuitOpenError(YieldgateError):
         self.retry_after_s = retry_after_s
 
 
-class DeadlineExceededError(YieldgateError):
-    """The call's total time budget ran out, or the next wait would have overrun it."""
+class DeadlineExceededError(GaveUpError, TimeoutError):
+    """The call's total time budget ran out, or the next wait would have overrun it.
+
+    Also a ``TimeoutError``: ``except TimeoutError`` catches it.
+    """
 
 
-class AttemptTimeoutError(YieldgateError):
-    """One attempt ran past its per-attempt timeout. Retryable."""
+class AttemptTimeoutError(YieldgateError, TimeoutError):
+    """One attempt ran past its per-attempt timeout. Retryable.
+
+    Also a ``TimeoutError``. A call whose attempts all time out raises
+    ``RetriesExhaustedError`` with this as its ``__cause__``.
+    """
 
 
 class TransportError(YieldgateError):
@@ -134,7 +184,11 @@ class StreamInterruptedError(YieldgateError):
 
 
 class RemoteError(YieldgateError):
-    """The server answered an ``error``: ``code`` and ``retryable`` are as it sent them."""
+    """The server answered an error: ``code`` and ``retryable`` are as it sent them.
+
+    A governed server's ``error`` reply, or an HTTP error status as a dialect
+    read it (``code`` is then ``http_<status>``).
+    """
 
     def __init__(self, message: str, *, code: str, retryable: bool, **kw: Any) -> None:
         super().__init__(message, **kw)
@@ -142,8 +196,25 @@ class RemoteError(YieldgateError):
         self.retryable = retryable
 
 
+class ResponseFormatError(YieldgateError):
+    """An HTTP response body had none of the shapes its dialect knows.
+
+    ``excerpt`` holds the start of the body (at most 200 characters), for the
+    log line that will be written about it.
+    """
+
+    def __init__(self, message: str, *, excerpt: str = "", **kwargs: Any) -> None:
+        super().__init__(message, **kwargs)
+        self.excerpt = excerpt
+
+
 class ProtocolError(YieldgateError):
-    """A peer sent something the governed protocol does not allow."""
+    """A peer sent something the governed protocol does not allow.
+
+    The base of the governed protocol's errors (``FrameError``,
+    ``IntegrityError``), and raised itself for a reply that is not a valid
+    frame. Exported from ``yieldgate.protocol``.
+    """
 
 
 class FrameError(ProtocolError):
@@ -165,15 +236,3 @@ class FrameError(ProtocolError):
 
 class IntegrityError(ProtocolError):
     """A body's SHA-256 did not match on arrival, again and again."""
-
-
-class ResponseFormatError(YieldgateError):
-    """An HTTP response body had none of the shapes its dialect knows.
-
-    ``excerpt`` holds the start of the body (at most 200 characters), for the
-    log line that will be written about it.
-    """
-
-    def __init__(self, message: str, *, excerpt: str = "", **kwargs: Any) -> None:
-        super().__init__(message, **kwargs)
-        self.excerpt = excerpt

@@ -11,7 +11,9 @@ line *without* its newline. Requests decode to ``SubmitRequest``,
 ``OkReply``, ``YieldReply``, ``ErrorReply``, ``ChunkReply``, ``StatsReply`` or
 ``PongReply``. Anything that is not a valid frame raises ``FrameError``
 (requests) or ``ProtocolError`` (replies), never a ``json`` or
-``UnicodeDecodeError``.
+``UnicodeDecodeError``. The protocol's errors live here: ``ProtocolError``
+is their base (a ``yieldgate.YieldgateError``), ``FrameError`` a rejected
+frame and ``IntegrityError`` a body that kept failing its SHA-256 check.
 
 Unknown fields are ignored in both directions, so that a later version can add
 fields without breaking version-1 peers. Version 1.1 adds the ``cancel`` op and
@@ -35,7 +37,7 @@ from enum import StrEnum
 from json.encoder import encode_basestring
 from typing import Any, Final
 
-from yieldgate._exceptions import FrameError, ProtocolError
+from yieldgate._exceptions import FrameError, IntegrityError, ProtocolError
 
 __all__ = [
     "DEADLINE_HEADER",
@@ -48,10 +50,13 @@ __all__ = [
     "ChunkReply",
     "ErrorCode",
     "ErrorReply",
+    "FrameError",
+    "IntegrityError",
     "OkReply",
     "PingRequest",
     "PongReply",
     "Priority",
+    "ProtocolError",
     "Reply",
     "Request",
     "StatsReply",

@@ -12,13 +12,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from yieldgate import RemoteError, ResponseFormatError
+from yieldgate import RemoteError
 from yieldgate.dialects import (
     GOVERNED_HTTP,
     HUGGINGFACE,
     OPENAI,
     TGI,
     HttpDialect,
+    ResponseFormatError,
     get_dialect,
     huggingface_text,
     retry_hint_s,

@@ -14,10 +14,10 @@ from typing import Any
 
 import anyio
 import httpx
+import httpx2
 import openai
 import pytest
 from huggingface_hub import AsyncInferenceClient, set_async_client_factory
-from huggingface_hub.utils import _http as hf_http
 
 import yieldgate
 from tests.conftest import ServerProcess, start_server
@@ -39,17 +39,6 @@ def server(request: pytest.FixtureRequest) -> Iterator[ServerProcess]:
 
 
 COLD = ("--cold-start-s", "1.0", "--ramp-s", "1.0")
-
-
-@pytest.fixture
-def hf_factory() -> Iterator[Callable[[yieldgate.Gate, str], None]]:
-    def install(gate: yieldgate.Gate, dialect: str) -> None:
-        set_async_client_factory(lambda: yieldgate.http_client(gate, dialect=dialect))
-
-    try:
-        yield install
-    finally:
-        set_async_client_factory(hf_http.default_async_client_factory)
 
 
 class InflightSampler:
@@ -110,12 +99,22 @@ def assert_all_succeeded(
 
 
 def openai_client(server: ServerProcess, gate: yieldgate.Gate) -> openai.AsyncOpenAI:
-    return openai.AsyncOpenAI(
-        base_url=f"{server.http_url}/v1",
-        api_key="unused",
-        http_client=yieldgate.http_client(gate, dialect="openai"),
-        max_retries=0,
+    client: openai.AsyncOpenAI = yieldgate.openai_client(
+        gate, base_url=f"{server.http_url}/v1", api_key="unused"
     )
+    return client
+
+
+def test_openai_client_is_openais_own_with_the_gates_http_client_and_no_retries() -> None:
+    gate = yieldgate.Gate(name="openai")
+    client = yieldgate.openai_client(gate, base_url="http://127.0.0.1:1/v1", api_key="k")
+    assert type(client) is openai.AsyncOpenAI
+    assert client.max_retries == 0
+    assert type(yieldgate.openai_client(gate, sync=True, api_key="k")) is openai.OpenAI
+    with pytest.raises(TypeError, match="max_retries"):
+        yieldgate.openai_client(gate, api_key="k", max_retries=2)
+    with pytest.raises(TypeError, match="http_client"):
+        yieldgate.openai_client(gate, api_key="k", http_client=httpx.AsyncClient())
 
 
 def chat_call(client: openai.AsyncOpenAI, i: int) -> Callable[[], Awaitable[str]]:
@@ -174,11 +173,8 @@ async def test_openai_gives_the_clients_own_error_when_the_gate_gives_up(
                 await anyio.sleep(0.02)
         gate = yieldgate.Gate(name="openai")
         # The slots free in 30 s: a call allowed 1 s stops at once (fail fast).
-        client = openai.AsyncOpenAI(
-            base_url=f"{server.http_url}/v1",
-            api_key="unused",
-            http_client=yieldgate.http_client(gate, dialect="openai", call_timeout=1.0),
-            max_retries=0,
+        client = yieldgate.openai_client(
+            gate, timeout=1.0, base_url=f"{server.http_url}/v1", api_key="unused"
         )
         async with client:
             with pytest.raises(openai.RateLimitError) as info:
@@ -228,23 +224,47 @@ async def hf_run(
         return await run_concurrently(server, [hf_call(client, i) for i in range(CALLS)])
 
 
-async def test_huggingface_client_200_concurrent_calls_all_succeed(
-    server: ServerProcess, hf_factory: Callable[[yieldgate.Gate, str], None]
-) -> None:
+async def test_huggingface_client_200_concurrent_calls_all_succeed(server: ServerProcess) -> None:
     gate = yieldgate.Gate(name="hf")
-    hf_factory(gate, "huggingface")
-    results, sampler = await hf_run(server, gate)
+    with yieldgate.huggingface_clients(gate):
+        results, sampler = await hf_run(server, gate)
     assert_all_succeeded(results, [f"prompt {i}" for i in range(CALLS)], sampler)
     assert gate.statistics().calls_ok == CALLS
 
 
-@pytest.mark.parametrize("server", [COLD], indirect=True)
-async def test_huggingface_client_rides_out_a_cold_start(
-    server: ServerProcess, hf_factory: Callable[[yieldgate.Gate, str], None]
+async def test_huggingface_clients_puts_back_the_factory_it_replaced(
+    server: ServerProcess,
 ) -> None:
+    made: list[str] = []
+
+    def own_factory() -> httpx2.AsyncClient:
+        made.append("own")
+        return httpx2.AsyncClient()
+
+    async def generate(prompt: str) -> str:
+        async with AsyncInferenceClient(model=f"{server.http_url}/models/tiny") as client:
+            return await client.text_generation(prompt, max_new_tokens=4)
+
+    outer, inner = yieldgate.Gate(name="outer"), yieldgate.Gate(name="inner")
+    # The outer block puts huggingface_hub's own factory back at the end.
+    with yieldgate.huggingface_clients(outer):
+        set_async_client_factory(own_factory)
+        with yieldgate.huggingface_clients(inner):
+            assert await generate("inside") == "inside"
+        assert await generate("after") == "after"
+        with pytest.raises(RuntimeError, match="boom"), yieldgate.huggingface_clients(inner):
+            raise RuntimeError("boom")
+        assert await generate("after an error") == "after an error"
+    assert await generate("outside") == "outside"
+    assert made == ["own", "own"]
+    assert (inner.statistics().calls_ok, outer.statistics().calls_ok) == (1, 0)
+
+
+@pytest.mark.parametrize("server", [COLD], indirect=True)
+async def test_huggingface_client_rides_out_a_cold_start(server: ServerProcess) -> None:
     gate = yieldgate.Gate(yieldgate.GatePolicy.cold_start(), name="hf")
-    hf_factory(gate, "huggingface")
-    results, sampler = await hf_run(server, gate)
+    with yieldgate.huggingface_clients(gate):
+        results, sampler = await hf_run(server, gate)
     assert_all_succeeded(results, [f"prompt {i}" for i in range(CALLS)], sampler)
     # The loading model's 503s were read as cold-start yields, not failures.
     stats = gate.statistics()

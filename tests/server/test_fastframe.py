@@ -9,8 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from yieldgate import FrameError
-from yieldgate.protocol import decode_request, encode_frame, sha256_hex, submit_frame
+from yieldgate.protocol import FrameError, decode_request, encode_frame, sha256_hex, submit_frame
 from yieldgate.server._fastframe import fast_submit_decoder
 
 SECRETS = [None, "s3cret"]

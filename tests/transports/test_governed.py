@@ -21,7 +21,6 @@ from yieldgate import (
     GateClosedError,
     GatePolicy,
     GovernedClient,
-    ProtocolError,
     RemoteError,
     RetriesExhaustedError,
     RetryPolicy,
@@ -32,6 +31,7 @@ from yieldgate import (
     YieldExhaustedError,
     YieldgateError,
 )
+from yieldgate.protocol import ProtocolError
 from yieldgate.transports.governed import STREAM_BUFFER
 
 pytestmark = [pytest.mark.anyio, pytest.mark.e2e]

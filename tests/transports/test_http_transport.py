@@ -21,6 +21,7 @@ import respx
 from tests.vtime import VirtualTimeLoop, gates_read_the_loop_clock
 from yieldgate import (
     CallFailedError,
+    DeadlineExceededError,
     Gate,
     GatePolicy,
     RetriesExhaustedError,
@@ -96,13 +97,13 @@ class Body(httpx2.AsyncByteStream):
             yield chunk
 
 
-def httpx2_client(script: Script, gate: Gate, dialect: str = "governed-http") -> Any:
+def httpx2_client(script: Script, gate: Gate, dialect: str = "governed-http", **kwargs: Any) -> Any:
     def handler(request: httpx2.Request) -> httpx2.Response:
         status, content, headers = script.record(request)
         # A body not yet read, as a network transport returns it.
         return httpx2.Response(status, headers=headers, stream=Body(content))
 
-    return http_client(gate, dialect=dialect, inner=httpx2.MockTransport(handler))
+    return http_client(gate, dialect=dialect, inner=httpx2.MockTransport(handler), **kwargs)
 
 
 @pytest.fixture
@@ -112,22 +113,26 @@ def respx_router() -> Iterator[respx.MockRouter]:
 
 
 def httpx_client(
-    script: Script, gate: Gate, router: respx.MockRouter, dialect: str = "governed-http"
+    script: Script,
+    gate: Gate,
+    router: respx.MockRouter,
+    dialect: str = "governed-http",
+    **kwargs: Any,
 ) -> Any:
     def handler(request: httpx.Request) -> httpx.Response:
         status, content, headers = script.record(request)
         return httpx.Response(status, content=content, headers=headers)
 
     router.route(host="upstream.test").mock(side_effect=handler)
-    return http_client(gate, dialect=dialect, flavor="httpx")
+    return http_client(gate, dialect=dialect, flavor="httpx", **kwargs)
 
 
 @pytest.fixture(params=["httpx2", "httpx"])
 def make_client(request: pytest.FixtureRequest, respx_router: respx.MockRouter) -> Client:
     if request.param == "httpx2":
         return httpx2_client
-    return lambda script, gate, dialect="governed-http": httpx_client(
-        script, gate, respx_router, dialect
+    return lambda script, gate, dialect="governed-http", **kwargs: httpx_client(
+        script, gate, respx_router, dialect, **kwargs
     )
 
 
@@ -351,11 +356,47 @@ def test_unknown_flavor_and_dialect_are_refused() -> None:
 
 def test_client_kwargs_reach_the_client() -> None:
     gate = one_slot_gate()
-    client = http_client(gate, base_url="http://upstream.test", timeout=7.0, flavor="httpx")
+    client = http_client(
+        gate, base_url="http://upstream.test", headers={"x-team": "a"}, flavor="httpx"
+    )
     assert isinstance(client, httpx.AsyncClient)
     assert str(client.base_url) == "http://upstream.test"
-    assert client.timeout.read == 7.0
+    assert client.headers["x-team"] == "a"
+    # ``timeout`` is the Gate's: the library's own network timeouts keep their default.
+    assert http_client(gate, timeout=7.0, flavor="httpx").timeout == httpx.Timeout(5.0)
+    with pytest.raises(TypeError, match="inner="):
+        http_client(gate, transport=httpx.AsyncHTTPTransport())
+
+
+async def test_timeout_bounds_each_request_retries_and_waits_included(
+    make_client: Client,
+) -> None:
+    # The upstream yields for 1 s, again and again: a 2.5 s request stops at the
+    # wait that would pass it, and the client gets the last 429.
+    script = Script((429, yield_body(1000), {"retry-after-ms": "1000"}))
+    gate = one_slot_gate(max_yields=100)
+    async with make_client(script, gate, timeout=2.5) as client:
+        started = anyio.current_time()
+        response = await client.post(URL, json={})
+        took = anyio.current_time() - started
+    assert response.status_code == 429
+    assert isinstance(response.extensions["yieldgate_error"], DeadlineExceededError)
+    assert took <= 2.5
+    assert 2 <= len(script.requests) <= 3
+
+
+def test_the_flavor_is_the_inner_transports_else_the_installed_clients() -> None:
+    gate = one_slot_gate()
+    # openai 3.x (installed here) is built on httpx2: so is a client nobody named a flavor for.
     assert isinstance(http_client(gate), httpx2.AsyncClient)
+    assert isinstance(http_client(gate, sync=True), httpx2.Client)
+    respond = lambda request: None  # noqa: E731 - never called
+    assert isinstance(http_client(gate, inner=httpx.MockTransport(respond)), httpx.AsyncClient)
+    assert isinstance(http_client(gate, inner=httpx.HTTPTransport(), sync=True), httpx.Client)
+    with pytest.raises(ValueError, match="inner is a transport of httpx"):
+        http_client(gate, flavor="httpx2", inner=httpx.AsyncHTTPTransport())
+    with pytest.raises(ValueError, match="inner is an async transport, but a sync one"):
+        http_client(gate, inner=httpx2.AsyncHTTPTransport(), sync=True)
 
 
 async def test_a_response_the_inner_transport_already_read_frees_its_slot_at_once() -> None:

@@ -5,9 +5,11 @@ gives an ``HttpDialect``; the HTTP transport applies it to every response,
 and it doubles as a Gate classifier for plain httpx calls. The governed TCP
 protocol's replies are classified by ``yieldgate.transports.GovernedClient``
 itself. ``huggingface_text`` pulls the generated text out of whatever shape a
-HuggingFace model answered.
+HuggingFace model answered, and raises ``ResponseFormatError`` for a body it
+cannot read.
 """
 
+from yieldgate._exceptions import ResponseFormatError
 from yieldgate.dialects._hints import retry_hint_s, should_retry
 from yieldgate.dialects._http import (
     DIALECTS,
@@ -28,6 +30,7 @@ __all__ = [
     "OPENAI",
     "TGI",
     "HttpDialect",
+    "ResponseFormatError",
     "ResponseLike",
     "get_dialect",
     "huggingface_text",

@@ -1,10 +1,12 @@
 """Transports: how a Gate reaches an upstream.
 
 ``GovernedClient`` speaks the governed protocol over TCP; ``http_client`` and
-``gate_transport`` put a Gate under httpx and httpx2 clients (the official
-openai and huggingface_hub clients among them).
+``gate_transport`` put a Gate under httpx and httpx2 clients, async and sync;
+``openai_client`` and ``huggingface_clients`` put one under the official
+openai and huggingface_hub clients in one call.
 """
 
+from yieldgate.transports._clients import huggingface_clients, openai_client
 from yieldgate.transports.governed import GovernedClient, GovernedStream
 from yieldgate.transports.http import (
     DEADLINE_HEADER,
@@ -22,4 +24,6 @@ __all__ = [
     "GovernedStream",
     "gate_transport",
     "http_client",
+    "huggingface_clients",
+    "openai_client",
 ]

@@ -1,0 +1,153 @@
+"""The official clients under a Gate, each in one call.
+
+``openai_client`` builds an ``openai.AsyncOpenAI`` (or ``openai.OpenAI``)
+whose HTTP client is a Gate's and whose own retries are off.
+``huggingface_clients`` sends huggingface_hub's clients through a Gate for
+the length of a ``with`` block. Both pick the HTTP library the installed
+client is built on, so either line of each works without naming one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+from collections.abc import Iterator
+from typing import Any
+
+from yieldgate.dialects import HttpDialect
+from yieldgate.gate import USE_POLICY, Gate, UsePolicy
+from yieldgate.transports._flavor import detect_flavor
+from yieldgate.transports.http import http_client
+
+__all__ = ["huggingface_clients", "openai_client"]
+
+
+def _import(module: str, package: str) -> Any:
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        raise ImportError(f"this needs the {package} package: pip install {package}") from None
+
+
+def openai_client(
+    gate: Gate,
+    *,
+    sync: bool = False,
+    dialect: str | HttpDialect = "openai",
+    timeout: float | UsePolicy | None = USE_POLICY,
+    **client_kwargs: Any,
+) -> Any:
+    """An ``openai.AsyncOpenAI`` (``sync=True``: ``openai.OpenAI``) that calls through ``gate``.
+
+    Its ``http_client`` is ``yieldgate.http_client(gate, ...)`` of the library
+    the installed openai is built on (httpx for 2.x, httpx2 for 3.x), and its
+    own retries are off (``max_retries=0``): two retry loops would multiply
+    attempts. ``client_kwargs`` go to the client (``base_url``, ``api_key``,
+    ``organization``, ...)::
+
+        client = yieldgate.openai_client(gate, base_url="http://127.0.0.1:8000/v1")
+        reply = await client.chat.completions.create(model=..., messages=...)
+
+    ``timeout`` is each request's total time in the Gate, retries and waits
+    included, as for ``http_client``; openai's own per-request timeout keeps
+    its default (``client.with_options(timeout=...)`` changes it).
+    """
+    for name in ("http_client", "max_retries"):
+        if name in client_kwargs:
+            raise TypeError(
+                f"openai_client sets {name} itself (the Gate's client, its retries off); "
+                f"build openai's client with yieldgate.http_client to choose your own"
+            )
+    openai = _import("openai", "openai")
+    flavor = detect_flavor(client="openai")
+    http = http_client(gate, dialect=dialect, flavor=flavor, sync=sync, timeout=timeout)
+    client_class = openai.OpenAI if sync else openai.AsyncOpenAI
+    return client_class(http_client=http, max_retries=0, **client_kwargs)
+
+
+@contextlib.contextmanager
+def huggingface_clients(
+    gate: Gate,
+    *,
+    dialect: str | HttpDialect = "huggingface",
+    timeout: float | UsePolicy | None = USE_POLICY,
+) -> Iterator[None]:
+    """Send huggingface_hub's HTTP clients through ``gate`` inside a ``with`` block.
+
+    huggingface_hub takes its clients from two process-wide factories; this
+    installs the Gate's (``yieldgate.http_client`` of the library the
+    installed huggingface_hub is built on, sync and async) and puts back the
+    ones that were installed before when the block exits, also on an error::
+
+        with yieldgate.huggingface_clients(gate):
+            async with AsyncInferenceClient(model=url) as client:
+                text = await client.text_generation("Once upon a time")
+
+    Every request huggingface_hub makes inside the block goes through the Gate,
+    Hub calls and downloads included: keep the block around the inference
+    calls. The factories are global, so two blocks should nest, not overlap.
+    ``dialect`` and ``timeout`` are as for ``http_client``; like the library's
+    own clients, the Gate's follow redirects and set no network timeout of
+    their own (the inference clients pass theirs per request).
+    """
+    hub = _import("huggingface_hub", "huggingface_hub")
+    hub_http = importlib.import_module("huggingface_hub.utils._http")
+    flavor = detect_flavor(client="huggingface_hub")
+    previous_async, previous_sync = _hub_factories(hub_http)
+
+    def make(sync: bool) -> Any:
+        client = http_client(
+            gate,
+            dialect=dialect,
+            flavor=flavor,
+            sync=sync,
+            timeout=timeout,
+            follow_redirects=True,
+            event_hooks=_hub_hooks(hub_http, sync),
+        )
+        client.timeout = None
+        return client
+
+    hub.set_async_client_factory(lambda: make(False))
+    try:
+        hub.set_client_factory(lambda: make(True))
+        try:
+            yield
+        finally:
+            # Closes the shared sync client made inside the block, if any.
+            hub.set_client_factory(previous_sync)
+    finally:
+        hub.set_async_client_factory(previous_async)
+
+
+def _hub_factories(hub_http: Any) -> tuple[Any, Any]:
+    """The factories huggingface_hub uses now (async, sync).
+
+    huggingface_hub has setters but no getters: the factories are read from
+    the module that holds them, and taken to be its defaults if it moved them.
+    """
+    default_async = getattr(hub_http, "default_async_client_factory", None)
+    default_sync = getattr(hub_http, "default_client_factory", None)
+    current_async = getattr(hub_http, "_GLOBAL_ASYNC_CLIENT_FACTORY", default_async)
+    current_sync = getattr(hub_http, "_GLOBAL_CLIENT_FACTORY", default_sync)
+    if current_async is None or current_sync is None:
+        raise RuntimeError("this huggingface_hub keeps its client factories where yieldgate can't")
+    return current_async, current_sync
+
+
+def _hub_hooks(hub_http: Any, sync: bool) -> dict[str, list[Any]]:
+    """The event hooks huggingface_hub's own clients have (offline mode, request ids)."""
+    names = (
+        {"request": ["hf_request_event_hook"]}
+        if sync
+        else {
+            "request": ["async_hf_request_event_hook"],
+            "response": ["async_hf_response_event_hook"],
+        }
+    )
+    hooks: dict[str, list[Any]] = {}
+    for event, functions in names.items():
+        found = [getattr(hub_http, name) for name in functions if hasattr(hub_http, name)]
+        if found:
+            hooks[event] = found
+    return hooks

@@ -1,0 +1,278 @@
+"""What a gated HTTP transport decides, whichever library and whether sync or async.
+
+No I/O here: the async and the sync transports (``_http_async``,
+``_http_sync``) do the sending, reading and waiting, and ask this module what
+every step means. Priority and idempotency headers, the copy of a request for
+an upstream or a hedge, the deadline header, the bounded error body, what the
+client gets when the Gate gives up, and the bookkeeping of a body that holds a
+window slot are each written once, here.
+"""
+
+from __future__ import annotations
+
+import uuid
+import weakref
+from typing import Any
+from urllib.parse import urlsplit
+
+from yieldgate._exceptions import CallFailedError, StreamInterruptedError, YieldgateError
+from yieldgate.dialects import HttpDialect
+from yieldgate.gate import AttemptInfo, Gate, Lease, Outcome, Signal, UsePolicy, current_attempt
+from yieldgate.protocol import DEADLINE_HEADER, PRIORITY_HEADER, Priority, parse_priority
+
+__all__ = [
+    "MAX_ERROR_BODY_BYTES",
+    "ErrorBody",
+    "GatedCore",
+    "LeasedBody",
+    "Prefetched",
+    "given_up",
+    "is_closed",
+    "is_response",
+    "is_success",
+]
+
+MAX_ERROR_BODY_BYTES = 1 << 20
+# Headers that describe the body as it was sent, not the (decoded, maybe cut) bytes kept.
+_BODY_HEADERS = ("content-encoding", "content-length", "transfer-encoding")
+
+
+class GatedCore:
+    """The state and the decisions of one gated transport.
+
+    ``lib`` is the httpx or httpx2 module; ``leased`` and ``prefetched``
+    are the body classes (a ``LeasedBody`` or a ``Prefetched`` and the
+    library's byte stream) that a 2xx response's body is wrapped in.
+    """
+
+    def __init__(
+        self,
+        gate: Gate,
+        dialect: HttpDialect,
+        inner: Any,
+        lib: Any,
+        leased: type[LeasedBody],
+        prefetched: type[Prefetched],
+        timeout: float | UsePolicy | None,
+    ) -> None:
+        self.gate = gate
+        self.dialect = dialect
+        self.inner = inner
+        self.lib = lib
+        self.leased = leased
+        self.prefetched = prefetched
+        self.timeout = timeout
+
+    def start(self, request: Any) -> Priority:
+        """The call's priority, read from the request; its headers set for every attempt."""
+        priority = _priority(request.headers.get(PRIORITY_HEADER))
+        if PRIORITY_HEADER in request.headers:
+            # Forwarded as the server reads it, whatever case the caller wrote.
+            request.headers[PRIORITY_HEADER] = priority.value
+        key_header = self.dialect.idempotency_header
+        if key_header is not None and key_header not in request.headers:
+            request.headers[key_header] = uuid.uuid4().hex
+        return priority
+
+    def for_attempt(self, request: Any) -> tuple[Any, AttemptInfo | None]:
+        """The request one attempt sends, and the attempt it is sent for."""
+        attempt = current_attempt()
+        if attempt is not None and (attempt.hedging or attempt.upstream is not None):
+            # Attempts that may run at once, or go elsewhere, each get a copy.
+            request = self._copy_for(request, attempt)
+        if self.dialect.propagate_deadline:
+            remaining = None if attempt is None else attempt.remaining_s()
+            if remaining is not None:
+                request.headers[DEADLINE_HEADER] = str(max(1, int(remaining * 1000)))
+        return request, attempt
+
+    def _copy_for(self, request: Any, attempt: AttemptInfo) -> Any:
+        url = request.url
+        # An upstream named by its URL needs no separate target.
+        target = attempt.target if attempt.target is not None else attempt.upstream
+        if isinstance(target, str):
+            origin = urlsplit(target)
+            if not origin.scheme or not origin.hostname:
+                raise ValueError(
+                    f"upstream {attempt.upstream!r}: target {target!r} is not an http(s) URL"
+                )
+            url = url.copy_with(scheme=origin.scheme, host=origin.hostname, port=origin.port)
+        elif target is not None:
+            raise ValueError(
+                f"upstream {attempt.upstream!r}: an HTTP transport needs a URL as the "
+                f"target, got {type(target).__name__}"
+            )
+        headers = request.headers.copy()
+        if isinstance(target, str):
+            headers["host"] = url.netloc.decode("ascii")
+        return self.lib.Request(
+            request.method,
+            url,
+            headers=headers,
+            content=request.content,
+            extensions=dict(request.extensions),
+        )
+
+    def settle(self, response: Any, lease: Lease) -> Any:
+        """A 2xx response as the client gets it: its body holds the window slot."""
+        if is_closed(response):
+            # Already read and closed by the inner transport (a mock's
+            # ``Response(content=...)`` is): nothing will close it again.
+            lease.release()
+        else:
+            response.stream = self.leased(response.stream, lease, _keeps_chunks(response.headers))
+        return response
+
+
+def given_up(exc: YieldgateError) -> Any:
+    """What the client gets when the Gate gives up: the last response, or an error raised.
+
+    A response the upstream gave is returned as is, so that the client raises
+    its own status error; the Gate's reason is in its
+    ``extensions["yieldgate_error"]``. An error the upstream did not cause (a
+    bad URL, say) is the library's own, as the client would have raised it
+    without a Gate. Anything else is ``exc`` itself.
+    """
+    last = exc.last_outcome
+    if isinstance(last, Outcome) and is_response(last.value):
+        last.value.extensions["yieldgate_error"] = exc
+        return last.value
+    cause = exc.__cause__
+    if isinstance(exc, CallFailedError) and isinstance(cause, Exception):
+        raise cause from None
+    raise exc
+
+
+def _priority(value: str | None) -> Priority:
+    if value is None:
+        return Priority.NORMAL
+    found = parse_priority(value)
+    if found is None:
+        raise ValueError(f"{PRIORITY_HEADER} must be high, normal or low, got {value!r}")
+    return found
+
+
+def is_response(value: Any) -> bool:
+    return hasattr(value, "status_code") and hasattr(value, "extensions")
+
+
+def is_success(response: Any) -> bool:
+    return 200 <= int(response.status_code) < 300
+
+
+def is_closed(response: Any) -> bool:
+    return bool(getattr(response, "is_closed", False))
+
+
+def _keeps_chunks(response_headers: Any) -> bool:
+    kind = str(response_headers.get("content-type", "")).lower()
+    return kind.startswith("text/event-stream") or "ndjson" in kind or "jsonl" in kind
+
+
+class ErrorBody:
+    """The body of a non-2xx response, kept up to ``MAX_ERROR_BODY_BYTES``.
+
+    A 429 with a 100 MiB body must not be downloaded on every attempt: the
+    reader stops once ``add`` says the cap is passed and closes the
+    connection (the rest is never read); ``response`` is then a copy of the
+    response that carries what was read.
+    """
+
+    def __init__(self) -> None:
+        self.body = bytearray()
+        self.truncated = False
+
+    def add(self, chunk: bytes) -> bool:
+        """Keep ``chunk``; true once the cap is reached and reading should stop."""
+        self.body += chunk
+        if len(self.body) > MAX_ERROR_BODY_BYTES:
+            self.truncated = True
+            del self.body[MAX_ERROR_BODY_BYTES:]
+            return True
+        return False
+
+    def response(self, lib: Any, response: Any, request: Any) -> Any:
+        headers = response.headers.copy()
+        for name in _BODY_HEADERS:
+            headers.pop(name, None)
+        extensions = dict(response.extensions)
+        if self.truncated:
+            extensions["yieldgate_truncated"] = True
+        return lib.Response(
+            response.status_code,
+            headers=headers,
+            content=bytes(self.body),
+            request=request,
+            extensions=extensions,
+        )
+
+
+def _release_quietly(lease: Lease) -> None:
+    # Called by the garbage collector for a body nobody closed: never raise there.
+    try:
+        lease.release(Signal.CANCELLED)
+    except Exception:  # pragma: no cover - a window in a torn-down loop
+        return
+
+
+class LeasedBody:
+    """A response body that gives its window slot back when it is closed.
+
+    Read to the end or closed early, the upstream did its work: success. A
+    read that fails tells the window the attempt failed, and past the first
+    chunk becomes a ``StreamInterruptedError``; a cancelled read, that it was
+    cancelled. A body dropped without being closed returns the slot when it
+    is garbage collected. The async and sync bodies add only the iteration.
+    """
+
+    def __init__(self, inner: Any, lease: Lease, keep: bool = False) -> None:
+        self._inner = inner
+        self._lease = lease
+        self._signal = Signal.SUCCESS
+        self._keep = keep
+        self._received: list[bytes] = []
+        self._delivered = 0
+        self._finalizer = weakref.finalize(self, _release_quietly, lease)
+
+    def _passed(self, chunk: bytes) -> None:
+        if self._keep:
+            self._received.append(chunk)
+        self._delivered += 1
+
+    def _cancelled(self) -> None:
+        self._signal = Signal.CANCELLED
+
+    def _failed(self, exc: Exception) -> StreamInterruptedError | None:
+        """Record a failed read; the error to raise instead of ``exc``, if any."""
+        self._signal = Signal.FAILURE
+        if not self._delivered or isinstance(exc, StreamInterruptedError):
+            return None
+        # Past the commit point: the caller has output a retry would repeat.
+        return StreamInterruptedError(
+            f"response body failed after {self._delivered} chunk(s), which were "
+            f"delivered and are not repeated: {exc!r}",
+            chunks=self._received,
+        )
+
+    def _release(self) -> None:
+        self._finalizer.detach()
+        self._lease.release(self._signal)
+
+
+class Prefetched:
+    """A body whose first chunk was read inside the attempt.
+
+    The attempt ends at the first non-empty chunk of a 2xx body, not at its
+    headers: a failure before it is still the attempt's (retried, hedged).
+    The chunk is handed out first when the body is read; ``rest`` is the
+    iterator it came from, ``inner`` the body to close.
+    """
+
+    def __init__(self, first: bytes | None, rest: Any, inner: Any) -> None:
+        self.first = first
+        self.rest = rest
+        self.inner = inner
+
+    def take_first(self) -> bytes | None:
+        first, self.first = self.first, None
+        return first

@@ -1,0 +1,199 @@
+"""The sync gated transport: a ``BaseTransport`` of httpx or httpx2.
+
+Each request is one ``gate.call_and_hold_sync(...)`` in the calling thread;
+``_http_core`` decides what each step means, exactly as for the async
+transport. A thread blocked on a socket cannot be interrupted, so each
+network wait of an attempt (connect, write, read, a pool slot) is bounded by
+the time the attempt has left: a server that stalls becomes the library's
+timeout error, a retryable outcome.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterator
+from typing import Any
+
+from yieldgate._exceptions import YieldgateError
+from yieldgate.dialects import HttpDialect, get_dialect
+from yieldgate.gate import USE_POLICY, Gate, UsePolicy
+from yieldgate.transports._flavor import library
+from yieldgate.transports._http_core import (
+    ErrorBody,
+    GatedCore,
+    LeasedBody,
+    Prefetched,
+    given_up,
+    is_closed,
+    is_success,
+)
+
+__all__ = ["sync_transport_class"]
+
+# httpcore reads these from ``request.extensions["timeout"]``, each in seconds or None.
+_TIMEOUT_KEYS = ("connect", "read", "write", "pool")
+# A timeout of 0 would make the socket non-blocking, not "no time left".
+_MIN_TIMEOUT_S = 0.001
+
+
+def bounded_timeouts(timeouts: Any, remaining_s: float | None) -> Any:
+    """The client's network timeouts, none longer than ``remaining_s``."""
+    if remaining_s is None:
+        return timeouts
+    limit = max(remaining_s, _MIN_TIMEOUT_S)
+    given = timeouts if isinstance(timeouts, dict) else {}
+    bounded = dict(given)
+    for key in _TIMEOUT_KEYS:
+        value = given.get(key)
+        bounded[key] = limit if value is None else min(float(value), limit)
+    return bounded
+
+
+class _SyncGated(GatedCore):
+    def handle(self, request: Any) -> Any:
+        # Attempts after the first resend the body: load it once.
+        request.read()
+        priority = self.start(request)
+        timeouts = request.extensions.get("timeout")
+        gate: Any = self.gate  # the sync driver's API, typed once it lands in yieldgate.gate
+        try:
+            response, lease = gate.call_and_hold_sync(
+                self._attempt,
+                request,
+                timeouts,
+                priority=priority,
+                timeout=self.timeout,
+                classify=self.dialect,
+                discard=_close_response,
+            )
+        except YieldgateError as exc:
+            return given_up(exc)
+        return self.settle(response, lease)
+
+    def _attempt(self, request: Any, timeouts: Any) -> Any:
+        request, attempt = self.for_attempt(request)
+        if attempt is not None:
+            bounded = bounded_timeouts(timeouts, attempt.remaining_s())
+            if bounded is not None:
+                request.extensions = {**request.extensions, "timeout": bounded}
+        response = self.inner.handle_request(request)
+        if not is_success(response):
+            return self._bounded(response, request)
+        if not is_closed(response):
+            self._first_chunk(response)
+        return response
+
+    def _bounded(self, response: Any, request: Any) -> Any:
+        body = ErrorBody()
+        try:
+            for chunk in response.iter_bytes():
+                if body.add(chunk):
+                    break
+        finally:
+            response.close()
+        return body.response(self.lib, response, request)
+
+    def _first_chunk(self, response: Any) -> None:
+        stream = response.stream
+        chunks = iter(stream)
+        first: bytes | None = None
+        try:
+            for chunk in chunks:
+                if chunk:
+                    first = chunk
+                    break
+        except BaseException:
+            response.close()
+            raise
+        response.stream = self.prefetched(first, chunks, stream)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+def _close_response(response: Any) -> None:
+    """Close the response of a hedge that won too late: it frees its connection."""
+    response.close()
+
+
+class _SyncPrefetched(Prefetched):
+    def __iter__(self) -> Iterator[bytes]:
+        first = self.take_first()
+        if first is None:
+            return
+        yield first
+        yield from self.rest
+
+    def close(self) -> None:
+        close = getattr(self.inner, "close", None)
+        if close is not None:
+            close()
+
+
+class _SyncLeased(LeasedBody):
+    def __iter__(self) -> Iterator[bytes]:
+        try:
+            for chunk in self._inner:
+                self._passed(chunk)
+                yield chunk
+        except Exception as exc:
+            interrupted = self._failed(exc)
+            if interrupted is not None:
+                raise interrupted from exc
+            raise
+        except (KeyboardInterrupt, SystemExit):
+            self._cancelled()
+            raise
+
+    def close(self) -> None:
+        try:
+            close = getattr(self._inner, "close", None)
+            if close is not None:
+                close()
+        finally:
+            self._release()
+
+
+@functools.cache
+def sync_transport_class(flavor: str) -> type:
+    """The sync transport class of one library, built on first use (and once)."""
+    lib = library(flavor)
+
+    class Leased(_SyncLeased, lib.SyncByteStream):  # type: ignore[misc, name-defined]
+        pass
+
+    class Prefetched(_SyncPrefetched, lib.SyncByteStream):  # type: ignore[misc, name-defined]
+        pass
+
+    class SyncGateTransport(lib.BaseTransport):  # type: ignore[misc, name-defined]
+        """A sync transport that sends every request through a Gate."""
+
+        def __init__(
+            self,
+            gate: Gate,
+            *,
+            dialect: str | HttpDialect = "openai",
+            inner: Any = None,
+            timeout: float | UsePolicy | None = USE_POLICY,
+        ) -> None:
+            inner = inner if inner is not None else lib.HTTPTransport()
+            self._core = _SyncGated(
+                gate, get_dialect(dialect), inner, lib, Leased, Prefetched, timeout
+            )
+
+        @property
+        def gate(self) -> Gate:
+            return self._core.gate
+
+        @property
+        def dialect(self) -> HttpDialect:
+            return self._core.dialect
+
+        def handle_request(self, request: Any) -> Any:
+            return self._core.handle(request)
+
+        def close(self) -> None:
+            self._core.close()
+
+    SyncGateTransport.__qualname__ = SyncGateTransport.__name__ = f"SyncGateTransport[{flavor}]"
+    return SyncGateTransport
