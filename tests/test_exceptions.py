@@ -98,7 +98,7 @@ async def test_an_attempt_timeout_is_a_timeout_error() -> None:
         await anyio.sleep_forever()
 
     policy = GatePolicy(
-        retry=RetryPolicy(max_attempts=2), timeouts=TimeoutPolicy(attempt_s=1.0, total_s=60.0)
+        retry=RetryPolicy(max_attempts=2), timeout=TimeoutPolicy(attempt_s=1.0, total_s=60.0)
     )
     gate = Gate(policy, name="stuck")
     with pytest.raises(GaveUpError) as caught:

@@ -41,12 +41,7 @@ from yieldgate import (
 )
 from yieldgate.transports.http import MAX_ERROR_BODY_BYTES
 
-pytestmark = [
-    pytest.mark.e2e,
-    pytest.mark.skipif(
-        not hasattr(Gate, "call_and_hold_sync"), reason="needs the Gate's sync driver"
-    ),
-]
+pytestmark = pytest.mark.e2e
 
 CHAT = "/v1/chat/completions"
 LIBRARIES = {"httpx": httpx, "httpx2": httpx2}
@@ -221,7 +216,7 @@ def test_a_server_that_never_answers_costs_an_attempt_timeout_not_the_librarys(
         acceptor = threading.Thread(target=accept)
         acceptor.start()
         policy = GatePolicy(
-            retry=RetryPolicy(max_attempts=1), timeouts=TimeoutPolicy(attempt_s=0.5, total_s=60)
+            retry=RetryPolicy(max_attempts=1), timeout=TimeoutPolicy(attempt_s=0.5, total_s=60)
         )
         gate = Gate(policy, name="silent")
         with (

@@ -55,9 +55,8 @@ class _SyncGated(GatedCore):
         request.read()
         priority = self.start(request)
         timeouts = request.extensions.get("timeout")
-        gate: Any = self.gate  # the sync driver's API, typed once it lands in yieldgate.gate
         try:
-            response, lease = gate.call_and_hold_sync(
+            response, lease = self.gate.call_and_hold_sync(
                 self._attempt,
                 request,
                 timeouts,
