@@ -58,6 +58,7 @@ from yieldgate import (
     YieldExhaustedError,
     YieldgateError,
 )
+from yieldgate._stats import percentile
 from yieldgate.server import ServerProcess, spawn
 
 STRATEGIES = ("yieldgate", "naive", "tenacity", "openai-default", "oracle")
@@ -183,11 +184,6 @@ async def run_strategy(
                 tg.start_soon(one, i)
         makespan = time.monotonic() - started
         stats = await client.stats()
-    latencies.sort()
-
-    def pct(q: float) -> float:
-        return latencies[min(len(latencies) - 1, int(q * len(latencies)))] if latencies else 0.0
-
     return Result(
         strategy=strategy,
         requests=requests,
@@ -196,8 +192,8 @@ async def run_strategy(
         yields=stats["yielded_total"],
         makespan_s=makespan,
         lower_bound_s=lower_bound_s,
-        p50_s=pct(0.50),
-        p99_s=pct(0.99),
+        p50_s=percentile(latencies, 50, default=0.0),
+        p99_s=percentile(latencies, 99, default=0.0),
     )
 
 

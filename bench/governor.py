@@ -51,6 +51,7 @@ from typing import Any
 import anyio
 import anyio.abc
 
+from yieldgate._stats import percentile
 from yieldgate.protocol import encode_frame, submit_frame
 from yieldgate.server import ServerProcess, spawn
 
@@ -126,12 +127,9 @@ class Summary:
         return self.server_cpu_pct / 100 / self.replies_per_s * 1e6
 
 
-def percentile_ms(sorted_s: Sequence[float], q: float) -> float:
-    """Nearest-rank percentile ``q`` (0..1) of sorted seconds, in milliseconds."""
-    if not sorted_s:
-        return math.nan
-    rank = max(1, math.ceil(q * len(sorted_s)))
-    return sorted_s[rank - 1] * 1000.0
+def percentile_ms(seconds: Sequence[float], p: float) -> float:
+    """The nearest-rank ``p``-th percentile of ``seconds``, in milliseconds (NaN if none)."""
+    return percentile(seconds, p, default=math.nan) * 1000.0
 
 
 def machine_busy_seconds() -> float | None:
@@ -335,8 +333,8 @@ async def measure(target: str, round_no: int, server: ServerProcess, spec: LoadS
         round=round_no,
         replies=len(latencies),
         window_s=elapsed,
-        p50_ms=percentile_ms(latencies, 0.50),
-        p99_ms=percentile_ms(latencies, 0.99),
+        p50_ms=percentile_ms(latencies, 50),
+        p99_ms=percentile_ms(latencies, 99),
         errors=sum(tally.errors.values()),
         errors_by_kind=dict(tally.errors),
         error_sample=tally.error_sample,
@@ -368,8 +366,8 @@ def summarise(target: str, results: Sequence[RunResult], pooled_s: Sequence[floa
     return Summary(
         target=target,
         replies_per_s=sum(r.replies for r in results) / window,
-        p50_ms=percentile_ms(pooled_s, 0.50),
-        p99_ms=percentile_ms(pooled_s, 0.99),
+        p50_ms=percentile_ms(pooled_s, 50),
+        p99_ms=percentile_ms(pooled_s, 99),
         errors=sum(r.errors for r in results),
         server_cpu_pct=None if None in cpus else sum(c or 0.0 for c in cpus) / len(cpus),
         client_cpu_pct=sum(r.client_cpu_pct for r in results) / len(results),
