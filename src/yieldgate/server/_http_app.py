@@ -30,7 +30,7 @@ import re
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import anyio
 import uvicorn
@@ -56,6 +56,7 @@ from yieldgate._headers import (
     X_ACCEL_BUFFERING_HEADER,
 )
 from yieldgate.protocol import MAX_DEADLINE_MS, ErrorCode, Priority, parse_priority
+from yieldgate.server._http_config import HttpConfig
 from yieldgate.server._http_dialects import (
     BadRequest,
     ChatCompletions,
@@ -73,13 +74,11 @@ from yieldgate.server._http_dialects import (
 )
 from yieldgate.server._http_guard import ConnectionGuard, GuardedH11Protocol
 from yieldgate.server._http_metrics import CONTENT_TYPE, MetricsExporter
-from yieldgate.server.admission import Admitted, Failure
-from yieldgate.server.governor import Slot, Yield
+from yieldgate.server.admission import Admission, Admitted, Failure, Finish, R
+from yieldgate.server.backends import Backend, Emit
+from yieldgate.server.governor import Governor, Slot, Yield
 
-if TYPE_CHECKING:
-    from yieldgate.server.http import HttpFront
-
-__all__ = ["build_app", "guarded_protocol", "make_uvicorn"]
+__all__ = ["Front", "build_app", "guarded_protocol", "make_uvicorn"]
 
 log = logging.getLogger("yieldgate.server")
 
@@ -105,6 +104,29 @@ _RETRY_AFTER = RETRY_AFTER_HEADER.encode()
 
 class _TooLarge(Exception):
     pass
+
+
+class Front(Protocol):
+    """What the app needs of the front that serves it (``yieldgate.server.http.HttpFront``).
+
+    Described here, not imported: the front imports this module when it
+    starts serving, and this module must not import the front back.
+    """
+
+    config: HttpConfig
+    governor: Governor
+    backend: Backend
+    admission: Admission
+    requests: Counter[tuple[str, str]]  # (route, status) -> count
+    body_timeouts: int
+
+    def stats(self) -> dict[str, Any]: ...
+
+    def all_connection_stats(self) -> dict[str, int]: ...
+
+    async def run_admitted(
+        self, admitted: Admitted, receive: Receive, emit: Emit | None, finish: Finish[R]
+    ) -> R | Failure | None: ...
 
 
 async def _send_json(
@@ -161,7 +183,7 @@ async def _read_body(request: Request, limit: int) -> bytes:
 class _Inference:
     """One inference route: an ASGI app that speaks ``dialect`` over the shared Admission."""
 
-    def __init__(self, front: HttpFront, dialect: Dialect, ids: Iterator[int]) -> None:
+    def __init__(self, front: Front, dialect: Dialect, ids: Iterator[int]) -> None:
         self.front = front
         self.dialect = dialect
         self._ids = ids
@@ -354,7 +376,7 @@ class _Secret:
     ``token`` (huggingface_hub).
     """
 
-    def __init__(self, secret: str, front: HttpFront) -> None:
+    def __init__(self, secret: str, front: Front) -> None:
         self._secret = secret.encode("utf-8")
         self._front = front
 
@@ -421,7 +443,7 @@ class _Counted:
             self.counts[(route, status)] += 1
 
 
-def build_app(front: HttpFront) -> ASGIApp:
+def build_app(front: Front) -> ASGIApp:
     """The ASGI app for ``front``: every route, counted."""
     created = int(time.time())
     ids = itertools.count(1)
