@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
+import socket
 import time
 from pathlib import Path
 from typing import Any
@@ -219,6 +220,8 @@ async def test_client_misuse_is_a_clear_error() -> None:
         GovernedClient("http://127.0.0.1:1")
     with pytest.raises(ValueError, match="port"):
         GovernedClient("tcp://127.0.0.1")
+    with pytest.raises(ValueError, match="connect_timeout"):
+        GovernedClient("tcp://127.0.0.1:1", connect_timeout=0)
     async with GovernedClient("tcp://127.0.0.1:1") as used:
         pass
     with pytest.raises(GateClosedError, match="closed"):
@@ -535,3 +538,33 @@ async def test_item13_a_draining_connection_is_closed_once_its_work_is_answered(
                 while open_connections > 1:  # noqa: ASYNC110 - a count, no event to wait on
                     await anyio.sleep(0.01)
         tg.cancel_scope.cancel()
+
+
+async def test_a_connection_that_does_not_open_in_connect_timeout_is_a_transport_error() -> None:
+    # A listener that never accepts, its backlog full: the kernel drops further
+    # handshakes, so the client's connect hangs until connect_timeout ends it.
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(0)
+        host, port = listener.getsockname()
+        queued = []
+        try:
+            for _ in range(8):  # more than any backlog of 0 holds
+                sock = socket.socket()
+                sock.setblocking(False)
+                with contextlib.suppress(BlockingIOError):
+                    sock.connect((host, port))
+                queued.append(sock)
+            gate = Gate(GatePolicy(retry=RetryPolicy.no_retry()))
+            started = time.monotonic()
+            async with GovernedClient(
+                f"tcp://{host}:{port}", gate=gate, connect_timeout=0.3
+            ) as client:
+                with pytest.raises(RetriesExhaustedError) as caught:
+                    await client.submit("x")
+            assert isinstance(caught.value.__cause__, TransportError)
+            assert "connect_timeout=0.3 s" in str(caught.value.__cause__)
+            assert 0.3 <= time.monotonic() - started < 5
+        finally:
+            for sock in queued:
+                sock.close()
