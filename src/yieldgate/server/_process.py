@@ -258,16 +258,19 @@ def spawn(
     assert process.stdout is not None
     stdout = _Lines(process.stdout, on_line, settled.set)
     stderr = None if process.stderr is None else _Lines(process.stderr)
+    started = False
     try:
         settled.wait(ready_timeout)
-        if len(urls) == expected:
+        # Read once: a line may still arrive now, after the timeout.
+        started = len(urls) == expected
+        if started:
             return ServerProcess(process, urls, stdout, stderr)
         returncode = None
         if settled.is_set():  # its stdout closed: it is exiting
             with contextlib.suppress(subprocess.TimeoutExpired):
                 returncode = process.wait(_DRAIN_WAIT_S)
     finally:
-        if len(urls) != expected:  # not started, or interrupted while waiting
+        if not started:  # it did not listen, or we were interrupted while waiting
             _kill(process, stdout, stderr)
     said = "" if stderr is None else stderr.text()
     shown = shlex.join(command if program is not None else ["yieldgate", *command[3:]])
