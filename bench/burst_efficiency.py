@@ -35,11 +35,9 @@ from __future__ import annotations
 import argparse
 import os
 import random
-import subprocess
 import sys
 import time
-from collections.abc import Awaitable, Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 import anyio
@@ -60,6 +58,8 @@ from yieldgate import (
     YieldExhaustedError,
     YieldgateError,
 )
+from yieldgate._stats import percentile
+from yieldgate.server import ServerProcess, spawn
 
 STRATEGIES = ("yieldgate", "naive", "tenacity", "openai-default", "oracle")
 
@@ -87,20 +87,10 @@ class Result:
         return self.makespan_s / self.lower_bound_s
 
 
-@contextmanager
-def server(max_inflight: int, exec_ms: float) -> Iterator[str]:
-    cmd = [sys.executable, "-m", "yieldgate", "serve", "--port", "0"]
-    cmd += ["--max-inflight", str(max_inflight), "--exec-ms", str(exec_ms), "--grace-s", "0"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
-    try:
-        assert proc.stdout is not None
-        line = proc.stdout.readline().strip()
-        if not line.startswith("listening tcp://"):
-            raise RuntimeError(f"server did not start: {line!r}")
-        yield line.removeprefix("listening ")
-    finally:
-        proc.kill()
-        proc.wait()
+def server(max_inflight: int, exec_ms: float) -> ServerProcess:
+    """A fresh server; its log goes to this terminal."""
+    args = ("--max-inflight", str(max_inflight), "--exec-ms", str(exec_ms), "--grace-s", "0")
+    return spawn(*args, capture_stderr=False)
 
 
 def transport_gate() -> Gate:
@@ -194,11 +184,6 @@ async def run_strategy(
                 tg.start_soon(one, i)
         makespan = time.monotonic() - started
         stats = await client.stats()
-    latencies.sort()
-
-    def pct(q: float) -> float:
-        return latencies[min(len(latencies) - 1, int(q * len(latencies)))] if latencies else 0.0
-
     return Result(
         strategy=strategy,
         requests=requests,
@@ -207,8 +192,8 @@ async def run_strategy(
         yields=stats["yielded_total"],
         makespan_s=makespan,
         lower_bound_s=lower_bound_s,
-        p50_s=pct(0.50),
-        p99_s=pct(0.99),
+        p50_s=percentile(latencies, 50, default=0.0),
+        p99_s=percentile(latencies, 99, default=0.0),
     )
 
 
@@ -238,12 +223,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     lower_bound = args.requests * args.exec_ms / 1000 / args.max_inflight
     results = []
     for strategy in args.strategies:
-        with server(args.max_inflight, args.exec_ms) as url:
+        with server(args.max_inflight, args.exec_ms) as process:
             results.append(
                 anyio.run(
                     run_strategy,
                     strategy,
-                    url,
+                    process.url,
                     args.requests,
                     lower_bound,
                     args.max_inflight,

@@ -42,7 +42,6 @@ from typing import Any
 
 import anyio
 
-from yieldgate.burst._server import serve
 from yieldgate.protocol import (
     FrameError,
     ProtocolError,
@@ -56,6 +55,7 @@ from yieldgate.protocol import (
     submit_frame,
     yield_frame,
 )
+from yieldgate.server import spawn
 from yieldgate.server._fastframe import fast_submit_decoder
 
 MAX_FRAME = 1 << 20
@@ -251,9 +251,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     replies = frames(rng, args.frames // 5, valid_reply)
     print(f"generated {len(requests):,} request and {len(replies):,} reply frames")
     problems = check_parsers(requests, replies)
-    with serve(["--max-inflight", "4", "--exec-ms", "1"], http=False) as server:
-        host, port = server.tcp
-        problems += anyio.run(check_live, requests[: args.live], f"tcp://{host}:{port}")
+    with spawn("--max-inflight", "4", "--exec-ms", "1", "--grace-s", "0") as server:
+        problems += anyio.run(check_live, requests[: args.live], server.url)
     took = time.perf_counter() - started
     if problems:
         print(f"PROBLEMS after {took:.1f} s:")

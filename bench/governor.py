@@ -40,21 +40,20 @@ import math
 import os
 import platform
 import resource
-import select
-import subprocess
 import sys
-import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import anyio
 import anyio.abc
 
+from yieldgate._stats import percentile
 from yieldgate.protocol import encode_frame, submit_frame
+from yieldgate.server import ServerProcess, spawn
 
 HOST = "127.0.0.1"
 ECHO = "echo"
@@ -128,12 +127,9 @@ class Summary:
         return self.server_cpu_pct / 100 / self.replies_per_s * 1e6
 
 
-def percentile_ms(sorted_s: Sequence[float], q: float) -> float:
-    """Nearest-rank percentile ``q`` (0..1) of sorted seconds, in milliseconds."""
-    if not sorted_s:
-        return math.nan
-    rank = max(1, math.ceil(q * len(sorted_s)))
-    return sorted_s[rank - 1] * 1000.0
+def percentile_ms(seconds: Sequence[float], p: float) -> float:
+    """The nearest-rank ``p``-th percentile of ``seconds``, in milliseconds (NaN if none)."""
+    return percentile(seconds, p, default=math.nan) * 1000.0
 
 
 def machine_busy_seconds() -> float | None:
@@ -147,80 +143,37 @@ def machine_busy_seconds() -> float | None:
     return (sum(ticks[:8]) - idle) / os.sysconf("SC_CLK_TCK")
 
 
-def governor_command() -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "yieldgate",
-        "serve",
-        "--port",
-        "0",
-        "--max-inflight",
-        "1",
-        "--exec-ms",
-        "600000",
-        "--grace-s",
-        "0",
-    ]
+# One slot, held by a long submit: every other submit is yielded at once.
+GOVERNOR_ARGS = ("--max-inflight", "1", "--exec-ms", "600000", "--grace-s", "0")
 
 
-def echo_command() -> list[str]:
-    return [sys.executable, str(Path(__file__).with_name("_echo_server.py")), "--port", "0"]
+def echo_program() -> list[str]:
+    return [sys.executable, str(Path(__file__).with_name("_echo_server.py"))]
 
 
-@dataclass(slots=True)
-class ServerProcess:
-    """A server subprocess and the port it reported."""
-
-    proc: subprocess.Popen[bytes]
-    stderr: IO[bytes]
-    port: int = 0
-
-    def stderr_text(self) -> str:
-        self.stderr.seek(0)
-        return self.stderr.read().decode("utf-8", "replace")[-2000:]
-
-    def cpu_seconds(self) -> float | None:
-        """User + system CPU seconds the process has used (Linux only)."""
-        try:
-            stat = Path(f"/proc/{self.proc.pid}/stat").read_text()
-        except OSError:
-            return None
-        fields = stat.rpartition(")")[2].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+def cpu_seconds(pid: int) -> float | None:
+    """User + system CPU seconds process ``pid`` has used (Linux only)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat.rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 @contextlib.contextmanager
-def running_server(command: list[str]) -> Iterator[ServerProcess]:
-    """Start ``command``, wait for its ``listening`` line, and always kill it on the way out."""
-    with tempfile.TemporaryFile() as stderr:
-        proc = subprocess.Popen(
-            command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=stderr
-        )
-        server = ServerProcess(proc, stderr)
+def running_server(target: str) -> Iterator[ServerProcess]:
+    """A fresh server for ``target``, always stopped on the way out; its stderr told on failure."""
+    if target == GOVERNOR:
+        server = spawn(*GOVERNOR_ARGS, ready_timeout=_READY_TIMEOUT_S)
+    else:
+        server = spawn(program=echo_program(), ready_timeout=_READY_TIMEOUT_S)
+    with server:
         try:
-            server.port = _read_port(proc)
             yield server
         except Exception:
-            print(f"server stderr:\n{server.stderr_text()}", file=sys.stderr)
+            print(f"server stderr:\n{server.stderr[-2000:]}", file=sys.stderr)
             raise
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(timeout=10)
-            if proc.stdout is not None:
-                proc.stdout.close()
-
-
-def _read_port(proc: subprocess.Popen[bytes]) -> int:
-    assert proc.stdout is not None
-    ready, _, _ = select.select([proc.stdout], [], [], _READY_TIMEOUT_S)
-    line = proc.stdout.readline().decode("utf-8", "replace").strip() if ready else ""
-    prefix = f"listening tcp://{HOST}:"
-    if not line.startswith(prefix):
-        raise RuntimeError(f"server did not report 'listening' (got {line!r})")
-    return int(line.removeprefix(prefix))
 
 
 def client_frames(connections: int, body: str) -> list[bytes]:
@@ -357,12 +310,12 @@ async def measure(target: str, round_no: int, server: ServerProcess, spec: LoadS
             for stream, frame in zip(streams, frames, strict=True):
                 tg.start_soon(closed_loop, stream, frame, make_check(frame), window, tally)
             await anyio.sleep(spec.warmup_s)
-            cpu0, client0, t0 = server.cpu_seconds(), time.process_time(), time.perf_counter()
+            cpu0, client0, t0 = cpu_seconds(server.pid), time.process_time(), time.perf_counter()
             busy0 = machine_busy_seconds()
             window.measuring = True
             await anyio.sleep(spec.duration_s)
             window.measuring = False
-            cpu1, client1, t1 = server.cpu_seconds(), time.process_time(), time.perf_counter()
+            cpu1, client1, t1 = cpu_seconds(server.pid), time.process_time(), time.perf_counter()
             busy1 = machine_busy_seconds()
             tg.cancel_scope.cancel()
     finally:
@@ -380,8 +333,8 @@ async def measure(target: str, round_no: int, server: ServerProcess, spec: LoadS
         round=round_no,
         replies=len(latencies),
         window_s=elapsed,
-        p50_ms=percentile_ms(latencies, 0.50),
-        p99_ms=percentile_ms(latencies, 0.99),
+        p50_ms=percentile_ms(latencies, 50),
+        p99_ms=percentile_ms(latencies, 99),
         errors=sum(tally.errors.values()),
         errors_by_kind=dict(tally.errors),
         error_sample=tally.error_sample,
@@ -394,8 +347,7 @@ async def measure(target: str, round_no: int, server: ServerProcess, spec: LoadS
 
 def run_target(target: str, round_no: int, spec: LoadSpec) -> RunResult:
     """Start a fresh server for ``target``, measure it, and always kill it."""
-    command = governor_command() if target == GOVERNOR else echo_command()
-    with running_server(command) as server:
+    with running_server(target) as server:
         return anyio.run(
             measure,
             target,
@@ -414,8 +366,8 @@ def summarise(target: str, results: Sequence[RunResult], pooled_s: Sequence[floa
     return Summary(
         target=target,
         replies_per_s=sum(r.replies for r in results) / window,
-        p50_ms=percentile_ms(pooled_s, 0.50),
-        p99_ms=percentile_ms(pooled_s, 0.99),
+        p50_ms=percentile_ms(pooled_s, 50),
+        p99_ms=percentile_ms(pooled_s, 99),
         errors=sum(r.errors for r in results),
         server_cpu_pct=None if None in cpus else sum(c or 0.0 for c in cpus) / len(cpus),
         client_cpu_pct=sum(r.client_cpu_pct for r in results) / len(results),

@@ -8,8 +8,9 @@ count: their tokens over the wall-clock time of those ``Engine.step`` calls
 (scheduling, input preparation, the forward pass and sampling included; the
 prefill step excluded). The N streams start and end together, so every
 decode step carries all N. Rounds repeat the three runs; the median per N is
-reported, and the figure that matters is the ratio of decode tokens/s at 16
-streams to 1 stream, measured in the same run (goal on CPU: >= 4x).
+reported (nearest rank, ``yieldgate._stats.percentile``: the lower middle
+round of an even number), and the figure that matters is the ratio of decode
+tokens/s at 16 streams to 1 stream, measured in the same run (goal on CPU: >= 4x).
 
 torch runs on one thread (``--threads``), as a harness worker process does.
 
@@ -25,7 +26,6 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import statistics
 import sys
 import time
 from collections.abc import Sequence
@@ -33,6 +33,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from yieldgate._stats import percentile
 from yieldgate.harness import Engine, EngineConfig, SamplingParams, SchedulerConfig
 
 GOAL_RATIO = 4.0
@@ -120,8 +121,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"torch {torch.__version__}, {platform.processor() or platform.machine()}"
     )
     print(f"{'streams':>7} {'decode tok/s':>13} {'step ms':>8} {'vs 1 stream':>12}")
-    medians = {n: statistics.median(r.tokens_per_s for r in runs[n]) for n in CONCURRENCY}
-    step_ms = {n: statistics.median(r.step_ms for r in runs[n]) for n in CONCURRENCY}
+    medians = {n: percentile([r.tokens_per_s for r in runs[n]], 50) for n in CONCURRENCY}
+    step_ms = {n: percentile([r.step_ms for r in runs[n]], 50) for n in CONCURRENCY}
     for n in CONCURRENCY:
         print(f"{n:>7} {medians[n]:>13,.0f} {step_ms[n]:>8.2f} {medians[n] / medians[1]:>11.2f}x")
     ratio = medians[16] / medians[1]

@@ -43,6 +43,7 @@ from typing import Any
 import anyio
 import torch
 
+from yieldgate._stats import percentile
 from yieldgate.harness.backend import HarnessBackend, HarnessConfig
 from yieldgate.harness.engine import EngineConfig
 from yieldgate.harness.router import RouterConfig
@@ -135,14 +136,6 @@ async def run_mode(
     return outcome
 
 
-def pct(values: list[float], p: float) -> float:
-    """Nearest-rank percentile."""
-    if not values:
-        return math.nan
-    ordered = sorted(values)
-    return ordered[max(0, math.ceil(p / 100 * len(ordered)) - 1)]
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--duration", type=float, default=20.0, help="seconds of arrivals")
@@ -179,10 +172,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     for o in outcomes:
         row = {
             "short_ttft_ms": {
-                p: pct(o.short_ttft, q) for p, q in (("p50", 50), ("p95", 95), ("p99", 99))
+                key: percentile(o.short_ttft, p, default=math.nan)
+                for key, p in (("p50", 50), ("p95", 95), ("p99", 99))
             },
-            "short_tpot_ms_p50": pct(o.short_tpot, 50),
-            "long_ttft_ms_p50": pct(o.long_ttft, 50),
+            "short_tpot_ms_p50": percentile(o.short_tpot, 50, default=math.nan),
+            "long_ttft_ms_p50": percentile(o.long_ttft, 50, default=math.nan),
             "offloaded": o.offloaded,
             "errors": o.errors,
         }

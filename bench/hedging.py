@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import random
+import shlex
 import sys
 from collections.abc import Sequence
 from contextlib import ExitStack
@@ -32,8 +33,8 @@ import anyio
 
 from yieldgate import Gate, GatePolicy, GovernedClient, HedgePolicy
 from yieldgate.burst import Percentiles
-from yieldgate.burst._server import serve
 from yieldgate.gate import NullInstrumentation
+from yieldgate.server import spawn
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,13 +122,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     for scenario, server_args, hedge in scenarios:
         for mode, policy in (("unhedged", None), ("hedged", hedge)):
             with ExitStack() as stack:
+                common = ["--max-inflight", "256", "--seed", str(args.seed), "--grace-s", "0"]
                 servers = [
-                    stack.enter_context(
-                        serve(f"--max-inflight 256 --seed {args.seed} {extra}", http=False)
-                    )
+                    stack.enter_context(spawn(*common, *shlex.split(extra)))
                     for extra in server_args
                 ]
-                urls = [f"tcp://{s.tcp[0]}:{s.tcp[1]}" for s in servers]
+                urls = [s.url for s in servers]
                 results.append(anyio.run(run_mode, scenario, mode, urls, policy, args))
 
     print(f"hedging: {args.calls} calls, {args.concurrency} callers, GovernedClient; latency in ms")

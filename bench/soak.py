@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 import anyio
 
 import yieldgate
-from yieldgate.burst._server import serve
+from yieldgate.server import spawn
 
 MAX_INFLIGHT = 8
 
@@ -126,10 +126,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--sample-s", type=float, default=10.0)
     args = parser.parse_args(argv)
 
-    command = ["--max-inflight", str(MAX_INFLIGHT), "--exec-ms", "20"]
-    with serve(command, http=False) as server:
-        host, port = server.tcp
-        samples, tally = anyio.run(soak, args, server.proc.pid, f"tcp://{host}:{port}")
+    with spawn("--max-inflight", str(MAX_INFLIGHT), "--exec-ms", "20", "--grace-s", "0") as server:
+        samples, tally = anyio.run(soak, args, server.pid, server.url)
     first, last = samples[0], samples[-1]
     calls = tally.ok + sum(tally.gave_up.values()) + sum(tally.errors.values())
     print(

@@ -23,8 +23,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import subprocess
-import sys
 import time
 from typing import Any
 
@@ -32,20 +30,18 @@ import httpx
 from huggingface_hub import AsyncInferenceClient, set_async_client_factory
 
 import yieldgate
+import yieldgate.server
 
 
-def start_server(args: argparse.Namespace) -> tuple[subprocess.Popen[str], str]:
-    cmd = [sys.executable, "-m", "yieldgate", "serve", "--port", "0", "--http-port", "0"]
-    cmd += ["--max-inflight", str(args.max_inflight), "--exec-ms", str(args.exec_ms)]
-    cmd += ["--cold-start-s", str(args.cold_start_s), "--ramp-s", str(args.ramp_s)]
-    cmd += ["--grace-s", "0"]
-    # Its log stays in the pipe unless it fails to start (it writes little).
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # noqa: S603
-    lines = [proc.stdout.readline().strip() for _ in range(2)] if proc.stdout else []
-    if not lines or not lines[-1].startswith("listening http://"):
-        proc.kill()
-        raise SystemExit(f"the server did not start: {lines!r} {proc.communicate()[1]}")
-    return proc, lines[-1].removeprefix("listening ")
+def start_server(args: argparse.Namespace) -> yieldgate.server.ServerProcess:
+    """``yieldgate serve`` with an HTTP front; its log is kept, and told only if it fails."""
+    flags = ["--max-inflight", str(args.max_inflight), "--exec-ms", str(args.exec_ms)]
+    flags += ["--cold-start-s", str(args.cold_start_s), "--ramp-s", str(args.ramp_s)]
+    flags += ["--grace-s", "0"]
+    try:
+        return yieldgate.server.spawn(*flags, http=True)
+    except yieldgate.server.ServerStartError as exc:
+        raise SystemExit(f"the server did not start: {exc.stderr or exc}") from None
 
 
 async def burst(url: str, requests: int) -> dict[str, Any]:
@@ -64,12 +60,9 @@ async def burst(url: str, requests: int) -> dict[str, Any]:
 
 def on_fresh_server(args: argparse.Namespace, label: str) -> int:
     """Run the burst against a server started for it; print the figures; return successes."""
-    proc, url = start_server(args)
-    try:
-        run = asyncio.run(burst(url, args.requests))
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
+    with start_server(args) as process:
+        assert process.http_url is not None
+        run = asyncio.run(burst(process.http_url, args.requests))
     server = run["server"]
     sent = server["admitted_total"] + server["yielded_total"]  # attempts that reached it
     print(

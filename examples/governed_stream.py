@@ -17,12 +17,12 @@ on yields included.
 from __future__ import annotations
 
 import argparse
-import statistics
 import time
 
 import anyio
 
 import yieldgate
+from yieldgate.burst import Percentiles
 
 
 async def one(client: yieldgate.GovernedClient, n: int, ttfts: list[float]) -> int:
@@ -60,11 +60,10 @@ async def main(url: str, streams: int) -> int:
     stats = gate.statistics()
     print(f"{len(chunk_counts)}/{streams} streams completed in {elapsed:.2f} s")
     if ttfts:
-        ttfts.sort()
-        p95 = ttfts[min(len(ttfts) - 1, int(0.95 * len(ttfts)))]
+        ttft = Percentiles.of(ttfts)  # nearest rank: each one a TTFT measured
         print(
-            f"chunks {sum(chunk_counts)}, TTFT p50 {statistics.median(ttfts):.3f} s, "
-            f"p95 {p95:.3f} s, max {ttfts[-1]:.3f} s"
+            f"chunks {sum(chunk_counts)}, TTFT p50 {ttft.p50:.3f} s, "
+            f"p95 {ttft.p95:.3f} s, max {max(ttfts):.3f} s"
         )
     print(
         f"attempts {stats.attempts} ({stats.attempts / streams:.2f} per stream), "

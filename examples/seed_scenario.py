@@ -20,13 +20,12 @@ out around the hint and every call succeeds, one execution after another.
 from __future__ import annotations
 
 import argparse
-import subprocess
-import sys
 import time
 
 import anyio
 
 import yieldgate
+import yieldgate.server
 
 # Phase 1: one attempt each, all at once (no window limit, no retry on a yield).
 NO_RETRY = yieldgate.GatePolicy(
@@ -81,31 +80,34 @@ async def burst(
     return len(oks), after["max_inflight"]
 
 
-def start_server(exec_s: float) -> tuple[subprocess.Popen[str], str]:
-    cmd = [sys.executable, "-m", "yieldgate", "serve", "--port", "0", "--max-inflight", "1"]
-    cmd += ["--exec-ms", str(exec_s * 1000), "--grace-s", "0"]
-    # Its log stays in the pipe unless it fails to start (it writes little).
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # noqa: S603
-    line = proc.stdout.readline().strip() if proc.stdout else ""
-    if not line.startswith("listening tcp://"):
-        proc.kill()
-        raise SystemExit(f"the server did not start: {line!r} {proc.communicate()[1]}")
-    print(f"started `yieldgate serve --max-inflight 1 --exec-ms {exec_s * 1000:g}`: {line}")
-    return proc, line.removeprefix("listening ")
+def start_server(exec_s: float) -> yieldgate.server.ServerProcess:
+    """``yieldgate serve`` with one slot; its log is kept, and told only if it fails."""
+    args = ("--max-inflight", "1", "--exec-ms", str(exec_s * 1000), "--grace-s", "0")
+    try:
+        server = yieldgate.server.spawn(*args)
+    except yieldgate.server.ServerStartError as exc:
+        raise SystemExit(f"the server did not start: {exc.stderr or exc}") from None
+    command = f"yieldgate serve --max-inflight 1 --exec-ms {exec_s * 1000:g}"
+    print(f"started `{command}`: listening {server.url}")
+    return server
+
+
+def run(url: str, clients: int) -> tuple[int, int, int]:
+    """Both bursts against ``url``: successes without and with a Gate, and the server's slots."""
+    print(f"\n{clients} submits at once, no retries:")
+    naive_ok, slots = anyio.run(burst, url, clients, NO_RETRY, None)
+    print(f"\n{clients} submits at once through a Gate (default policy):")
+    # No total time limit: with one slot the last call waits for all the others.
+    gate_ok, _ = anyio.run(burst, url, clients, yieldgate.GatePolicy(), None)
+    return naive_ok, gate_ok, slots
 
 
 def main(target: str | None, clients: int, exec_s: float) -> int:
-    proc, url = start_server(exec_s) if target is None else (None, target)
-    try:
-        print(f"\n{clients} submits at once, no retries:")
-        naive_ok, slots = anyio.run(burst, url, clients, NO_RETRY, None)
-        print(f"\n{clients} submits at once through a Gate (default policy):")
-        # No total time limit: with one slot the last call waits for all the others.
-        gate_ok, _ = anyio.run(burst, url, clients, yieldgate.GatePolicy(), None)
-    finally:
-        if proc is not None:
-            proc.terminate()
-            proc.wait(timeout=10)
+    if target is None:
+        with start_server(exec_s) as server:
+            naive_ok, gate_ok, slots = run(server.url, clients)
+    else:
+        naive_ok, gate_ok, slots = run(target, clients)
     ok = naive_ok == min(slots, clients) and gate_ok == clients
     print("\nseed scenario reproduced" if ok else "\nseed scenario NOT reproduced")
     return 0 if ok else 1

@@ -1,4 +1,4 @@
-"""Shared fixtures: real server processes on 127.0.0.1 and a raw NDJSON client.
+"""Shared fixtures: real server processes on 127.0.0.1 (``serve``) and a raw NDJSON client.
 
 The raw client speaks the wire format by hand (no SDK code), so the server is
 tested against the protocol itself.
@@ -7,15 +7,8 @@ tested against the protocol itself.
 from __future__ import annotations
 
 import json
-import os
-import resource
-import signal
 import socket
-import subprocess
-import sys
-import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
@@ -23,6 +16,7 @@ import anyio.abc
 import pytest
 
 from yieldgate.protocol import encode_frame, stats_frame, submit_frame
+from yieldgate.server import ServerProcess, spawn
 
 Stats = dict[str, Any]
 
@@ -30,32 +24,6 @@ Stats = dict[str, Any]
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"
-
-
-@dataclass
-class ServerProcess:
-    """A ``yieldgate serve`` child process; ``stderr`` collects what it logged."""
-
-    proc: subprocess.Popen[str]
-    host: str
-    port: int
-    stderr: list[str] = field(default_factory=list)
-    http_url: str | None = None  # with --http-port: http://HOST:PORT
-
-    def signal(self, signum: int) -> None:
-        self.proc.send_signal(signum)
-
-    def wait(self, timeout: float = 15.0) -> int:
-        return self.proc.wait(timeout=timeout)
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=5)
 
 
 async def stats_when(
@@ -87,69 +55,19 @@ def send_line(sock: socket.socket, line: bytes) -> bytes:
     return bytes(reply)
 
 
-def start_server(*args: str, timeout: float = 30.0, fd_limit: int | None = None) -> ServerProcess:
-    """Start ``yieldgate serve --port 0 ARGS`` and wait for its ``listening`` line(s).
-
-    With ``--http-port`` in ``ARGS`` the second line (``listening http://...``)
-    is awaited too and kept as ``http_url``. ``fd_limit`` caps the process's
-    open file descriptors (``RLIMIT_NOFILE``), to run it out of them.
-    """
-    cmd = [sys.executable, "-m", "yieldgate", "serve", "--port", "0", *args]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-
-    def limit_descriptors() -> None:
-        if fd_limit is not None:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (fd_limit, fd_limit))
-
-    proc = subprocess.Popen(
-        cmd,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-        preexec_fn=limit_descriptors if fd_limit is not None else None,
-    )
-    assert proc.stdout is not None
-    assert proc.stderr is not None
-    stderr: list[str] = []
-    threading.Thread(target=lambda: stderr.extend(proc.stderr), daemon=True).start()  # type: ignore[arg-type]
-    expected = ["listening tcp://"]
-    if "--http-port" in args:
-        expected.append("listening http://")
-    ready: list[str] = []
-
-    def read_lines() -> None:
-        for _ in expected:
-            ready.append(proc.stdout.readline().strip())  # type: ignore[union-attr]
-
-    reader = threading.Thread(target=read_lines, daemon=True)
-    reader.start()
-    reader.join(timeout)
-    lines = list(ready)
-    if len(lines) != len(expected) or not all(
-        line.startswith(prefix) for line, prefix in zip(lines, expected, strict=True)
-    ):
-        proc.kill()
-        proc.wait()
-        raise RuntimeError(f"server did not start: stdout={lines!r} stderr={''.join(stderr)!r}")
-    host, _, port = lines[0].removeprefix("listening tcp://").rpartition(":")
-    http_url = lines[1].removeprefix("listening ") if len(lines) > 1 else None
-    return ServerProcess(proc=proc, host=host, port=int(port), stderr=stderr, http_url=http_url)
-
-
 @pytest.fixture
 def serve() -> Iterator[Callable[..., ServerProcess]]:
-    """Start real server processes; every one is stopped at teardown, also on failure."""
+    """``yieldgate.server.spawn`` for tests: every server stops at teardown, also on failure."""
     started: list[ServerProcess] = []
 
     def _start(*args: str, fd_limit: int | None = None) -> ServerProcess:
-        server = start_server(*args, fd_limit=fd_limit)
+        server = spawn(*args, ready_timeout=30.0, fd_limit=fd_limit)
         started.append(server)
         return server
 
     yield _start
     for server in started:
-        server.stop()
+        server.stop(timeout=5.0)
 
 
 class RawClient:

@@ -20,9 +20,10 @@ fields without breaking version-1 peers. Version 1.1 adds the ``cancel`` op and
 the ``cancelled`` and ``write_timeout`` error codes; a 1.1 client works with a
 version-1 server (which answers ``cancel`` with ``unknown_op``, ignored).
 
-The HTTP fronts and the HTTP transport share two headers, spelled here once:
+The HTTP fronts and the HTTP transport share two headers, public here:
 ``PRIORITY_HEADER`` (read with ``parse_priority``, case-insensitively) and
-``DEADLINE_HEADER``.
+``DEADLINE_HEADER`` (spelled once, with every other header name, in
+``yieldgate._headers``).
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from json.encoder import encode_basestring
 from typing import Any, Final
 
 from yieldgate._exceptions import FrameError, IntegrityError, ProtocolError
+from yieldgate._headers import DEADLINE_HEADER, PRIORITY_HEADER
 
 __all__ = [
     "DEADLINE_HEADER",
@@ -84,11 +86,6 @@ __all__ = [
 
 PROTOCOL_VERSION: Final = "1.1"
 DEFAULT_MAX_FRAME_BYTES: Final = 1 << 20
-
-PRIORITY_HEADER: Final = "x-yieldgate-priority"
-"""The HTTP header that carries a request's priority (``high``, ``normal``, ``low``)."""
-DEADLINE_HEADER: Final = "x-yieldgate-deadline-ms"
-"""The HTTP header that carries the caller's remaining time budget in milliseconds."""
 
 
 class Priority(StrEnum):

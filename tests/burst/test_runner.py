@@ -15,7 +15,7 @@ import anyio
 import pytest
 
 from tests.burst.conftest import schema_errors
-from tests.conftest import RawClient, ServerProcess
+from tests.conftest import RawClient
 from yieldgate.burst import (
     SCHEMA,
     ArrivalProfile,
@@ -27,6 +27,7 @@ from yieldgate.burst import (
     Workload,
     run_burst,
 )
+from yieldgate.server import ServerProcess
 
 pytestmark = pytest.mark.e2e
 
@@ -96,7 +97,7 @@ async def test_a_shared_server_sees_the_sum_of_every_strategy(
 ) -> None:
     server = serve(*SIM)
     config = BurstConfig(
-        target=f"tcp://{server.host}:{server.port}",
+        target=server.url,
         requests=30,
         profile=ArrivalProfile.poisson(400),
         strategies=(Strategy(name="yieldgate"), Strategy(name="naive")),
@@ -173,7 +174,7 @@ def test_a_programming_error_is_logged_not_only_counted(
 
     monkeypatch.setattr("yieldgate.GovernedClient.submit", broken)
     config = BurstConfig(
-        target=f"tcp://{server.host}:{server.port}",
+        target=server.url,
         requests=10,
         strategies=(Strategy(name="naive"),),
     )

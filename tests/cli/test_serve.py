@@ -12,7 +12,8 @@ import anyio
 import httpx
 import pytest
 
-from tests.conftest import RawClient, start_server, submit
+from tests.conftest import RawClient, submit
+from yieldgate.server import spawn
 
 SEED_EXEC_MS = 4000
 
@@ -82,15 +83,12 @@ async def test_seed_scenario(serve: Any) -> None:
 
 @pytest.mark.e2e
 def test_listening_line_reports_the_real_port() -> None:
-    server = start_server()
-    try:
+    with spawn() as server:
         assert server.host == "127.0.0.1"
         assert server.port > 0
         with socket.create_connection((server.host, server.port), timeout=5) as sock:
             sock.sendall(b'{"op":"ping","id":"1"}\n')
             assert sock.recv(4096) == b'{"id":"1","status":"ok","op":"pong"}\n'
-    finally:
-        server.stop()
 
 
 @pytest.mark.parametrize(
@@ -145,27 +143,22 @@ def test_port_in_use_is_a_clear_error() -> None:
 
 @pytest.mark.e2e
 def test_warns_when_binding_beyond_loopback_without_a_secret() -> None:
-    server = start_server("--host", "0.0.0.0")
-    try:
+    with spawn("--host", "0.0.0.0") as server:
         server.stop()
-        assert any("without --secret-file" in line for line in server.stderr)
-    finally:
-        server.stop()
+        assert "without --secret-file" in server.stderr
 
 
 @pytest.mark.e2e
 def test_listening_lines_for_both_fronts() -> None:
-    server = start_server("--http-port", "0", "--model-name", "tiny")
-    try:
-        assert server.http_url is not None
-        host, _, port = server.http_url.removeprefix("http://").rpartition(":")
+    with spawn("--http-port", "0", "--model-name", "tiny") as server:
+        assert server.http_address is not None
+        host, port = server.http_address
         assert host == "127.0.0.1"
-        assert int(port) > 0
-        assert int(port) != server.port
+        assert port > 0
+        assert port != server.port
+        assert server.http_url == f"http://127.0.0.1:{port}"
         models = httpx.get(server.http_url + "/v1/models", timeout=5).json()
         assert models["data"][0]["id"] == "tiny"
-    finally:
-        server.stop()
     assert server.wait() == 0
 
 
@@ -182,27 +175,21 @@ def test_http_port_in_use_is_a_clear_error() -> None:
 
 @pytest.mark.e2e
 def test_warns_when_http_binds_beyond_loopback_without_a_secret() -> None:
-    server = start_server("--http-port", "0", "--http-host", "0.0.0.0")
-    try:
+    with spawn("--http-port", "0", "--http-host", "0.0.0.0") as server:
         server.stop()
-        warnings = [line for line in server.stderr if line.startswith("warning:")]
+        warnings = [line for line in server.stderr.splitlines() if line.startswith("warning:")]
         # TCP still binds loopback, so it is not warned about.
         assert len(warnings) == 1
         assert "binding HTTP on 0.0.0.0 without --secret-file" in warnings[0]
-    finally:
-        server.stop()
 
 
 @pytest.mark.e2e
 def test_no_warning_when_a_secret_guards_both_fronts(tmp_path: Any) -> None:
     secret = tmp_path / "secret"
     secret.write_text("k")
-    server = start_server("--host", "0.0.0.0", "--http-port", "0", "--secret-file", str(secret))
-    try:
+    with spawn("--host", "0.0.0.0", "--http-port", "0", "--secret-file", str(secret)) as server:
         server.stop()
-        assert [line for line in server.stderr if line.startswith("warning:")] == []
-    finally:
-        server.stop()
+        assert "warning:" not in server.stderr
 
 
 def test_help_lists_the_commands() -> None:

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ServerProcess
+from yieldgate.server import ServerProcess
 
 pytestmark = pytest.mark.e2e
 
@@ -108,9 +108,7 @@ def test_plain_httpx(serve: Serve, dialect: str) -> None:
 
 def test_governed_stream(serve: Serve) -> None:
     server = serve("--max-inflight", "4", "--exec-ms", "200")
-    out = run_example(
-        "governed_stream.py", "--url", f"tcp://{server.host}:{server.port}", "--streams", "20"
-    )
+    out = run_example("governed_stream.py", "--url", server.url, "--streams", "20")
     assert "20/20 streams completed" in out
     assert number(r"chunks (\d+)", out) == 20 * 4  # the simulated backend's 4 chunks a stream
     assert number(r"server: yielded (\d+)", out) > 0
@@ -123,7 +121,7 @@ def test_governed_stream(serve: Serve) -> None:
 def test_burst_test_against_a_running_server(serve: Serve, tmp_path: Path) -> None:
     server = serve("--max-inflight", "4", "--exec-ms", "20")
     report = tmp_path / "burst.json"
-    target = f"tcp://{server.host}:{server.port}"
+    target = server.url
     out = run_example(
         "burst_test.py", "--target", target, "--requests", "80", "--json", str(report)
     )
@@ -150,9 +148,7 @@ def test_burst_test_starting_its_own_servers() -> None:
 
 def test_seed_scenario_against_a_running_server(serve: Serve) -> None:
     server = serve("--max-inflight", "1", "--exec-ms", "300")
-    out = run_example(
-        "seed_scenario.py", "--target", f"tcp://{server.host}:{server.port}", "--clients", "6"
-    )
+    out = run_example("seed_scenario.py", "--target", server.url, "--clients", "6")
     naive, gated = out.split("through a Gate")
     assert "executed 1," in naive
     assert "yielded 5, all within" in naive

@@ -17,8 +17,9 @@ import openai
 import pytest
 
 import yieldgate
-from tests.conftest import RawClient, ServerProcess, start_server
+from tests.conftest import RawClient
 from yieldgate.protocol import submit_frame
+from yieldgate.server import ServerProcess, ServerStartError, spawn
 
 pytest.importorskip("torch")
 
@@ -34,7 +35,7 @@ def anyio_backend() -> str:
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[ServerProcess]:
-    proc = start_server(
+    with spawn(
         "--backend",
         "harness",
         "--max-inflight",
@@ -45,12 +46,9 @@ def server() -> Iterator[ServerProcess]:
         "0",
         "--model-name",
         "tiny",
-        timeout=60,
-    )
-    try:
+        ready_timeout=60,
+    ) as proc:
         yield proc
-    finally:
-        proc.stop()
 
 
 async def wait_warm(server: ServerProcess) -> RawClient:
@@ -62,7 +60,7 @@ async def wait_warm(server: ServerProcess) -> RawClient:
 
 
 async def test_governed_stream_and_submit_agree(server: ServerProcess) -> None:
-    async with yieldgate.GovernedClient(f"tcp://{server.host}:{server.port}") as client:
+    async with yieldgate.GovernedClient(server.url) as client:
         prompt = "Tell me about backpressure."
         pieces: list[str] = []
         async with client.stream(prompt, params={"max_tokens": 24}) as chunks:
@@ -172,8 +170,10 @@ async def test_bad_parameters_cost_no_slot(server: ServerProcess) -> None:
 
 
 def test_cli_refuses_bad_harness_flags() -> None:
-    with pytest.raises(RuntimeError, match="device"):
-        start_server("--backend", "harness", "--device", "tpu", timeout=30)
+    with pytest.raises(ServerStartError, match="device") as caught:
+        spawn("--backend", "harness", "--device", "tpu", ready_timeout=30)
+    assert caught.value.returncode == 2
+    assert "device" in caught.value.stderr
 
 
 async def test_stats_report_the_engine(server: ServerProcess) -> None:
@@ -190,7 +190,7 @@ async def test_stats_report_the_engine(server: ServerProcess) -> None:
 async def test_a_request_arriving_mid_stream_finishes_first(server: ServerProcess) -> None:
     received = 0
     short: dict[str, Any] = {}
-    async with yieldgate.GovernedClient(f"tcp://{server.host}:{server.port}") as client:
+    async with yieldgate.GovernedClient(server.url) as client:
 
         async def late() -> None:
             short.update(await client.submit("quick", params={"max_tokens": 4}))
@@ -214,7 +214,7 @@ async def test_a_request_arriving_mid_stream_finishes_first(server: ServerProces
 async def test_disaggregated_server_with_qos_and_a_live_router_config(tmp_path: Path) -> None:
     config = tmp_path / "router.json"
     config.write_text(json.dumps({"prefill_length_threshold": 100_000}))
-    proc = start_server(
+    proc = spawn(
         "--backend",
         "harness",
         "--max-inflight",
@@ -228,7 +228,7 @@ async def test_disaggregated_server_with_qos_and_a_live_router_config(tmp_path: 
         "1,none,none",
         "--max-num-batched-tokens",
         "1100",
-        timeout=60,
+        ready_timeout=60,
     )
     try:
         client = await wait_warm(proc)

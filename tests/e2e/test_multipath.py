@@ -15,7 +15,6 @@ import anyio
 import httpx
 import pytest
 
-from tests.conftest import ServerProcess, start_server
 from tests.conftest import stats_when as poll_stats
 from yieldgate import (
     BreakerPolicy,
@@ -31,16 +30,13 @@ from yieldgate import (
 )
 from yieldgate.burst import Percentiles
 from yieldgate.gate import NullInstrumentation
+from yieldgate.server import ServerProcess, spawn
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(120)]
 
 
-def tcp(server: ServerProcess) -> str:
-    return f"tcp://{server.host}:{server.port}"
-
-
 async def server_stats(server: ServerProcess) -> dict[str, Any]:
-    async with GovernedClient(tcp(server)) as client:
+    async with GovernedClient(server.url) as client:
         return await client.stats()
 
 
@@ -103,7 +99,7 @@ async def test_hedging_cuts_the_p99_of_a_long_tail_within_the_budget(serve: Any)
     server = serve("--max-inflight", "128", "--exec-mix", "20:0.85,1500:0.15", "--seed", "5")
     calls = 120
     hedge = HedgePolicy(delay_s=0.1, max_hedges=3)
-    results = await hedged_and_unhedged([tcp(server)], hedge, calls)
+    results = await hedged_and_unhedged([server.url], hedge, calls)
     unhedged, unhedged_stats = results["unhedged"]
     hedged, stats = results["hedged"]
     # Judged by counts with wide margins, not by a ratio of timings: unhedged, every
@@ -132,9 +128,7 @@ async def test_hedging_across_a_slow_and_a_fast_upstream(serve: Any) -> None:
     # A window wide enough that a hedge always finds a free slot on "fast": hedges never
     # queue, and the point here is where they go, not whether there is room.
     window = WindowPolicy(initial=16, max=16)
-    results = await hedged_and_unhedged(
-        [tcp(slow), tcp(fast)], HedgePolicy.fixed(0.1), calls, window
-    )
+    results = await hedged_and_unhedged([slow.url, fast.url], HedgePolicy.fixed(0.1), calls, window)
     unhedged, _ = results["unhedged"]
     hedged, stats = results["hedged"]
     # Unhedged, the router learns to avoid "slow" only after it was slow for someone;
@@ -150,7 +144,7 @@ async def test_hedging_across_a_slow_and_a_fast_upstream(serve: Any) -> None:
 async def test_a_losing_hedge_is_cancelled_on_its_server_at_once(serve: Any) -> None:
     slow = serve("--max-inflight", "8", "--exec-ms", "5000")
     fast = serve("--max-inflight", "8", "--exec-ms", "20")
-    urls = [tcp(slow), tcp(fast)]
+    urls = [slow.url, fast.url]
     gate = Gate(
         GatePolicy(hedge=HedgePolicy.fixed(0.2)),
         upstreams={u: u for u in urls},
@@ -202,7 +196,7 @@ async def test_a_losing_hedge_over_http_is_cancelled_on_its_server(serve: Any) -
 async def test_failover_when_an_upstream_stops_mid_run(serve: Any, how: str) -> None:
     a = serve("--max-inflight", "16", "--exec-ms", "30", "--grace-s", "0.2")
     b = serve("--max-inflight", "16", "--exec-ms", "30", "--grace-s", "0.2")
-    urls = [tcp(a), tcp(b)]
+    urls = [a.url, b.url]
     gate = Gate(
         GatePolicy(retry=RetryPolicy(base_s=0.05)),
         upstreams=urls,  # names only: the client gives them their targets
@@ -236,7 +230,7 @@ async def test_failover_when_an_upstream_stops_mid_run(serve: Any, how: str) -> 
             )
             victim = a if victim_url == urls[0] else b
             victim_ok_at_stop = by_url[victim_url].successes
-            victim.signal(signal.SIGKILL if how == "SIGKILL" else signal.SIGTERM)
+            victim.send_signal(signal.SIGKILL if how == "SIGKILL" else signal.SIGTERM)
     assert done == calls  # 100% success through the other
     stats = gate.statistics()
     assert stats.calls_ok == calls
@@ -260,7 +254,7 @@ async def test_a_stream_that_fails_after_its_first_chunk_raises_with_the_partial
 ) -> None:
     server = serve("--max-inflight", "4")
     gate = Gate(instrumentation=NullInstrumentation())
-    async with GovernedClient(tcp(server), gate=gate) as client:
+    async with GovernedClient(server.url, gate=gate) as client:
         received: list[Any] = []
 
         async def read_all() -> None:
@@ -295,16 +289,16 @@ async def test_a_stream_that_fails_before_its_first_chunk_is_retried_transparent
     )
     replacement: list[ServerProcess] = []
     try:
-        async with GovernedClient(tcp(first), gate=gate) as client:
+        async with GovernedClient(first.url, gate=gate) as client:
             received: list[Any] = []
 
             async def kill_before_the_first_chunk() -> None:
                 await stats_when(first, lambda s: s["inflight"] == 1, timeout=10)
-                first.signal(signal.SIGKILL)  # admitted, no chunk sent yet
+                first.send_signal(signal.SIGKILL)  # admitted, no chunk sent yet
                 first.wait()
                 replacement.append(
                     await anyio.to_thread.run_sync(
-                        lambda: start_server("--max-inflight", "4", "--port", str(port))
+                        lambda: spawn("--max-inflight", "4", "--port", str(port))
                     )
                 )
 

@@ -20,7 +20,7 @@ import pytest
 from huggingface_hub import AsyncInferenceClient, set_async_client_factory
 
 import yieldgate
-from tests.conftest import ServerProcess, start_server
+from yieldgate.server import ServerProcess, spawn
 
 pytestmark = [pytest.mark.anyio, pytest.mark.e2e]
 
@@ -31,11 +31,8 @@ SLOTS = 4
 @pytest.fixture
 def server(request: pytest.FixtureRequest) -> Iterator[ServerProcess]:
     extra: tuple[str, ...] = getattr(request, "param", ())
-    proc = start_server("--max-inflight", str(SLOTS), "--exec-ms", "20", "--http-port", "0", *extra)
-    try:
+    with spawn("--max-inflight", str(SLOTS), "--exec-ms", "20", "--http-port", "0", *extra) as proc:
         yield proc
-    finally:
-        proc.stop()
 
 
 COLD = ("--cold-start-s", "1.0", "--ramp-s", "1.0")
@@ -164,7 +161,7 @@ async def test_openai_gives_the_clients_own_error_when_the_gate_gives_up(
     holder_gate = yieldgate.Gate(
         yieldgate.GatePolicy(window=yieldgate.WindowPolicy.fixed(SLOTS)), name="holders"
     )
-    url = f"tcp://{server.host}:{server.port}"
+    url = server.url
     hold = functools.partial(holder_gate_submit, url, holder_gate)
     async with anyio.create_task_group() as tg:
         tg.start_soon(hold)

@@ -280,20 +280,6 @@ def test_cancelled_work_is_not_measured() -> None:
     assert gov.stats().exec_ms_ewma is None
 
 
-def test_on_idle() -> None:
-    clock = FakeClock()
-    gov = make(clock, max_inflight=2)
-    fired: list[int] = []
-    gov.on_idle(lambda: fired.append(0))
-    assert fired == [0]
-    a, b = admit(gov), admit(gov)
-    gov.on_idle(lambda: fired.append(1))
-    a.release("executed")
-    assert fired == [0]
-    b.release("executed")
-    assert fired == [0, 1]
-
-
 def test_errors_are_counted_by_code() -> None:
     gov = Governor()
     gov.record_error("bad_frame")

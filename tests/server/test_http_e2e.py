@@ -13,7 +13,8 @@ import httpx
 import openai
 import pytest
 
-from tests.conftest import RawClient, ServerProcess, send_line, stats_when, submit
+from tests.conftest import RawClient, send_line, stats_when, submit
+from yieldgate.server import ServerProcess
 
 pytestmark = [pytest.mark.anyio, pytest.mark.e2e]
 
@@ -74,7 +75,7 @@ async def test_sigterm_lets_http_work_finish_and_refuses_new(serve: Any) -> None
         async with anyio.create_task_group() as tg:
             tg.start_soon(admitted)
             await wait_for(late, lambda s: s["inflight"] == 1)
-            server.signal(signal.SIGTERM)
+            server.send_signal(signal.SIGTERM)
             await wait_for(late, lambda s: s["shutting_down"])
             refused = await late.post("/generate", json={"inputs": "too late"})
             assert refused.status_code == 503
@@ -101,7 +102,7 @@ async def test_past_grace_http_work_is_answered_and_the_process_exits(serve: Any
         async with anyio.create_task_group() as tg:
             tg.start_soon(forever)
             await wait_for(http, lambda s: s["inflight"] == 1)
-            server.signal(signal.SIGTERM)
+            server.send_signal(signal.SIGTERM)
     assert replies[0].status_code == 503
     assert replies[0].json()["error"]["code"] == "shutting_down"
     assert await anyio.to_thread.run_sync(server.wait) == 0
@@ -172,9 +173,9 @@ def test_silent_http_connections_cannot_starve_either_front(serve: Any) -> None:
     # both fronts for good. Here: 64 descriptors and 150 silent connections.
     args = ["--exec-ms", "1", "--http-port", "0", "--http-head-timeout-s", "0.5"]
     server: ServerProcess = serve(*args, fd_limit=64)
-    assert server.http_url is not None
+    assert server.http_address is not None
     tcp_port = server.port
-    http_port = int(server.http_url.rpartition(":")[2])
+    http_port = server.http_address[1]
     silent: list[socket.socket] = []
     try:
         # Connections opened before the flood are served throughout.
@@ -195,7 +196,7 @@ def test_silent_http_connections_cannot_starve_either_front(serve: Any) -> None:
             stats = json.loads(send_line(fresh, b'{"op":"stats","id":"after"}\n'))
         with socket.create_connection(("127.0.0.1", http_port), timeout=10) as fresh:
             assert http_get(fresh, "/health").startswith(b"HTTP/1.1 200 ")
-        assert server.proc.poll() is None, "the server died"
+        assert server.poll() is None, "the server died"
     finally:
         for sock in silent:
             sock.close()

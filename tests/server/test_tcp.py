@@ -13,7 +13,7 @@ from typing import Any
 import anyio
 import pytest
 
-from tests.conftest import RawClient, ServerProcess, send_line, submit
+from tests.conftest import RawClient, send_line, submit
 from yieldgate.protocol import (
     YieldReason,
     encode_frame,
@@ -22,6 +22,7 @@ from yieldgate.protocol import (
     sha256_hex,
     stats_frame,
 )
+from yieldgate.server import ServerProcess
 from yieldgate.server.governor import Yield
 from yieldgate.server.tcp import _YieldReplies
 
@@ -577,7 +578,7 @@ async def test_graceful_shutdown_finishes_admitted_work(serve: Any, connect: Any
     c, late = await connect(server), await connect(server)
     await c.send(submit("admitted"))
     await late.stats_when(lambda s: s["inflight"] == 1)
-    server.signal(signal.SIGTERM)
+    server.send_signal(signal.SIGTERM)
     await late.stats_when(lambda s: s["shutting_down"])
     refused = await late.submit("too late")
     assert (refused["code"], refused["retryable"]) == ("shutting_down", True)
@@ -591,7 +592,7 @@ async def test_shutdown_past_grace_answers_shutting_down(serve: Any, connect: An
     c = await connect(server)
     await c.send(submit("forever"))
     await c.stats_when(lambda s: s["inflight"] == 1)
-    server.signal(signal.SIGINT)
+    server.send_signal(signal.SIGINT)
     reply = await c.recv_for("forever")
     assert (reply["code"], reply["retryable"]) == ("shutting_down", True)
     assert await anyio.to_thread.run_sync(server.wait) == 0
@@ -602,9 +603,9 @@ async def test_second_signal_stops_at_once(serve: Any, connect: Any) -> None:
     c = await connect(server)
     await c.send(submit("forever"))
     await c.stats_when(lambda s: s["inflight"] == 1)
-    server.signal(signal.SIGTERM)
+    server.send_signal(signal.SIGTERM)
     await c.stats_when(lambda s: s["shutting_down"])  # the first one was handled
-    server.signal(signal.SIGTERM)
+    server.send_signal(signal.SIGTERM)
     reply = await c.recv_for("forever")
     assert reply["code"] == "shutting_down"
     assert await anyio.to_thread.run_sync(server.wait) == 0
@@ -649,7 +650,7 @@ async def test_shutdown_never_sends_a_second_terminal_reply(serve: Any, connect:
     await slow_reader.send(big_submits(30, 500_000))
     stats = await monitor.stats_when(lambda s: s["executed_total"] == 30)
     assert stats["inflight"] == 0
-    server.signal(signal.SIGTERM)
+    server.send_signal(signal.SIGTERM)
     terminal: dict[str, list[str]] = {}
     with anyio.move_on_after(30):
         while True:
@@ -719,7 +720,7 @@ def test_running_out_of_descriptors_does_not_kill_the_server(serve: Any) -> None
             time.sleep(0.02)
         with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
             assert request(sock, b'{"op":"ping","id":"after"}\n')["op"] == "pong"
-        assert server.proc.poll() is None, "the server died"
+        assert server.poll() is None, "the server died"
     finally:
         for sock in socks:
             sock.close()

@@ -12,8 +12,9 @@ from typing import Any
 import anyio
 import pytest
 
-from tests.conftest import RawClient, ServerProcess
+from tests.conftest import RawClient
 from yieldgate.protocol import encode_frame, submit_frame
+from yieldgate.server import ServerProcess
 
 pytestmark = [pytest.mark.anyio, pytest.mark.e2e]
 
@@ -87,7 +88,7 @@ async def test_thousands_of_connections_opened_and_closed(
     serve: Callable[..., ServerProcess], connect: Callable[[ServerProcess], Any]
 ) -> None:
     server = serve("--max-inflight", "4", "--exec-ms", "20")
-    fd_dir = f"/proc/{server.proc.pid}/fd"
+    fd_dir = f"/proc/{server.pid}/fd"
     checker: RawClient = await connect(server)
     await checker.stats()
     fds_before = len(os.listdir(fd_dir))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
+import socket
 import time
 from pathlib import Path
 from typing import Any
@@ -13,7 +14,6 @@ import anyio
 import anyio.abc
 import pytest
 
-from tests.conftest import start_server
 from yieldgate import (
     CallFailedError,
     DeadlineExceededError,
@@ -32,13 +32,10 @@ from yieldgate import (
     YieldgateError,
 )
 from yieldgate.protocol import ProtocolError
+from yieldgate.server import spawn
 from yieldgate.transports.governed import STREAM_BUFFER
 
 pytestmark = [pytest.mark.anyio, pytest.mark.e2e]
-
-
-def url(server: Any) -> str:
-    return f"tcp://{server.host}:{server.port}"
 
 
 async def eventually(predicate: Any, timeout: float = 5.0) -> None:
@@ -63,7 +60,7 @@ async def submit_to_fake_peer(handle: Any, policy: GatePolicy) -> BaseException:
 
 async def test_submit_stats_and_ping(serve: Any) -> None:
     server = serve("--exec-ms", "20")
-    async with GovernedClient(url(server)) as client:
+    async with GovernedClient(server.url) as client:
         assert await client.submit("hello") == {"text": "hello"}
         assert await client.submit("again", params={"exec_ms": 1}) == {"text": "again"}
         stats = await client.stats()
@@ -74,7 +71,7 @@ async def test_submit_stats_and_ping(serve: Any) -> None:
 async def test_yields_are_ridden_out(serve: Any) -> None:
     server = serve("--max-inflight", "1", "--exec-ms", "100")
     gate = Gate(GatePolicy(window=WindowPolicy(initial=8, max=8)))
-    async with GovernedClient(url(server), gate=gate) as client:
+    async with GovernedClient(server.url, gate=gate) as client:
         results: list[Any] = []
 
         async def one(i: int) -> None:
@@ -92,7 +89,7 @@ async def test_yields_are_ridden_out(serve: Any) -> None:
 
 async def test_streaming(serve: Any) -> None:
     server = serve("--exec-ms", "40")
-    async with GovernedClient(url(server)) as client:
+    async with GovernedClient(server.url) as client:
         async with client.stream("one two three", params={"chunks": 3}) as chunks:
             pieces = [piece["text"] async for piece in chunks]
         assert "".join(pieces) == "one two three"
@@ -103,7 +100,7 @@ async def test_streaming(serve: Any) -> None:
 async def test_streaming_holds_the_window_slot(serve: Any) -> None:
     server = serve("--exec-ms", "200")
     gate = Gate(GatePolicy(window=WindowPolicy.fixed(1)))
-    async with GovernedClient(url(server), gate=gate) as client:
+    async with GovernedClient(server.url, gate=gate) as client:
         async with client.stream("x", params={"chunks": 2}) as chunks:
             assert gate.statistics().window.inflight == 1
             async for _ in chunks:
@@ -113,7 +110,7 @@ async def test_streaming_holds_the_window_slot(serve: Any) -> None:
 
 async def test_a_stream_that_yields_first_is_retried(serve: Any) -> None:
     server = serve("--max-inflight", "1", "--exec-ms", "300")
-    async with GovernedClient(url(server)) as client:
+    async with GovernedClient(server.url) as client:
         async with anyio.create_task_group() as tg:
             tg.start_soon(client.submit, "occupies the slot")
             await anyio.sleep(0.1)
@@ -126,7 +123,7 @@ async def test_a_stream_that_yields_first_is_retried(serve: Any) -> None:
 async def test_the_remaining_budget_travels_as_deadline_ms(serve: Any) -> None:
     server = serve("--exec-ms", "10000", "--max-inflight", "2")
     policy = GatePolicy(retry=RetryPolicy(max_attempts=1))
-    async with GovernedClient(url(server), gate=Gate(policy)) as client:
+    async with GovernedClient(server.url, gate=Gate(policy)) as client:
         started = time.monotonic()
         with pytest.raises(DeadlineExceededError):
             await client.submit("too slow", timeout=0.5)
@@ -144,7 +141,7 @@ async def test_attempt_timeout_bounds_the_server_side_deadline(serve: Any) -> No
     policy = GatePolicy(
         timeout=TimeoutPolicy(attempt_s=0.3, total_s=30), retry=RetryPolicy(max_attempts=2)
     )
-    async with GovernedClient(url(server), gate=Gate(policy)) as client:
+    async with GovernedClient(server.url, gate=Gate(policy)) as client:
         with pytest.raises(RetriesExhaustedError):
             await client.submit("slow")
 
@@ -158,7 +155,7 @@ async def test_attempt_timeout_bounds_the_server_side_deadline(serve: Any) -> No
 async def test_backend_failures_are_retried_then_reported(serve: Any) -> None:
     server = serve("--exec-ms", "1")
     policy = GatePolicy(retry=RetryPolicy(max_attempts=3, base_s=0.01))
-    async with GovernedClient(url(server), gate=Gate(policy)) as client:
+    async with GovernedClient(server.url, gate=Gate(policy)) as client:
         with pytest.raises(RetriesExhaustedError) as info:
             await client.submit("x", params={"fail": True})
         cause = info.value.__cause__
@@ -169,7 +166,7 @@ async def test_backend_failures_are_retried_then_reported(serve: Any) -> None:
 
 async def test_bad_params_fail_once(serve: Any) -> None:
     server = serve("--exec-ms", "1")
-    async with GovernedClient(url(server)) as client:
+    async with GovernedClient(server.url) as client:
         with pytest.raises(CallFailedError) as info:
             await client.submit("x", params={"exec_ms": -1})
         assert info.value.attempts == 1
@@ -180,10 +177,10 @@ async def test_auth(serve: Any, tmp_path: Path) -> None:
     secret = tmp_path / "secret"
     secret.write_text("s3cret")
     server = serve("--secret-file", str(secret), "--exec-ms", "1")
-    async with GovernedClient(url(server), auth="s3cret") as client:
+    async with GovernedClient(server.url, auth="s3cret") as client:
         assert await client.submit("x") == {"text": "x"}
         assert "inflight" in await client.stats()
-    async with GovernedClient(url(server), auth="wrong") as client:
+    async with GovernedClient(server.url, auth="wrong") as client:
         with pytest.raises(CallFailedError) as info:
             await client.submit("x")
         cause = info.value.__cause__
@@ -211,11 +208,8 @@ async def test_reconnects_after_the_server_restarts(serve: Any) -> None:
         first.stop()
         with pytest.raises(RetriesExhaustedError):
             await client.submit("while down")
-        second = start_server("--port", str(port), "--exec-ms", "1")
-        try:
+        with spawn("--port", str(port), "--exec-ms", "1"):
             assert await client.submit("after") == {"text": "after"}
-        finally:
-            second.stop()
 
 
 async def test_client_misuse_is_a_clear_error() -> None:
@@ -226,6 +220,8 @@ async def test_client_misuse_is_a_clear_error() -> None:
         GovernedClient("http://127.0.0.1:1")
     with pytest.raises(ValueError, match="port"):
         GovernedClient("tcp://127.0.0.1")
+    with pytest.raises(ValueError, match="connect_timeout"):
+        GovernedClient("tcp://127.0.0.1:1", connect_timeout=0)
     async with GovernedClient("tcp://127.0.0.1:1") as used:
         pass
     with pytest.raises(GateClosedError, match="closed"):
@@ -257,7 +253,7 @@ async def test_burst_of_400_through_one_gate(serve: Any) -> None:
     server = serve("--max-inflight", "8", "--exec-ms", "50")
     gate = Gate(GatePolicy(window=WindowPolicy(initial=2, max=64)))
     results: list[Any] = []
-    async with GovernedClient(url(server), gate=gate) as client:
+    async with GovernedClient(server.url, gate=gate) as client:
         started = time.monotonic()
 
         async def one(i: int) -> None:
@@ -283,7 +279,7 @@ async def test_burst_of_400_through_one_gate(serve: Any) -> None:
 
 def test_a_client_can_be_built_outside_an_event_loop(serve: Any) -> None:
     server = serve("--exec-ms", "1")
-    client = GovernedClient(url(server))  # at import time, say
+    client = GovernedClient(server.url)  # at import time, say
 
     async def use() -> Any:
         async with client:
@@ -296,7 +292,7 @@ async def test_gate_map_over_client_submit(serve: Any) -> None:
     """The natural batch idiom: the client's own Gate maps its own submit."""
     server = serve("--max-inflight", "2", "--exec-ms", "30")
     gate = Gate(GatePolicy.cold_start(max_concurrency=8))
-    async with GovernedClient(url(server), gate=gate) as client:
+    async with GovernedClient(server.url, gate=gate) as client:
         with anyio.fail_after(30):
             results = await gate.map(client.submit, [f"p{i}" for i in range(20)])
         stats = await client.stats()
@@ -307,7 +303,7 @@ async def test_gate_map_over_client_submit(serve: Any) -> None:
 async def test_an_oversized_body_fails_once_and_harms_nobody(serve: Any) -> None:
     server = serve("--max-frame-bytes", "1000", "--exec-ms", "200")
     gate = Gate()
-    async with GovernedClient(url(server), gate=gate, max_frame_bytes=1000) as client:
+    async with GovernedClient(server.url, gate=gate, max_frame_bytes=1000) as client:
         async with anyio.create_task_group() as tg:
             tg.start_soon(client.submit, "small and fine")
             await anyio.sleep(0.05)
@@ -323,7 +319,7 @@ async def test_a_frame_too_large_reply_drains_the_connection(serve: Any) -> None
     """If the server's limit is lower than the client's, the connection drains, nothing breaks."""
     server = serve("--max-frame-bytes", "1000", "--exec-ms", "200")
     policy = GatePolicy(retry=RetryPolicy(max_attempts=2, base_s=0.01))
-    async with GovernedClient(url(server), gate=Gate(policy)) as client:
+    async with GovernedClient(server.url, gate=Gate(policy)) as client:
         results: list[Any] = []
 
         async def small() -> None:
@@ -355,7 +351,7 @@ async def test_a_reply_the_decoder_chokes_on_stays_inside_the_client() -> None:
 
 async def test_aclose_from_another_task(serve: Any) -> None:
     server = serve("--exec-ms", "1")
-    async with GovernedClient(url(server)) as client:
+    async with GovernedClient(server.url) as client:
         assert await client.submit("x") == {"text": "x"}
         async with anyio.create_task_group() as tg:
             tg.start_soon(client.aclose)
@@ -367,7 +363,7 @@ async def test_a_stream_outlives_the_attempt_timeout(serve: Any) -> None:
     server = serve("--exec-ms", "3000")
     policy = GatePolicy(timeout=TimeoutPolicy(attempt_s=1.0, total_s=None))
     async with (
-        GovernedClient(url(server), gate=Gate(policy)) as client,
+        GovernedClient(server.url, gate=Gate(policy)) as client,
         client.stream("abcd", params={"chunks": 4}) as chunks,
     ):
         pieces = [piece["text"] async for piece in chunks]
@@ -390,7 +386,7 @@ async def test_submit_inside_a_gate_call_sends_that_calls_priority(serve: Any) -
     # One slot for anyone, one reserved for high: while a low submit runs, only high is admitted.
     server = serve("--max-inflight", "2", "--reserve-high", "1", "--exec-ms", "50")
     gate = Gate(GatePolicy(retry=RetryPolicy.no_retry()))
-    async with GovernedClient(url(server), gate=gate) as client, anyio.create_task_group() as tg:
+    async with GovernedClient(server.url, gate=gate) as client, anyio.create_task_group() as tg:
         backlog = functools.partial(
             client.submit, "backlog", priority="low", params={"exec_ms": 20000}
         )
@@ -441,7 +437,7 @@ async def test_item11_a_cancelled_submit_is_cancelled_on_the_server(serve: Any) 
     # end, counted executed, while the client's window counted the slot free.
     server = serve("--exec-ms", "10000", "--max-inflight", "2")
     gate = Gate(GatePolicy(window=WindowPolicy.fixed(2)))
-    async with GovernedClient(url(server), gate=gate) as client:
+    async with GovernedClient(server.url, gate=gate) as client:
         with anyio.move_on_after(0.3):
             await client.submit("abandoned")
         assert gate.statistics().window.inflight == 0
@@ -459,7 +455,7 @@ async def test_item11_a_cancelled_submit_is_cancelled_on_the_server(serve: Any) 
 
 async def test_item11_leaving_a_stream_early_cancels_the_rest_on_the_server(serve: Any) -> None:
     server = serve("--exec-ms", "10000", "--max-inflight", "1")
-    async with GovernedClient(url(server)) as client:
+    async with GovernedClient(server.url) as client:
         async with client.stream("a long answer", params={"chunks": 1000}) as chunks:
             async for _ in chunks:
                 break  # the caller has seen enough
@@ -476,7 +472,7 @@ async def test_item11_leaving_a_stream_early_cancels_the_rest_on_the_server(serv
 async def test_item11_a_stream_carries_the_calls_deadline(serve: Any) -> None:
     # Streams sent no deadline_ms: a stream whose caller's budget ran out ran on.
     server = serve("--exec-ms", "10000")
-    async with GovernedClient(url(server)) as client:
+    async with GovernedClient(server.url) as client:
 
         async def read_to_the_end() -> None:
             async with client.stream("x" * 1000, params={"chunks": 1000}, timeout=1.0) as chunks:
@@ -496,7 +492,7 @@ async def test_item12_a_paused_consumer_buffers_a_bounded_number_of_chunks(serve
     # so TCP's backpressure never reached the server.
     server = serve("--exec-ms", "300")
     async with (
-        GovernedClient(url(server)) as client,
+        GovernedClient(server.url) as client,
         client.stream("y" * 10_000, params={"chunks": 10_000}) as chunks,
     ):
         await anyio.sleep(1.0)  # the server has sent everything it could meanwhile
@@ -542,3 +538,33 @@ async def test_item13_a_draining_connection_is_closed_once_its_work_is_answered(
                 while open_connections > 1:  # noqa: ASYNC110 - a count, no event to wait on
                     await anyio.sleep(0.01)
         tg.cancel_scope.cancel()
+
+
+async def test_a_connection_that_does_not_open_in_connect_timeout_is_a_transport_error() -> None:
+    # A listener that never accepts, its backlog full: the kernel drops further
+    # handshakes, so the client's connect hangs until connect_timeout ends it.
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(0)
+        host, port = listener.getsockname()
+        queued = []
+        try:
+            for _ in range(8):  # more than any backlog of 0 holds
+                sock = socket.socket()
+                sock.setblocking(False)
+                with contextlib.suppress(BlockingIOError):
+                    sock.connect((host, port))
+                queued.append(sock)
+            gate = Gate(GatePolicy(retry=RetryPolicy.no_retry()))
+            started = time.monotonic()
+            async with GovernedClient(
+                f"tcp://{host}:{port}", gate=gate, connect_timeout=0.3
+            ) as client:
+                with pytest.raises(RetriesExhaustedError) as caught:
+                    await client.submit("x")
+            assert isinstance(caught.value.__cause__, TransportError)
+            assert "connect_timeout=0.3 s" in str(caught.value.__cause__)
+            assert 0.3 <= time.monotonic() - started < 5
+        finally:
+            for sock in queued:
+                sock.close()

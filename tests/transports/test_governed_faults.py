@@ -15,8 +15,8 @@ import anyio
 import anyio.abc
 import pytest
 
-from tests.conftest import ServerProcess
 from yieldgate import Gate, GatePolicy, GovernedClient, RetryPolicy, TimeoutPolicy, YieldgateError
+from yieldgate.server import ServerProcess
 
 pytestmark = [pytest.mark.anyio, pytest.mark.e2e]
 
@@ -33,7 +33,7 @@ async def test_a_server_killed_mid_flight_is_a_typed_error_within_the_deadline(
     policy = GatePolicy(retry=RetryPolicy(base_s=0.05), timeout=TimeoutPolicy(total_s=3))
     gate = Gate(policy)
     errors: list[BaseException] = []
-    async with GovernedClient(f"tcp://{server.host}:{server.port}", gate=gate) as client:
+    async with GovernedClient(server.url, gate=gate) as client:
 
         async def call(i: int) -> None:
             try:
@@ -47,7 +47,7 @@ async def test_a_server_killed_mid_flight_is_a_typed_error_within_the_deadline(
                 for i in range(8):
                     tg.start_soon(call, i)
                 await anyio.sleep(0.3)
-                server.signal(signal.SIGKILL)
+                server.send_signal(signal.SIGKILL)
         took = anyio.current_time() - started
     assert len(errors) == 8
     assert took < 3.5  # the total deadline, plus scheduling slack
@@ -85,7 +85,7 @@ async def test_a_cancellation_storm_leaks_nothing(serve: Any) -> None:
     server: ServerProcess = serve("--max-inflight", "16", "--exec-ms", "300")
     gate = Gate(GatePolicy(retry=RetryPolicy(base_s=0.01)))
     rng = random.Random(3)
-    async with GovernedClient(f"tcp://{server.host}:{server.port}", gate=gate) as client:
+    async with GovernedClient(server.url, gate=gate) as client:
 
         async def call(i: int) -> None:
             # Cancelled at a random point: before sending, while yielded, or mid-execution.

@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from yieldgate._stats import percentile
 from yieldgate.burst._targets import Request
 
 __all__ = [
@@ -34,7 +35,7 @@ _COUNTERS = ("admitted", "executed", "failed", "cancelled", "yielded", "errors")
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Percentiles:
-    """Nearest-rank percentiles of a sample (all ``None`` when it is empty)."""
+    """Nearest-rank percentiles (``yieldgate._stats``) of a sample; all ``None`` when empty."""
 
     count: int = 0
     p50: float | None = None
@@ -46,17 +47,13 @@ class Percentiles:
     def of(cls, values: Sequence[float], scale: float = 1.0) -> Percentiles:
         if not values:
             return cls()
-        ordered = sorted(v * scale for v in values)
-
-        def rank(q: float) -> float:
-            return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
-
+        scaled = [v * scale for v in values]
         return cls(
-            count=len(ordered),
-            p50=rank(0.50),
-            p95=rank(0.95),
-            p99=rank(0.99),
-            mean=sum(ordered) / len(ordered),
+            count=len(scaled),
+            p50=percentile(scaled, 50),
+            p95=percentile(scaled, 95),
+            p99=percentile(scaled, 99),
+            mean=sum(scaled) / len(scaled),
         )
 
     def as_dict(self) -> dict[str, Any]:

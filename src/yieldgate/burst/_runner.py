@@ -28,7 +28,6 @@ from yieldgate.burst._results import (
     TimelinePoint,
     summarise,
 )
-from yieldgate.burst._server import serve, split_args
 from yieldgate.burst._strategies import Strategy
 from yieldgate.burst._targets import Request, StatsSource, Target, Workload, error_kind, open_target
 
@@ -171,13 +170,19 @@ def _live_target(config: BurstConfig, target: Target) -> Iterator[Target]:
     if config.serve_args is None:
         yield target
         return
-    with serve(
-        split_args(config.serve_args),
+    # Here, not at the top: the server runs in a child process, and importing
+    # yieldgate.burst loads no server module.
+    from yieldgate.server import spawn
+
+    with spawn(
+        "--grace-s",
+        "0",
+        *config.serve_args,
         http=target.is_http,
-        ready_timeout_s=config.ready_timeout_s,
+        ready_timeout=config.ready_timeout_s,
     ) as server:
-        host, port = server.http if target.is_http and server.http else server.tcp
-        yield target.at(host, port)
+        address = server.http_address if target.is_http else None
+        yield target.at(*(address or (server.host, server.port)))
 
 
 def _run_async(fn: Callable[..., Any], *args: Any) -> Any:

@@ -216,6 +216,7 @@ def execute(config: Any, *, progress: bool, json_path: Path | None, plot_path: P
     """Run ``config``, print the table, write the files; shared with ``yieldgate demo``."""
 
     from yieldgate.burst import render_table, run_burst, write_plot
+    from yieldgate.server import ServerStartError
 
     try:
         if progress:
@@ -223,7 +224,7 @@ def execute(config: Any, *, progress: bool, json_path: Path | None, plot_path: P
                 report = run_burst(config, progress=bar)
         else:
             report = run_burst(config)
-    except (RuntimeError, ImportError, TimeoutError) as exc:
+    except (RuntimeError, ImportError, TimeoutError, ServerStartError) as exc:
         raise CliError(str(exc)) from None
     render_table(report)
     if json_path is not None:

@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -104,19 +102,6 @@ class _Line:
         return reply
 
 
-def _start_server(exec_ms: float) -> tuple[subprocess.Popen[str], str, int]:
-    cmd = [sys.executable, "-m", "yieldgate", "serve", "--port", "0", "--max-inflight", "1"]
-    cmd += ["--exec-ms", str(exec_ms), "--grace-s", "1"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)  # noqa: S603
-    assert proc.stdout is not None
-    line = proc.stdout.readline().strip()
-    if not line.startswith("listening tcp://"):
-        proc.kill()
-        raise CliError(f"server did not start (said {line!r})")
-    host, _, port = line.removeprefix("listening tcp://").rpartition(":")
-    return proc, host, int(port)
-
-
 async def _scenario(host: str, port: int, clients: int, run: _Run) -> None:
     conns = [_Line(await anyio.connect_tcp(host, port)) for _ in range(clients)]
     monitor = _Line(await anyio.connect_tcp(host, port))
@@ -170,13 +155,16 @@ def run(args: argparse.Namespace) -> int:
         f"seed scenario: max_inflight=1, {args.clients} concurrent clients, "
         f"execution {args.exec_ms / 1000:.1f} s"
     )
-    proc, host, port = _start_server(args.exec_ms)
+    from yieldgate.server import ServerStartError, spawn
+
     run = _Run()
+    flags = ("--max-inflight", "1", "--exec-ms", str(args.exec_ms), "--grace-s", "1")
     try:
-        run_async(_scenario, host, port, args.clients, run)
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
+        server = spawn(*flags, capture_stderr=False)  # its log goes to this terminal
+    except ServerStartError as exc:
+        raise CliError(str(exc)) from None
+    with server:
+        run_async(_scenario, server.host, server.port, args.clients, run)
     yields = [t for t, r in run.replies if r["status"] == "yield"]
     oks = [t for t, r in run.replies if r["status"] == "ok"]
     final = run.last

@@ -22,6 +22,7 @@ from collections.abc import Callable, Mapping
 from datetime import UTC
 from email.utils import parsedate_to_datetime
 
+from yieldgate._headers import RETRY_AFTER_HEADER, RETRY_AFTER_MS_HEADER, SHOULD_RETRY_HEADER
 from yieldgate.gate._outcome import sanitize_hint_s
 
 __all__ = ["retry_hint_s", "should_retry"]
@@ -54,12 +55,12 @@ def retry_hint_s(
     does). An HTTP date in the past gives 0. ``now`` is the wall clock the
     date is measured against.
     """
-    millis = headers.get("retry-after-ms")
+    millis = headers.get(RETRY_AFTER_MS_HEADER)
     if millis is not None:
         hint = sanitize_hint_s(_number(millis), unit_s=0.001)
         if hint is not None:
             return hint
-    after = headers.get("retry-after")
+    after = headers.get(RETRY_AFTER_HEADER)
     if after is None:
         return None
     number = _number(after)
@@ -70,7 +71,7 @@ def retry_hint_s(
 
 def should_retry(headers: Mapping[str, str]) -> bool | None:
     """``x-should-retry`` as a verdict: ``True``, ``False`` or ``None`` (absent or unreadable)."""
-    value = headers.get("x-should-retry")
+    value = headers.get(SHOULD_RETRY_HEADER)
     if value is None:
         return None
     value = value.strip().lower()

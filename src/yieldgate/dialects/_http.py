@@ -55,6 +55,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from yieldgate._exceptions import RemoteError
+from yieldgate._headers import ESTIMATED_TIME_FIELD, IDEMPOTENCY_KEY_HEADER, LOADING_MESSAGE
 from yieldgate.dialects._hints import retry_hint_s, should_retry
 from yieldgate.gate import Outcome, default_classify
 from yieldgate.gate._outcome import sanitize_hint_s
@@ -166,11 +167,11 @@ def _openai_quota(reply: _Reply) -> Outcome | None:
 def _hf_loading(reply: _Reply) -> Outcome | None:
     if reply.status != 503:
         return None
-    estimated = sanitize_hint_s(reply.field("estimated_time"))
+    estimated = sanitize_hint_s(reply.field(ESTIMATED_TIME_FIELD))
     if estimated is not None:
         return Outcome.yielded(estimated, "cold_start", value=reply.response)
     message = reply.field("error")
-    if isinstance(message, str) and "currently loading" in message:
+    if isinstance(message, str) and LOADING_MESSAGE in message:
         return Outcome.yielded(reply.hint_s, "cold_start", value=reply.response)
     return None
 
@@ -237,14 +238,14 @@ def _is_response(value: Any) -> bool:
     return isinstance(getattr(value, "status_code", None), int) and hasattr(value, "headers")
 
 
-OPENAI = HttpDialect("openai", (_openai_quota,), idempotency_header="Idempotency-Key")
+OPENAI = HttpDialect("openai", (_openai_quota,), idempotency_header=IDEMPOTENCY_KEY_HEADER)
 HUGGINGFACE = HttpDialect("huggingface", (_hf_loading,))
 TGI = HttpDialect("tgi", (_tgi,))
 GOVERNED_HTTP = HttpDialect(
     "governed-http",
     (_governed_yield, _hf_loading, _tgi),
     propagate_deadline=True,
-    idempotency_header="Idempotency-Key",
+    idempotency_header=IDEMPOTENCY_KEY_HEADER,
 )
 
 DIALECTS: Mapping[str, HttpDialect] = {d.name: d for d in (OPENAI, HUGGINGFACE, TGI, GOVERNED_HTTP)}

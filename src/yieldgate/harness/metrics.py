@@ -1,9 +1,10 @@
 """Serving metrics: latency percentiles, goodput, offload ratio, KV transfers.
 
 Percentiles are over a bounded window of the most recent values
-(``LatencyWindow``) and use the nearest-rank method: the p-th percentile of
-n sorted values is the value at rank ``ceil(p / 100 * n)`` (1-based), always
-one of the measured values, never an interpolation.
+(``LatencyWindow``) and use the nearest-rank method (``yieldgate._stats``):
+the p-th percentile of n sorted values is the value at rank
+``ceil(p / 100 * n)`` (1-based), always one of the measured values, never an
+interpolation.
 
 Counters (requests, goodput, routes, transfers) are over everything
 recorded, not the window. Goodput is the share of recorded requests that
@@ -23,6 +24,7 @@ from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
+from yieldgate._stats import percentile
 from yieldgate.harness.qos import SloConfig
 from yieldgate.protocol import Priority
 
@@ -62,12 +64,7 @@ class LatencyWindow:
 
     def percentiles(self) -> dict[str, float | None]:
         """``p50``, ``p95`` and ``p99`` of the window, ``None`` each when it is empty."""
-        ordered = sorted(self._values)
-        n = len(ordered)
-        if n == 0:
-            return {key: None for key, _ in _PERCENTILES}
-        # Integer ceiling: float rounding must not move a rank that is exactly whole.
-        return {key: ordered[max(1, -(-p * n // 100)) - 1] for key, p in _PERCENTILES}
+        return {key: percentile(self._values, p, default=None) for key, p in _PERCENTILES}
 
 
 class ServingMetrics:

@@ -6,8 +6,12 @@ HuggingFace and TGI dialects) through one shared ``Admission``; backends
 execute what it admits. The ``server`` extra adds msgspec (a fast path for
 decoding submits) and starlette, uvicorn and prometheus_client for the HTTP
 fronts, which are imported only when an HTTP front starts serving.
+
+``spawn`` runs ``yieldgate serve`` in a child process instead, and returns a
+``ServerProcess`` handle that knows where it listens and stops it.
 """
 
+from yieldgate.server._process import ServerProcess, ServerStartError, spawn
 from yieldgate.server.admission import Admission
 from yieldgate.server.app import Server
 from yieldgate.server.backends import (
@@ -43,6 +47,8 @@ __all__ = [
     "PriorityPolicy",
     "Rejection",
     "Server",
+    "ServerProcess",
+    "ServerStartError",
     "SimulatedBackend",
     "SimulatedConfig",
     "Slot",
@@ -50,4 +56,5 @@ __all__ = [
     "TcpFront",
     "Work",
     "Yield",
+    "spawn",
 ]

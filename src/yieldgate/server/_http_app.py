@@ -30,7 +30,7 @@ import re
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import anyio
 import uvicorn
@@ -41,14 +41,22 @@ from starlette.responses import Response
 from starlette.routing import Route, request_response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from yieldgate.protocol import (
+from yieldgate._headers import (
+    AUTHORIZATION_HEADER,
+    CACHE_CONTROL_HEADER,
+    CONNECTION_HEADER,
+    CONTENT_LENGTH_HEADER,
+    CONTENT_TYPE_HEADER,
     DEADLINE_HEADER,
-    MAX_DEADLINE_MS,
     PRIORITY_HEADER,
-    ErrorCode,
-    Priority,
-    parse_priority,
+    RETRY_AFTER_HEADER,
+    RETRY_AFTER_MS_HEADER,
+    SHOULD_RETRY_HEADER,
+    WWW_AUTHENTICATE_HEADER,
+    X_ACCEL_BUFFERING_HEADER,
 )
+from yieldgate.protocol import MAX_DEADLINE_MS, ErrorCode, Priority, parse_priority
+from yieldgate.server._http_config import HttpConfig
 from yieldgate.server._http_dialects import (
     BadRequest,
     ChatCompletions,
@@ -66,13 +74,11 @@ from yieldgate.server._http_dialects import (
 )
 from yieldgate.server._http_guard import ConnectionGuard, GuardedH11Protocol
 from yieldgate.server._http_metrics import CONTENT_TYPE, MetricsExporter
-from yieldgate.server.admission import Admitted, Failure
-from yieldgate.server.governor import Slot, Yield
+from yieldgate.server.admission import Admission, Admitted, Failure, Finish, R
+from yieldgate.server.backends import Backend, Emit
+from yieldgate.server.governor import Governor, Slot, Yield
 
-if TYPE_CHECKING:
-    from yieldgate.server.http import HttpFront
-
-__all__ = ["build_app", "guarded_protocol", "make_uvicorn"]
+__all__ = ["Front", "build_app", "guarded_protocol", "make_uvicorn"]
 
 log = logging.getLogger("yieldgate.server")
 
@@ -80,22 +86,53 @@ _INTEGER = re.compile(r"-?[0-9]{1,20}")
 # A body past the limit is still read (and dropped) up to this many times the
 # limit, so that the client, still sending, gets to read the 413.
 _DRAIN_FACTOR = 16
-_JSON = (b"content-type", b"application/json")
+_JSON = (CONTENT_TYPE_HEADER.encode(), b"application/json")
 _SSE_HEADERS = [
-    (b"content-type", b"text/event-stream; charset=utf-8"),
-    (b"cache-control", b"no-cache"),
-    (b"x-accel-buffering", b"no"),
+    (CONTENT_TYPE_HEADER.encode(), b"text/event-stream; charset=utf-8"),
+    (CACHE_CONTROL_HEADER.encode(), b"no-cache"),
+    (X_ACCEL_BUFFERING_HEADER.encode(), b"no"),
 ]
+_RETRY = (SHOULD_RETRY_HEADER.encode(), b"true")
+_NO_RETRY = (SHOULD_RETRY_HEADER.encode(), b"false")
+_CLOSE = (CONNECTION_HEADER.encode(), b"close")
+_BEARER_CHALLENGE = (WWW_AUTHENTICATE_HEADER.encode(), b"Bearer")
+_AUTHORIZATION = AUTHORIZATION_HEADER.encode()
+_CONTENT_LENGTH = CONTENT_LENGTH_HEADER.encode()
+_RETRY_AFTER_MS = RETRY_AFTER_MS_HEADER.encode()
+_RETRY_AFTER = RETRY_AFTER_HEADER.encode()
 
 
 class _TooLarge(Exception):
     pass
 
 
+class Front(Protocol):
+    """What the app needs of the front that serves it (``yieldgate.server.http.HttpFront``).
+
+    Described here, not imported: the front imports this module when it
+    starts serving, and this module must not import the front back.
+    """
+
+    config: HttpConfig
+    governor: Governor
+    backend: Backend
+    admission: Admission
+    requests: Counter[tuple[str, str]]  # (route, status) -> count
+    body_timeouts: int
+
+    def stats(self) -> dict[str, Any]: ...
+
+    def all_connection_stats(self) -> dict[str, int]: ...
+
+    async def run_admitted(
+        self, admitted: Admitted, receive: Receive, emit: Emit | None, finish: Finish[R]
+    ) -> R | Failure | None: ...
+
+
 async def _send_json(
     send: Send, status: int, body: bytes, headers: list[tuple[bytes, bytes]] | None = None
 ) -> None:
-    raw_headers = [_JSON, (b"content-length", str(len(body)).encode()), *(headers or [])]
+    raw_headers = [_JSON, (_CONTENT_LENGTH, str(len(body)).encode()), *(headers or [])]
     await send({"type": "http.response.start", "status": status, "headers": raw_headers})
     await send({"type": "http.response.body", "body": body, "more_body": False})
 
@@ -127,7 +164,7 @@ async def _read_body(request: Request, limit: int) -> bytes:
     ``_DRAIN_FACTOR`` times the limit), so that a client still sending it
     gets to read the 413 instead of a reset connection.
     """
-    length = request.headers.get("content-length", "")
+    length = request.headers.get(CONTENT_LENGTH_HEADER, "")
     if length.isdigit() and int(length) > limit * _DRAIN_FACTOR:
         raise _TooLarge
     body = bytearray()
@@ -146,7 +183,7 @@ async def _read_body(request: Request, limit: int) -> bytes:
 class _Inference:
     """One inference route: an ASGI app that speaks ``dialect`` over the shared Admission."""
 
-    def __init__(self, front: HttpFront, dialect: Dialect, ids: Iterator[int]) -> None:
+    def __init__(self, front: Front, dialect: Dialect, ids: Iterator[int]) -> None:
         self.front = front
         self.dialect = dialect
         self._ids = ids
@@ -242,9 +279,9 @@ class _Inference:
         close: bool = False,
     ) -> None:
         self.front.governor.record_error(code)
-        headers = [(b"x-should-retry", b"true" if retryable else b"false")]
+        headers = [_RETRY if retryable else _NO_RETRY]
         if close:
-            headers.append((b"connection", b"close"))
+            headers.append(_CLOSE)
         await _send_json(send, status, dumps(self.dialect.error(status, code, message)), headers)
 
     async def _yield(self, send: Send, job: Job, refusal: Yield) -> None:
@@ -261,9 +298,9 @@ class _Inference:
             "reason": str(refusal.reason),
         }
         headers = [
-            (b"retry-after-ms", str(refusal.retry_hint_ms).encode()),
-            (b"retry-after", str(retry_after_s(refusal.retry_hint_ms)).encode()),
-            (b"x-should-retry", b"true"),
+            (_RETRY_AFTER_MS, str(refusal.retry_hint_ms).encode()),
+            (_RETRY_AFTER, str(retry_after_s(refusal.retry_hint_ms)).encode()),
+            _RETRY,
         ]
         await _send_json(send, 429, dumps(body), headers)
 
@@ -339,14 +376,14 @@ class _Secret:
     ``token`` (huggingface_hub).
     """
 
-    def __init__(self, secret: str, front: HttpFront) -> None:
+    def __init__(self, secret: str, front: Front) -> None:
         self._secret = secret.encode("utf-8")
         self._front = front
 
     def admits(self, scope: Scope) -> bool:
         token = b""
         for name, value in scope["headers"]:
-            if name == b"authorization":
+            if name == _AUTHORIZATION:
                 scheme, _, token = value.strip().partition(b" ")
                 if scheme.lower() != b"bearer":
                     token = b""
@@ -358,7 +395,7 @@ class _Secret:
         self._front.governor.record_error(ErrorCode.UNAUTHORIZED)
         message = "missing or wrong bearer token (Authorization: Bearer <secret>)"
         body = dumps(_route_error(path, ErrorCode.UNAUTHORIZED, message, 401))
-        return body, [(b"x-should-retry", b"false"), (b"www-authenticate", b"Bearer")]
+        return body, [_NO_RETRY, _BEARER_CHALLENGE]
 
 
 class _RequireSecret:
@@ -406,7 +443,7 @@ class _Counted:
             self.counts[(route, status)] += 1
 
 
-def build_app(front: HttpFront) -> ASGIApp:
+def build_app(front: Front) -> ASGIApp:
     """The ASGI app for ``front``: every route, counted."""
     created = int(time.time())
     ids = itertools.count(1)

@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from yieldgate._headers import ESTIMATED_TIME_FIELD, LOADING_MESSAGE
 from yieldgate.protocol import ErrorCode, YieldReason
 from yieldgate.server.backends import BackendError
 from yieldgate.server.governor import Yield
@@ -482,8 +483,8 @@ class HfModels(_TgiStream):
         if refusal.reason != YieldReason.COLD_START:
             return None
         return {
-            "error": f"Model {job.model} is currently loading",
-            "estimated_time": refusal.retry_hint_ms / 1000,
+            "error": f"Model {job.model} is {LOADING_MESSAGE}",
+            ESTIMATED_TIME_FIELD: refusal.retry_hint_ms / 1000,
         }
 
 

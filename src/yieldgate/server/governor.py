@@ -260,7 +260,6 @@ class Governor:
         self._cold_until: float | None = None
         self._cold_expected_s = 0.0
         self._shutting_down = False
-        self._idle_waiters: list[Callable[[], None]] = []
         self._last_yield = Yield(-1, _SATURATED, 0, 0)  # matches no real yield
         self._set_limits()
 
@@ -454,10 +453,6 @@ class Governor:
             else:
                 self._failed += 1
             self._observe(elapsed_ms)
-        if not self._slots and self._idle_waiters:
-            waiters, self._idle_waiters = self._idle_waiters, []
-            for wake in waiters:
-                wake()
         return elapsed_ms
 
     def _observe(self, elapsed_ms: float) -> None:
@@ -470,13 +465,6 @@ class Governor:
             self._ewma_dev += alpha * (abs(elapsed_ms - self._ewma) - self._ewma_dev)
             self._ewma += alpha * (elapsed_ms - self._ewma)
         self._set_estimates()
-
-    def on_idle(self, callback: Callable[[], None]) -> None:
-        """Call ``callback`` once the Governor has no work in flight (now, if it has none)."""
-        if not self._slots:
-            callback()
-        else:
-            self._idle_waiters.append(callback)
 
     def _yields_by_reason(self) -> dict[str, int]:
         counts = dict(self._yields)

@@ -26,17 +26,16 @@ connection. uvicorn never installs signal handlers here: the process owner
 from __future__ import annotations
 
 import logging
-import math
 import socket
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import anyio
 import anyio.abc
 
-from yieldgate.protocol import DEFAULT_MAX_FRAME_BYTES, ErrorCode
+from yieldgate.protocol import ErrorCode
+from yieldgate.server._http_config import HttpConfig
 from yieldgate.server.admission import Admission, Admitted, Failure, Finish, Outstanding, R
 from yieldgate.server.backends import Backend, Emit
 from yieldgate.server.governor import Governor
@@ -55,48 +54,6 @@ log = logging.getLogger("yieldgate.server")
 # close the connections (a client that stopped reading holds one open).
 _CLOSE_TIMEOUT_S = 2
 _BACKLOG = 2048  # uvicorn's default
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class HttpConfig:
-    """Where and how the HTTP fronts listen.
-
-    ``model_name`` is what ``GET /v1/models`` lists. With a ``secret``, every
-    route but ``GET /health`` requires ``Authorization: Bearer <secret>``;
-    without one, bind loopback (the default) unless a proxy guards the port.
-    """
-
-    host: str = "127.0.0.1"
-    port: int = 8080
-    max_body_bytes: int = DEFAULT_MAX_FRAME_BYTES
-    model_name: str = "yieldgate-sim"
-    secret: str | None = None
-    # A request head (request line and headers) must arrive whole this long after
-    # the connection opens or the previous response ends, or the connection closes.
-    head_timeout_s: float = 10.0
-    # A request body must arrive whole this long after its head, or gets 408.
-    body_timeout_s: float = 30.0
-    # A connection whose peer takes no bytes of a response for this long is
-    # closed and its work cancelled: a reader that stopped cannot hold a slot.
-    write_timeout_s: float = 30.0
-    # Connections beyond this many are closed as soon as they are accepted.
-    max_connections: int = 10_000
-
-    def __post_init__(self) -> None:
-        if not 0 <= self.port <= 65535:
-            raise ValueError(f"http port must be in [0, 65535], got {self.port}")
-        if self.max_body_bytes < 64:
-            raise ValueError("max_body_bytes must be at least 64")
-        if not self.model_name:
-            raise ValueError("model_name must not be empty")
-        if self.secret is not None and not self.secret:
-            raise ValueError("secret must not be empty (leave it unset for no auth)")
-        for name in ("head_timeout_s", "body_timeout_s", "write_timeout_s"):
-            value = getattr(self, name)
-            if not (value > 0 and math.isfinite(value)):
-                raise ValueError(f"{name} must be a positive number")
-        if self.max_connections < 1:
-            raise ValueError("http max_connections must be >= 1")
 
 
 def bind_sockets(host: str, port: int) -> list[socket.socket]:

@@ -229,7 +229,8 @@ class GovernedClient:
 
     ``gate`` defaults to a fresh ``Gate`` named after the URL; share one Gate
     between clients of the same server. ``auth`` is the server's shared
-    secret, if it has one.
+    secret, if it has one. ``connect_timeout`` limits opening a connection,
+    in seconds (a ``TransportError`` past it, retried like any other).
 
     ``url`` may be a list of servers that can each serve any request
     (replicas): the Gate then treats them as its upstream set, each with its
@@ -244,12 +245,14 @@ class GovernedClient:
         *,
         gate: Gate | None = None,
         auth: str | None = None,
-        connect_timeout_s: float = 10.0,
+        connect_timeout: float = 10.0,
         max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
     ) -> None:
         urls = [url] if isinstance(url, str) else list(url)
         if not urls:
             raise ValueError("GovernedClient needs at least one URL")
+        if not connect_timeout > 0:
+            raise ValueError(f"connect_timeout must be > 0 seconds, got {connect_timeout!r}")
         self._endpoints: dict[str, _Endpoint] = {}
         for one in urls:
             endpoint = _Endpoint(one)
@@ -266,7 +269,7 @@ class GovernedClient:
                 gate.add_upstream(name, name)
         self.gate = gate
         self._auth = auth
-        self._connect_timeout_s = connect_timeout_s
+        self._connect_timeout = connect_timeout
         self._max_frame_bytes = max_frame_bytes
         self._ids = itertools.count(1)
         self._open: set[_Connection] = set()
@@ -331,11 +334,17 @@ class GovernedClient:
 
     async def _connect(self, endpoint: _Endpoint, *, exclusive: bool) -> _Connection:
         self._check_open()
+        stream: anyio.abc.SocketStream | None = None
         try:
-            with anyio.fail_after(self._connect_timeout_s):
+            with anyio.move_on_after(self._connect_timeout):
                 stream = await anyio.connect_tcp(endpoint.host, endpoint.port)
-        except (OSError, TimeoutError) as exc:
+        except OSError as exc:  # refused, unreachable, or the kernel's own timeout
             raise TransportError(f"cannot connect to {endpoint.url}: {exc}") from exc
+        if stream is None:
+            raise TransportError(
+                f"cannot connect to {endpoint.url}: no connection within "
+                f"connect_timeout={self._connect_timeout:g} s"
+            )
         conn = _Connection(stream, self._max_frame_bytes, endpoint=endpoint, exclusive=exclusive)
         self._open.add(conn)
         assert self._tasks is not None

@@ -1,0 +1,64 @@
+"""Every HTTP header name yieldgate reads or writes, spelled once.
+
+Names are lower case, as HTTP/2 and ASGI carry them (HTTP/1.1 compares them
+case-insensitively); ``IDEMPOTENCY_KEY_HEADER`` keeps the casing openai-python
+sends. ``PRIORITY_HEADER`` and ``DEADLINE_HEADER`` are public as
+``yieldgate.protocol.PRIORITY_HEADER`` and ``DEADLINE_HEADER``.
+
+Two names of HuggingFace's "model is loading" reply are here too, though they
+are in its body: the server writes them and the ``huggingface`` dialect reads them.
+
+Only the standard library: the protocol module, the fronts and the dialects
+all import it.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+__all__ = [
+    "AUTHORIZATION_HEADER",
+    "CACHE_CONTROL_HEADER",
+    "CONNECTION_HEADER",
+    "CONTENT_LENGTH_HEADER",
+    "CONTENT_TYPE_HEADER",
+    "DEADLINE_HEADER",
+    "ESTIMATED_TIME_FIELD",
+    "IDEMPOTENCY_KEY_HEADER",
+    "LOADING_MESSAGE",
+    "PRIORITY_HEADER",
+    "RETRY_AFTER_HEADER",
+    "RETRY_AFTER_MS_HEADER",
+    "SHOULD_RETRY_HEADER",
+    "WWW_AUTHENTICATE_HEADER",
+    "X_ACCEL_BUFFERING_HEADER",
+]
+
+PRIORITY_HEADER: Final = "x-yieldgate-priority"
+"""The HTTP header that carries a request's priority (``high``, ``normal``, ``low``)."""
+DEADLINE_HEADER: Final = "x-yieldgate-deadline-ms"
+"""The HTTP header that carries the caller's remaining time budget in milliseconds."""
+
+RETRY_AFTER_MS_HEADER: Final = "retry-after-ms"
+"""The retry hint in milliseconds; wins over ``retry-after``."""
+RETRY_AFTER_HEADER: Final = "retry-after"
+"""The retry hint in seconds, or an HTTP date (RFC 9110)."""
+SHOULD_RETRY_HEADER: Final = "x-should-retry"
+"""``true`` or ``false``: the server's verdict on whether sending again may succeed."""
+IDEMPOTENCY_KEY_HEADER: Final = "Idempotency-Key"
+"""One key per call, the same on every attempt, so that the server may drop a repeat."""
+
+# Not headers: the JSON body of HuggingFace's "model is loading" 503.
+ESTIMATED_TIME_FIELD: Final = "estimated_time"
+"""Seconds until the model is expected to be loaded."""
+LOADING_MESSAGE: Final = "currently loading"
+"""What the ``error`` text says of a model that is still loading."""
+
+AUTHORIZATION_HEADER: Final = "authorization"
+WWW_AUTHENTICATE_HEADER: Final = "www-authenticate"
+CONTENT_TYPE_HEADER: Final = "content-type"
+CONTENT_LENGTH_HEADER: Final = "content-length"
+CACHE_CONTROL_HEADER: Final = "cache-control"
+CONNECTION_HEADER: Final = "connection"
+X_ACCEL_BUFFERING_HEADER: Final = "x-accel-buffering"
+"""``no`` asks a proxy (nginx) not to buffer a stream."""
