@@ -25,7 +25,6 @@ import pytest
 from huggingface_hub import InferenceClient
 
 import yieldgate
-from tests.conftest import ServerProcess, start_server
 from yieldgate import (
     CallFailedError,
     DeadlineExceededError,
@@ -39,6 +38,7 @@ from yieldgate import (
     current_attempt,
     http_client,
 )
+from yieldgate.server import ServerProcess, spawn
 from yieldgate.transports.http import MAX_ERROR_BODY_BYTES
 
 pytestmark = pytest.mark.e2e
@@ -49,11 +49,8 @@ LIBRARIES = {"httpx": httpx, "httpx2": httpx2}
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[ServerProcess]:
-    proc = start_server("--max-inflight", "1", "--exec-ms", "10", "--http-port", "0")
-    try:
+    with spawn("--max-inflight", "1", "--exec-ms", "10", http=True) as proc:
         yield proc
-    finally:
-        proc.stop()
 
 
 @pytest.fixture(params=["httpx2", "httpx"])
@@ -270,6 +267,27 @@ def test_the_sync_huggingface_client_goes_through_the_gate_inside_the_block(
     assert "".join(tokens) == "streamed"
     assert client.text_generation("outside", max_new_tokens=4) == "outside"
     assert gate.statistics().calls_ok == 2  # the call after the block went around it
+
+
+@pytest.mark.parametrize("include_hub", [False, True])
+def test_the_hubs_own_requests_go_around_the_gate_unless_asked(
+    server: ServerProcess, monkeypatch: pytest.MonkeyPatch, include_hub: bool
+) -> None:
+    # huggingface_hub sends Hub calls (model info, its background requests) through
+    # the same factory: a Hub that cannot be reached must not open the endpoint's
+    # breaker. The local server stands in for the Hub here, by another name.
+    import huggingface_hub.constants
+    from huggingface_hub.utils import get_session
+
+    assert server.http_address is not None
+    hub = f"http://localhost:{server.http_address[1]}"
+    monkeypatch.setattr(huggingface_hub.constants, "ENDPOINT", hub)
+    gate = Gate(name="hf")
+    with yieldgate.huggingface_clients(gate, include_hub=include_hub):
+        assert get_session().get(f"{hub}/health").status_code == 200
+        client = InferenceClient(model=f"{server.http_url}/models/tiny")
+        assert client.text_generation("inference", max_new_tokens=4) == "inference"
+    assert gate.statistics().calls == (2 if include_hub else 1)
 
 
 def test_a_thread_pool_shares_one_sync_client_and_the_servers_one_slot(

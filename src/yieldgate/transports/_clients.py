@@ -13,11 +13,12 @@ import contextlib
 import importlib
 from collections.abc import Iterator
 from typing import Any
+from urllib.parse import urlsplit
 
 from yieldgate.dialects import HttpDialect
 from yieldgate.gate import USE_POLICY, Gate, UsePolicy
-from yieldgate.transports._flavor import detect_flavor
-from yieldgate.transports.http import http_client
+from yieldgate.transports._flavor import detect_flavor, library
+from yieldgate.transports.http import gate_transport, http_client
 
 __all__ = ["huggingface_clients", "openai_client"]
 
@@ -71,6 +72,7 @@ def huggingface_clients(
     *,
     dialect: str | HttpDialect = "huggingface",
     timeout: float | UsePolicy | None = USE_POLICY,
+    include_hub: bool = False,
 ) -> Iterator[None]:
     """Send huggingface_hub's HTTP clients through ``gate`` inside a ``with`` block.
 
@@ -83,41 +85,87 @@ def huggingface_clients(
             async with AsyncInferenceClient(model=url) as client:
                 text = await client.text_generation("Once upon a time")
 
-    Every request huggingface_hub makes inside the block goes through the Gate,
-    Hub calls and downloads included: keep the block around the inference
-    calls. The factories are global, so two blocks should nest, not overlap.
+    The inference requests go through the Gate. huggingface_hub's own calls to
+    the Hub (``huggingface_hub.constants.ENDPOINT``: model info, downloads, its
+    background requests) go around it, unless ``include_hub=True``: the Hub is
+    another upstream, and its failures (an offline machine cannot resolve
+    huggingface.co) must not open the breaker of the endpoint the Gate guards.
+    The factories are global, so two blocks should nest, not overlap.
     ``dialect`` and ``timeout`` are as for ``http_client``; like the library's
     own clients, the Gate's follow redirects and set no network timeout of
     their own (the inference clients pass theirs per request).
     """
-    hub = _import("huggingface_hub", "huggingface_hub")
+    hub_module = _import("huggingface_hub", "huggingface_hub")
     hub_http = importlib.import_module("huggingface_hub.utils._http")
     flavor = detect_flavor(client="huggingface_hub")
     previous_async, previous_sync = _hub_factories(hub_http)
 
+    lib = library(flavor)
+    hub_origin = (
+        None if include_hub else _origin(importlib.import_module("huggingface_hub.constants"))
+    )
+
     def make(sync: bool) -> Any:
-        client = http_client(
-            gate,
-            dialect=dialect,
-            flavor=flavor,
-            sync=sync,
-            timeout=timeout,
+        gated = gate_transport(gate, dialect=dialect, flavor=flavor, sync=sync, timeout=timeout)
+        transport = gated
+        if hub_origin is not None:
+            plain = lib.HTTPTransport() if sync else lib.AsyncHTTPTransport()
+            transport = _around_the_hub(lib, sync, hub_origin, gated, plain)
+        client_class = lib.Client if sync else lib.AsyncClient
+        return client_class(
+            transport=transport,
             follow_redirects=True,
             event_hooks=_hub_hooks(hub_http, sync),
+            timeout=None,
         )
-        client.timeout = None
-        return client
 
-    hub.set_async_client_factory(lambda: make(False))
+    hub_module.set_async_client_factory(lambda: make(False))
     try:
-        hub.set_client_factory(lambda: make(True))
+        hub_module.set_client_factory(lambda: make(True))
         try:
             yield
         finally:
             # Closes the shared sync client made inside the block, if any.
-            hub.set_client_factory(previous_sync)
+            hub_module.set_client_factory(previous_sync)
     finally:
-        hub.set_async_client_factory(previous_async)
+        hub_module.set_async_client_factory(previous_async)
+
+
+def _origin(constants: Any) -> tuple[str, str, int | None]:
+    url = urlsplit(str(constants.ENDPOINT))
+    return (url.scheme, url.hostname or "", url.port)
+
+
+def _around_the_hub(
+    lib: Any, sync: bool, hub_origin: tuple[str, str, int | None], gated: Any, plain: Any
+) -> Any:
+    """A transport that sends requests to the Hub by ``plain`` and the rest by ``gated``."""
+
+    def to_hub(request: Any) -> bool:
+        url = request.url
+        return (url.scheme, url.host, url.port) == hub_origin
+
+    if sync:
+
+        class AroundTheHub(lib.BaseTransport):  # type: ignore[misc]
+            def handle_request(self, request: Any) -> Any:
+                return (plain if to_hub(request) else gated).handle_request(request)
+
+            def close(self) -> None:
+                gated.close()
+                plain.close()
+
+        return AroundTheHub()
+
+    class AsyncAroundTheHub(lib.AsyncBaseTransport):  # type: ignore[misc]
+        async def handle_async_request(self, request: Any) -> Any:
+            return await (plain if to_hub(request) else gated).handle_async_request(request)
+
+        async def aclose(self) -> None:
+            await gated.aclose()
+            await plain.aclose()
+
+    return AsyncAroundTheHub()
 
 
 def _hub_factories(hub_http: Any) -> tuple[Any, Any]:
