@@ -10,8 +10,10 @@ import pytest
 
 from yieldgate import (
     AttemptTimeoutError,
+    DeadlineExceededError,
     Outcome,
     RemoteError,
+    RetriesExhaustedError,
     TransportError,
 )
 from yieldgate.gate import OutcomeKind, default_classify
@@ -36,6 +38,10 @@ def test_values_are_ok_and_outcomes_pass_through() -> None:
         (RemoteError("x", code="unauthorized", retryable=False), OutcomeKind.FATAL),
         (ValueError("bad input"), OutcomeKind.FATAL),
         (KeyError("k"), OutcomeKind.FATAL),
+        # An inner Gate that gave up spent its retries: a deadline is a TimeoutError
+        # too, but no more retryable than the others.
+        (DeadlineExceededError("late"), OutcomeKind.FATAL),
+        (RetriesExhaustedError("spent"), OutcomeKind.FATAL),
     ],
 )
 def test_errors(error: BaseException, kind: OutcomeKind) -> None:

@@ -30,6 +30,7 @@ from typing import Any, Final
 
 from yieldgate._exceptions import (
     AttemptTimeoutError,
+    GaveUpError,
     RemoteError,
     TransportError,
 )
@@ -247,13 +248,18 @@ def default_classify(value: Any, error: BaseException | None) -> Outcome:
     that failed for now), ``TimeoutError`` and httpx (or httpx2) transport
     errors are ``retryable``, except an unsupported protocol or a request the
     library refuses to write; a ``RemoteError`` is as retryable as the server
-    said; anything else is ``fatal``: a ``FileNotFoundError`` or a
+    said; a ``GaveUpError`` (another Gate inside the attempt gave up, after its
+    own retries) and anything else is ``fatal``: a ``FileNotFoundError`` or a
     ``PermissionError`` fails the same way on every attempt.
     """
     if error is None:
         return value if isinstance(value, Outcome) else Outcome.ok(value)
     if isinstance(error, OutcomeSignal):
         return error.outcome
+    if isinstance(error, GaveUpError):
+        # Another Gate inside this attempt gave up (a deadline is also a
+        # TimeoutError): its own retries are spent, so this attempt's fails.
+        return Outcome.fatal(error)
     if isinstance(error, TransportError | AttemptTimeoutError | TimeoutError):
         return Outcome.retryable(error)
     if isinstance(error, OSError):
