@@ -8,12 +8,12 @@ and picks one per attempt by an estimated latency cost.
 
 from __future__ import annotations
 
-import math
 import random
 from collections import deque
 from typing import Any
 
 from yieldgate._exceptions import CircuitOpenError
+from yieldgate._stats import percentile
 from yieldgate.gate._breaker import Breaker
 from yieldgate.gate._policy import UpstreamStatistics
 from yieldgate.gate._window import Window
@@ -32,11 +32,10 @@ class LatencyTracker:
     loser is not, so the quantile leans towards the faster attempts.
     """
 
-    __slots__ = ("_recent", "_sorted", "ewma_s")
+    __slots__ = ("_recent", "ewma_s")
 
     def __init__(self, size: int = 200) -> None:
         self._recent: deque[float] = deque(maxlen=size)
-        self._sorted: list[float] | None = None
         self.ewma_s: float | None = None
 
     def __len__(self) -> int:
@@ -44,7 +43,6 @@ class LatencyTracker:
 
     def record(self, seconds: float) -> None:
         self._recent.append(seconds)
-        self._sorted = None
         self.ewma_s = seconds if self.ewma_s is None else 0.8 * self.ewma_s + 0.2 * seconds
 
     def record_at_least(self, seconds: float) -> None:
@@ -55,14 +53,9 @@ class LatencyTracker:
             self.ewma_s = seconds if self.ewma_s is None else 0.8 * self.ewma_s + 0.2 * seconds
 
     def quantile(self, q: float) -> float | None:
-        """The ``q`` quantile of the recent latencies (nearest rank), or None if empty."""
-        if not self._recent:
-            return None
-        if self._sorted is None:
-            self._sorted = sorted(self._recent)
-        values = self._sorted
-        rank = min(len(values) - 1, max(0, math.ceil(q * len(values)) - 1))
-        return values[rank]
+        """The ``q`` quantile (``0 < q < 1``) of the recent latencies, or None if empty:
+        the nearest rank, as every percentile yieldgate reports."""
+        return percentile(self._recent, q * 100, default=None)
 
 
 class Upstream:
