@@ -27,7 +27,7 @@ import time
 from typing import Any
 
 import httpx
-from huggingface_hub import AsyncInferenceClient, set_async_client_factory
+from huggingface_hub import AsyncInferenceClient
 
 import yieldgate
 import yieldgate.server
@@ -81,11 +81,11 @@ def main(args: argparse.Namespace) -> int:
         f"{args.requests} requests at once; {args.cold_start_s:g} s loading, then "
         f"1 -> {args.max_inflight} slots over {args.ramp_s:g} s; {args.exec_ms:g} ms each"
     )
-    # Naive first: the client factory set below applies to every client made afterwards.
     on_fresh_server(args, "naive (the client as is)")
     gate = yieldgate.Gate(yieldgate.GatePolicy.cold_start(), name="hf")
-    set_async_client_factory(lambda: yieldgate.http_client(gate, dialect="huggingface"))
-    succeeded = on_fresh_server(args, "yieldgate (GatePolicy.cold_start())")
+    # Inside the block, huggingface_hub's clients send through the Gate.
+    with yieldgate.huggingface_clients(gate):
+        succeeded = on_fresh_server(args, "yieldgate (GatePolicy.cold_start())")
     return 0 if succeeded == args.requests else 1
 
 

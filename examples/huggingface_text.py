@@ -1,7 +1,8 @@
 """Text generation through the official HuggingFace client, under a Gate, across a cold start.
 
 ``huggingface_hub``'s ``AsyncInferenceClient`` takes its HTTP client from a
-factory: yieldgate installs one whose requests pass through a Gate with the
+factory: ``yieldgate.huggingface_clients(gate)`` installs, for a ``with``
+block, one whose requests pass through a Gate with the
 ``huggingface`` dialect, which reads the ``estimated_time`` of a model that is
 still loading (503) as a cold-start hint. No official client does: they fail
 or retry blind. Against yieldgate's reference server, started cold:
@@ -20,7 +21,7 @@ import argparse
 import asyncio
 import time
 
-from huggingface_hub import AsyncInferenceClient, set_async_client_factory
+from huggingface_hub import AsyncInferenceClient
 
 import yieldgate
 
@@ -35,13 +36,13 @@ async def one(client: AsyncInferenceClient, n: int, stream: bool) -> str:
 
 async def main(url: str, requests: int, stream: bool) -> int:
     gate = yieldgate.Gate(yieldgate.GatePolicy.cold_start(max_concurrency=32), name="hf")
-    # Every AsyncInferenceClient made from here on sends through the Gate.
-    set_async_client_factory(lambda: yieldgate.http_client(gate, dialect="huggingface"))
     started = time.perf_counter()
-    async with AsyncInferenceClient(model=url) as client:
-        results = await asyncio.gather(
-            *(one(client, n, stream) for n in range(requests)), return_exceptions=True
-        )
+    # Inside the block, huggingface_hub's clients send through the Gate.
+    with yieldgate.huggingface_clients(gate):
+        async with AsyncInferenceClient(model=url) as client:
+            results = await asyncio.gather(
+                *(one(client, n, stream) for n in range(requests)), return_exceptions=True
+            )
     elapsed = time.perf_counter() - started
     failed = [r for r in results if isinstance(r, BaseException)]
     stats = gate.statistics()

@@ -54,11 +54,9 @@ async def one(client: openai.AsyncOpenAI, n: int, stream: bool) -> str:
 async def main(base_url: str, requests: int, stream: bool) -> int:
     # One Gate per upstream, shared by every call to it.
     gate = yieldgate.Gate(yieldgate.GatePolicy.cold_start(max_concurrency=32), name="chat")
-    client = openai.AsyncOpenAI(
-        base_url=base_url,
-        api_key=os.environ.get("OPENAI_API_KEY", "not-needed-locally"),
-        http_client=yieldgate.http_client(gate, dialect="openai"),
-        max_retries=0,
+    # openai's own client, its HTTP client the Gate's and its own retries off.
+    client = yieldgate.openai_client(
+        gate, base_url=base_url, api_key=os.environ.get("OPENAI_API_KEY", "not-needed-locally")
     )
     started = time.perf_counter()
     async with client:

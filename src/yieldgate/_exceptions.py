@@ -17,6 +17,7 @@ dependency's exception type escapes the public API::
      ├── StreamInterruptedError     a stream failed after its first chunk (.chunks)
      ├── RemoteError                the server answered an error (.code, .retryable)
      ├── ResponseFormatError        an HTTP body had none of the shapes its dialect knows
+     ├── ServerStartError           yieldgate.server.spawn: the server did not start (.stderr)
      └── ProtocolError              a peer broke the governed protocol (PROTOCOL.md)
           ├── FrameError            one frame could not be decoded or failed validation
           └── IntegrityError        a body kept failing its SHA-256 check
@@ -33,7 +34,8 @@ already handles timeouts (``except TimeoutError``) handles a Gate's.
 
 ``yieldgate`` exports the errors a caller catches; the governed protocol's
 (``ProtocolError`` and its subclasses) are exported from ``yieldgate.protocol``
-and ``ResponseFormatError`` from ``yieldgate.dialects``. This module imports
+``ResponseFormatError`` from ``yieldgate.dialects`` and ``ServerStartError``
+from ``yieldgate.server``. This module imports
 only the standard library, so that the protocol module (shared by the server
 and the client) can raise these types.
 """

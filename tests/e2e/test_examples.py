@@ -82,6 +82,13 @@ def test_openai_chat(serve: Serve, stream: bool) -> None:
     assert "40/40 succeeded" in out
 
 
+def test_sync_threads(serve: Serve) -> None:
+    server = serve("--max-inflight", "4", "--exec-ms", "20", "--http-port", "0")
+    out = run_example("sync_threads.py", "--url", server.http_url or "", "--threads", "40")
+    assert "40/40 succeeded" in out
+    assert_peak_within(out, 4)
+
+
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
 def test_huggingface_text_across_a_cold_start(serve: Serve, stream: bool) -> None:
     server = serve("--max-inflight", "4", "--exec-ms", "20", "--http-port", "0", *COLD)

@@ -337,15 +337,13 @@ async def _open_hf(
     target: Target, gate: yieldgate.Gate, workload: Workload, dialect: str
 ) -> AsyncIterator[Send]:
     try:
-        from huggingface_hub import AsyncInferenceClient, set_async_client_factory
-        from huggingface_hub.utils import _http as hf_http
+        from huggingface_hub import AsyncInferenceClient
     except ImportError:
         raise ImportError("an hf+http:// target needs the huggingface_hub package") from None
     path = target.path or f"/models/{workload.model}"
-    # huggingface_hub takes its HTTP client from one global factory: installed
-    # for this run only, then the library's default comes back.
-    set_async_client_factory(lambda: yieldgate.http_client(gate, dialect=dialect))
-    try:
+    # huggingface_hub takes its HTTP clients from global factories: the Gate's
+    # for this run only, then the ones before come back.
+    with yieldgate.huggingface_clients(gate, dialect=dialect):
         async with AsyncInferenceClient(model=f"{target.http_base}{path}") as client:
 
             async def send(prompt: str, request: Request) -> None:
@@ -361,8 +359,6 @@ async def _open_hf(
                         request.chunk()
 
             yield send
-    finally:
-        set_async_client_factory(hf_http.default_async_client_factory)
 
 
 @contextlib.asynccontextmanager
@@ -372,9 +368,9 @@ async def _open_tgi(
     parameters: dict[str, Any] = {}
     if workload.max_tokens is not None:
         parameters["max_new_tokens"] = workload.max_tokens
-    async with yieldgate.http_client(
-        gate, dialect=dialect, flavor="httpx", base_url=target.http_base, timeout=120.0
-    ) as client:
+    client = yieldgate.http_client(gate, dialect=dialect, flavor="httpx", base_url=target.http_base)
+    client.timeout = 120.0  # the library's network timeouts, per attempt
+    async with client:
 
         async def send(prompt: str, request: Request) -> None:
             request.restart()
