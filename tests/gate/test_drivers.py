@@ -303,3 +303,21 @@ def test_a_custom_classifier_turns_a_value_into_a_yield(driver: str) -> None:
     assert s.gate is not None
     assert s.gate.statistics().yields == 2
     assert s.elapsed >= 1.0
+
+
+def test_a_sync_call_interrupted_in_its_retry_wait_refunds_the_budget_and_holds_nothing() -> None:
+    # The sync counterpart of a cancelled call: KeyboardInterrupt during the backoff.
+    class Interrupted(VirtualTimer):
+        def sleep(self, seconds: float) -> None:
+            raise KeyboardInterrupt
+
+    timer = Interrupted()
+    gate = Gate(instrumentation=NullInstrumentation(), clock=timer.now)
+    gate._timer = timer
+    before = gate.statistics().retry_allowance
+    with pytest.raises(KeyboardInterrupt):
+        gate.call_sync(answers(ConnectionResetError("reset"), "never"))
+    stats = gate.statistics()
+    # Its request counted (ratio x 1); the retry it drew and never sent went back.
+    assert stats.retry_allowance == pytest.approx(before + gate.policy.budget.ratio)
+    assert (stats.window.inflight, stats.window.waiting, stats.calls_failed) == (0, 0, 1)
