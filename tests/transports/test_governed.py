@@ -372,9 +372,9 @@ async def test_a_stream_outlives_the_attempt_timeout(serve: Any) -> None:
 
 def test_remote_errors_keep_the_servers_flag() -> None:
     from yieldgate.protocol import ErrorReply
-    from yieldgate.transports.governed import _classify_error
+    from yieldgate.transports._governed_outcome import classify_error
 
-    outcome = _classify_error(
+    outcome = classify_error(
         ErrorReply(id="a", code="deadline_exceeded", message="late", retryable=False)
     )
     assert outcome.kind == "retryable"  # the client may try again...
