@@ -23,8 +23,8 @@ from yieldgate.protocol import (
     stats_frame,
 )
 from yieldgate.server import ServerProcess
+from yieldgate.server._tcp_serving import YieldReplies
 from yieldgate.server.governor import Yield
-from yieldgate.server.tcp import _YieldReplies
 
 pytestmark = [pytest.mark.anyio, pytest.mark.e2e]
 
@@ -728,7 +728,7 @@ def test_running_out_of_descriptors_does_not_kill_the_server(serve: Any) -> None
 
 @pytest.mark.parametrize("rid", ["a", 'quote " and \\ back', "caf\u00e9 \u2603", "\n\t"])
 def test_yield_replies_are_encode_yield_byte_for_byte(rid: str) -> None:
-    replies = _YieldReplies()
+    replies = YieldReplies()
     same = Yield(4, YieldReason.SATURATED, 1, 1)
     refusals = [
         Yield(5, YieldReason.SATURATED, 1, 1),

@@ -20,13 +20,16 @@ text: ``{"text": ..., "token_ids": [...]}``. The result: ``text``,
 ``prompt_tokens``, ``completion_tokens``, ``cached_tokens`` (prompt tokens
 found in the prefix cache), ``ttft_ms``, ``tpot_ms``, ``e2e_ms``,
 ``preemptions`` and ``finish_reason``.
+
+Here: ``HarnessConfig``, and ``HarnessBackend``'s loop side (start-up and
+warm-up, the SLO check, parsing, executing and answering requests, stats).
+The engine thread's side, which it inherits, is ``_engine_thread``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import codecs
-import contextlib
 import itertools
 import logging
 import math
@@ -40,13 +43,14 @@ from typing import Any
 import anyio
 import torch
 
+from yieldgate.harness._engine_thread import EngineThread, Request
 from yieldgate.harness.disagg import Disaggregation
-from yieldgate.harness.engine import Engine, EngineConfig, StepResult
+from yieldgate.harness.engine import Engine, EngineConfig
 from yieldgate.harness.metrics import ServingMetrics
 from yieldgate.harness.prefill_worker import WorkerSpec
 from yieldgate.harness.qos import QosPolicy, SloConfig, TtftEstimator
 from yieldgate.harness.router import Router, RouterConfig, RouterConfigFile
-from yieldgate.harness.sequence import SamplingParams, Sequence, SequenceStatus
+from yieldgate.harness.sequence import SamplingParams
 from yieldgate.server.backends import BackendError, Emit, Work
 from yieldgate.server.governor import AdmissionHook, AdmissionRequest, Governor, Rejection
 
@@ -110,38 +114,7 @@ class HarnessConfig:
         )
 
 
-class _Request:
-    """One submit's state, shared between the event loop and the engine thread."""
-
-    __slots__ = (
-        "error",
-        "finished",
-        "first_token_at",
-        "last_token_at",
-        "pending",
-        "prompt",
-        "sampling",
-        "seq",
-        "started_at",
-        "token_times",
-        "wakeup",
-    )
-
-    def __init__(self, prompt: list[int], sampling: SamplingParams) -> None:
-        self.prompt = prompt
-        self.sampling = sampling
-        self.seq: Sequence | None = None  # set by the engine thread
-        self.started_at = time.monotonic()
-        self.first_token_at: float | None = None
-        self.last_token_at = 0.0
-        self.pending: list[int] = []
-        self.token_times: list[float] = []
-        self.finished = False
-        self.error: BaseException | None = None
-        self.wakeup = anyio.Event()
-
-
-class HarnessBackend:
+class HarnessBackend(EngineThread):
     """Serves ``TinyTransformer`` with continuous batching behind the Governor."""
 
     name = "harness"
@@ -153,7 +126,7 @@ class HarnessBackend:
         self._inbox: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._live: dict[int, _Request] = {}  # engine thread only
+        self._live: dict[int, Request] = {}  # engine thread only
         self._closed = False
         self._stopped = False  # the engine thread has ended
         cfg = self.config
@@ -288,7 +261,7 @@ class HarnessBackend:
         if self.engine is None or self._thread is None or self._stopped:
             raise BackendError("the harness engine is not running", retryable=True)
         prompt, sampling = self._parse(work)
-        request = _Request(prompt, sampling)
+        request = Request(prompt, sampling)
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         pieces: list[str] = []
         tokens: list[int] = []
@@ -323,7 +296,7 @@ class HarnessBackend:
             )
         return result
 
-    def _result(self, request: _Request, text: str, tokens: list[int]) -> dict[str, Any]:
+    def _result(self, request: Request, text: str, tokens: list[int]) -> dict[str, Any]:
         seq = request.seq
         assert seq is not None
         assert request.first_token_at is not None
@@ -354,187 +327,6 @@ class HarnessBackend:
         if self.qos is not None:
             stats["qos"] = self.qos.stats()
         return stats
-
-    # -- the engine thread ----------------------------------------------------
-
-    def _run(self) -> None:
-        engine = self.engine
-        assert engine is not None
-        stopped: BaseException = RuntimeError("the engine stopped")
-        try:
-            self._step_until_stopped(engine)
-        except Exception as exc:  # a bug: say so, and fail what is in flight
-            log.exception("the engine thread crashed")
-            stopped = exc
-        finally:
-            self._stopped = True
-            self._post([(request, None, False) for request in self._live.values()], error=stopped)
-            self._live.clear()
-
-    def _step_until_stopped(self, engine: Engine) -> None:
-        while True:
-            # Block for new requests only when nothing is running.
-            if not self._drain(block=not engine.has_work):
-                return
-            try:
-                result = engine.step()
-            except Exception as exc:
-                log.exception("engine step failed; failing the requests in flight")
-                self._fail_all(engine, exc)
-                continue
-            if result is None:
-                if engine.has_work:
-                    # Waiting work that cannot be scheduled yet (no blocks): nothing
-                    # running will free any, so this would spin; it cannot happen
-                    # with the admission checks, but never busy-loop if it does.
-                    time.sleep(0.001)
-                continue
-            if self.qos is not None:
-                estimator = self.qos.estimator
-                if result.is_prefill:
-                    estimator.observe_prefill(result.num_new_tokens, result.duration_ms)
-                else:
-                    estimator.observe_decode_step(result.duration_ms)
-            self._publish_load(engine)
-            self._publish(result)
-
-    def _drain(self, *, block: bool) -> bool:
-        """Apply queued adds and aborts; ``False`` once asked to stop."""
-        engine = self.engine
-        assert engine is not None
-        try:
-            item = self._inbox.get() if block else self._inbox.get_nowait()
-        except queue.Empty:
-            return True
-        while True:
-            op, payload = item
-            if op == "stop":
-                return False
-            try:
-                self._apply(engine, op, payload)
-            except Exception as exc:
-                # Never let one bad event end the engine thread: whatever it was
-                # about fails, everything else goes on.
-                log.exception("engine thread: handling %r failed", op)
-                if op == "add":
-                    self._forget(engine, payload)
-                    self._post([(payload, None, False)], error=exc)
-            try:
-                item = self._inbox.get_nowait()
-            except queue.Empty:
-                self._publish_load(engine)
-                return True
-
-    def _apply(self, engine: Engine, op: str, payload: Any) -> None:
-        disagg = self.disagg
-        if op == "add":
-            request: _Request = payload
-            self._tokens_taken += len(request.prompt)
-            try:
-                request.seq = seq = engine.create(request.prompt, request.sampling)
-            except ValueError as exc:
-                self._post([(request, None, False)], error=exc)
-                return
-            self._live[seq.id] = request
-            if disagg is None:
-                engine.scheduler.add(seq)
-                remote = False
-            else:
-                disagg.place(seq)
-                remote = seq.status is SequenceStatus.REMOTE
-            with self._metrics_lock:
-                self.metrics.record_route(remote)
-        elif op == "abort":
-            request = payload
-            if request.seq is not None and self._live.pop(request.seq.id, None) is not None:
-                engine.abort(request.seq)
-        elif disagg is not None and op == "kv":
-            request_id, start, kv, transfer = payload
-            with self._metrics_lock:
-                self.metrics.record_transfer(nbytes=transfer.nbytes, ms=transfer.transfer_ms)
-            if self.qos is not None and kv.shape[2]:
-                self.qos.estimator.observe_prefill(kv.shape[2], transfer.compute_ms)
-            disagg.kv_arrived(self._seq(request_id), start, kv)
-        elif disagg is not None and op == "remote_failed":
-            request_id, _reason = payload
-            disagg.fallback(self._seq(request_id))
-        elif disagg is not None and op == "worker_dead":
-            disagg.worker_died(payload)
-
-    def _publish_load(self, engine: Engine) -> None:
-        sched = engine.scheduler
-        queued = sum(len(s.tokens) - s.num_computed for s in sched.waiting)
-        queued += sum(len(s.tokens) - s.num_computed for s in sched.ready)
-        if self.disagg is not None:
-            queued += self.disagg.remote_queued_tokens()
-        self._load_now = (queued, len(sched.running))
-
-    def _forget(self, engine: Engine, request: _Request) -> None:
-        """Drop a request whose placement failed, wherever it got to."""
-        seq = request.seq
-        if seq is None:
-            return
-        self._live.pop(seq.id, None)
-        try:
-            engine.abort(seq)
-        except ValueError:  # it never reached a queue
-            seq.status = SequenceStatus.FINISHED
-            if seq.block_table:
-                engine.blocks.free(seq)
-
-    def _seq(self, request_id: int) -> Sequence | None:
-        request = self._live.get(request_id)
-        return None if request is None else request.seq
-
-    def _publish(self, result: StepResult) -> None:
-        now = time.monotonic()
-        finished = {seq.id for seq in result.finished}
-        events: list[tuple[_Request, int | None, bool]] = []
-        for seq, token in zip(result.seqs, result.tokens, strict=True):
-            request = self._live.get(seq.id)
-            if request is not None:
-                events.append((request, token, seq.id in finished))
-        for seq_id in finished:
-            self._live.pop(seq_id, None)
-        self._post(events, now)
-
-    def _post(
-        self,
-        events: list[tuple[_Request, int | None, bool]],
-        now: float = 0.0,
-        *,
-        error: BaseException | None = None,
-    ) -> None:
-        """Hand ``events`` to the event loop; requests are only touched there from now on."""
-        loop = self._loop
-        if loop is None or not events or loop.is_closed():
-            return
-        with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
-            loop.call_soon_threadsafe(self._deliver, events, now, error)
-
-    @staticmethod
-    def _deliver(
-        events: list[tuple[_Request, int | None, bool]], now: float, error: BaseException | None
-    ) -> None:
-        for request, token, finished in events:
-            if error is not None:
-                request.error = error
-            if token is not None:
-                if request.first_token_at is None:
-                    request.first_token_at = now
-                request.last_token_at = now
-                request.pending.append(token)
-                request.token_times.append(now)
-            request.finished = request.finished or finished
-            request.wakeup.set()
-
-    def _fail_all(self, engine: Engine, exc: BaseException) -> None:
-        failed = list(self._live.values())
-        for request in failed:
-            if request.seq is not None:
-                engine.abort(request.seq)
-        self._live.clear()
-        self._post([(request, None, False) for request in failed], error=exc)
 
 
 def _chain(first: AdmissionHook | None, second: AdmissionHook) -> AdmissionHook:

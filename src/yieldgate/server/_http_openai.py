@@ -1,0 +1,196 @@
+"""The OpenAI dialect: ``POST /v1/chat/completions`` and ``POST /v1/completions``.
+
+Bodies, chunks and errors in OpenAI's shapes; a stream ends with
+``data: [DONE]``, after a usage chunk when ``stream_options.include_usage``
+asks for one. A yield is an error of type ``yield`` whose code is the reason.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from yieldgate.server._http_dialect_base import (
+    BadRequest,
+    Dialect,
+    Job,
+    backend_params,
+    bool_field,
+    int_field,
+    number_field,
+    object_field,
+    seed_field,
+    sse,
+)
+from yieldgate.server.governor import Yield
+
+__all__ = ["ChatCompletions", "Completions"]
+
+
+class _OpenAI(Dialect):
+    family = "openai"
+
+    def _job(self, body: dict[str, Any], prompt: str, default_model: str) -> Job:
+        """The job for ``prompt``, from the fields both OpenAI routes share."""
+        model = body.get("model", default_model)
+        if not isinstance(model, str) or not model:
+            raise BadRequest("'model' must be a non-empty string")
+        n = body.get("n")
+        if n is not None and (type(n) is not int or n != 1):
+            raise BadRequest("only n=1 is supported")
+        max_tokens = int_field(body, "max_completion_tokens")
+        if max_tokens is None:
+            max_tokens = int_field(body, "max_tokens")
+        params = backend_params(
+            max_tokens,
+            number_field(body, "temperature"),
+            seed_field(body, "seed"),
+            object_field(body, "backend_params"),
+        )
+        return Job(
+            prompt=prompt,
+            params=params,
+            stream=bool_field(body, "stream"),
+            model=model,
+            include_usage=bool_field(
+                object_field(body, "stream_options"), "include_usage", "stream_options."
+            ),
+            id=self.new_id(),
+        )
+
+    def _chunk(self, job: Job, choice: dict[str, Any]) -> dict[str, Any]:
+        chunk: dict[str, Any] = {
+            "id": job.id,
+            "object": self.chunk_object,
+            "created": job.created,
+            "model": job.model,
+            "choices": [choice],
+        }
+        if job.include_usage:
+            chunk["usage"] = None
+        return chunk
+
+    chunk_object: ClassVar[str]
+
+    def _last_choice(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def end(self, job: Job, index: int, text: str, usage: dict[str, int]) -> bytes:
+        events = [sse(self._chunk(job, self._last_choice()))]
+        if job.include_usage:
+            events.append(sse({**self._chunk(job, {}), "choices": [], "usage": usage}))
+        events.append(b"data: [DONE]\n\n")
+        return b"".join(events)
+
+    def error(self, status: int, code: str, message: str) -> dict[str, Any]:
+        kind = "invalid_request_error" if status < 500 else "server_error"
+        return {"error": {"message": message, "type": kind, "param": None, "code": code}}
+
+    def yield_fields(self, refusal: Yield) -> dict[str, Any]:
+        message = (
+            f"not admitted ({refusal.reason}): retry in about {refusal.retry_hint_ms} ms; "
+            "nothing was queued"
+        )
+        return {
+            "error": {"message": message, "type": "yield", "param": None, "code": refusal.reason}
+        }
+
+
+class ChatCompletions(_OpenAI):
+    """``POST /v1/chat/completions``."""
+
+    id_prefix = "chatcmpl-"
+    chunk_object = "chat.completion.chunk"
+
+    def parse(self, body: dict[str, Any], model_id: str | None, default_model: str) -> Job:
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise BadRequest("'messages' must be a non-empty array")
+        lines = [_message_line(i, message) for i, message in enumerate(messages)]
+        return self._job(body, "\n".join(lines), default_model)
+
+    def ok(self, job: Job, text: str, usage: dict[str, int]) -> Any:
+        return {
+            "id": job.id,
+            "object": "chat.completion",
+            "created": job.created,
+            "model": job.model,
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": text, "refusal": None},
+                    "logprobs": None,
+                    "finish_reason": "stop",
+                }
+            ],
+            "usage": usage,
+            "system_fingerprint": None,
+        }
+
+    def piece(self, job: Job, index: int, text: str) -> bytes:
+        delta = {"role": "assistant", "content": text} if index == 0 else {"content": text}
+        return sse(
+            self._chunk(job, {"index": 0, "delta": delta, "logprobs": None, "finish_reason": None})
+        )
+
+    def _last_choice(self) -> dict[str, Any]:
+        return {"index": 0, "delta": {}, "logprobs": None, "finish_reason": "stop"}
+
+
+def _message_line(i: int, message: Any) -> str:
+    if not isinstance(message, dict):
+        raise BadRequest(f"'messages[{i}]' must be an object")
+    role = message.get("role")
+    if not isinstance(role, str) or not role:
+        raise BadRequest(f"'messages[{i}].role' must be a non-empty string")
+    content = message.get("content")
+    if content is None or isinstance(content, str):
+        return f"{role}: {content or ''}"
+    if not isinstance(content, list):
+        raise BadRequest(f"'messages[{i}].content' must be a string or an array of parts")
+    texts = []
+    for j, part in enumerate(content):
+        if (
+            not isinstance(part, dict)
+            or part.get("type") != "text"
+            or not isinstance(part.get("text"), str)
+        ):
+            raise BadRequest(
+                f"'messages[{i}].content[{j}]' must be a text part "
+                '({"type": "text", "text": ...}); only text is supported'
+            )
+        texts.append(part["text"])
+    return f"{role}: {''.join(texts)}"
+
+
+class Completions(_OpenAI):
+    """``POST /v1/completions``."""
+
+    id_prefix = "cmpl-"
+    chunk_object = "text_completion"
+
+    def parse(self, body: dict[str, Any], model_id: str | None, default_model: str) -> Job:
+        prompt = body.get("prompt")
+        if isinstance(prompt, list) and len(prompt) == 1:
+            prompt = prompt[0]
+        if not isinstance(prompt, str):
+            raise BadRequest("'prompt' must be a string (or an array of one string)")
+        return self._job(body, prompt, default_model)
+
+    def ok(self, job: Job, text: str, usage: dict[str, int]) -> Any:
+        return {
+            "id": job.id,
+            "object": "text_completion",
+            "created": job.created,
+            "model": job.model,
+            "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": "stop"}],
+            "usage": usage,
+            "system_fingerprint": None,
+        }
+
+    def piece(self, job: Job, index: int, text: str) -> bytes:
+        return sse(
+            self._chunk(job, {"index": 0, "text": text, "logprobs": None, "finish_reason": None})
+        )
+
+    def _last_choice(self) -> dict[str, Any]:
+        return {"index": 0, "text": "", "logprobs": None, "finish_reason": "stop"}
