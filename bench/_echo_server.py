@@ -1,7 +1,7 @@
 """A bare NDJSON echo server: the baseline that ``bench/governor.py`` compares against.
 
-Same stack and read strategy as ``yieldgate.server.tcp``: anyio on asyncio with
-uvloop, one task per connection, ``receive(65536)`` into a ``bytearray``,
+Same stack and read strategy as the TCP front (``yieldgate.server._tcp_serving``):
+anyio on asyncio with uvloop, one task per connection, ``receive(65536)`` into a ``bytearray``,
 ``find(b"\\n")`` for each line, and every reply produced from one receive
 coalesced into one ``send``. Minus JSON, hashing and governance: each line is
 written back unchanged. Binds 127.0.0.1 on ``--port`` (0 picks a free one) and

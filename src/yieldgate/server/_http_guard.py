@@ -21,7 +21,7 @@ protocol class:
   the connection is aborted (counted), uvicorn tells the app the client left,
   and the app cancels the request's work, which frees its slot.
 
-The body's own timeout is the app's (``_http_app``), so that it can answer
+The body's own timeout is the app's (``_http_inference``), so that it can answer
 408 in the route's dialect.
 
 ``GuardedProtocol`` is written against what uvicorn's h11 and httptools
