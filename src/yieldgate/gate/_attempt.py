@@ -9,7 +9,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from yieldgate.protocol import Priority
 
@@ -64,18 +64,16 @@ class AttemptInfo:
         return max(0.0, self.call_deadline - self.clock())
 
 
-class Slot:
-    """What an attempt needs before it is sent: an upstream, a window slot, a breaker ticket."""
+class Slot(NamedTuple):
+    """What an attempt needs before it is sent: an upstream, a window slot, a breaker ticket.
 
-    __slots__ = ("permit", "ticket", "upstream", "waited")
+    ``waited``: it was not free at once (the attempt's time then starts when it is sent).
+    """
 
-    def __init__(
-        self, upstream: Upstream, permit: Permit, ticket: BreakerTicket, waited: bool
-    ) -> None:
-        self.upstream = upstream
-        self.permit = permit
-        self.ticket = ticket
-        self.waited = waited
+    upstream: Upstream
+    permit: Permit
+    ticket: BreakerTicket
+    waited: bool
 
 
 class Attempt:
