@@ -20,6 +20,7 @@ __all__ = [
     "AUTHORIZATION_HEADER",
     "CACHE_CONTROL_HEADER",
     "CONNECTION_HEADER",
+    "CONTENT_ENCODING_HEADER",
     "CONTENT_LENGTH_HEADER",
     "CONTENT_TYPE_HEADER",
     "DEADLINE_HEADER",
@@ -30,6 +31,7 @@ __all__ = [
     "RETRY_AFTER_HEADER",
     "RETRY_AFTER_MS_HEADER",
     "SHOULD_RETRY_HEADER",
+    "TRANSFER_ENCODING_HEADER",
     "WWW_AUTHENTICATE_HEADER",
     "X_ACCEL_BUFFERING_HEADER",
 ]
@@ -58,6 +60,8 @@ AUTHORIZATION_HEADER: Final = "authorization"
 WWW_AUTHENTICATE_HEADER: Final = "www-authenticate"
 CONTENT_TYPE_HEADER: Final = "content-type"
 CONTENT_LENGTH_HEADER: Final = "content-length"
+CONTENT_ENCODING_HEADER: Final = "content-encoding"
+TRANSFER_ENCODING_HEADER: Final = "transfer-encoding"
 CACHE_CONTROL_HEADER: Final = "cache-control"
 CONNECTION_HEADER: Final = "connection"
 X_ACCEL_BUFFERING_HEADER: Final = "x-accel-buffering"

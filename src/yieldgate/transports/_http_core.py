@@ -16,6 +16,12 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from yieldgate._exceptions import CallFailedError, StreamInterruptedError, YieldgateError
+from yieldgate._headers import (
+    CONTENT_ENCODING_HEADER,
+    CONTENT_LENGTH_HEADER,
+    CONTENT_TYPE_HEADER,
+    TRANSFER_ENCODING_HEADER,
+)
 from yieldgate.dialects import HttpDialect
 from yieldgate.gate import AttemptInfo, Gate, Lease, Outcome, Signal, UsePolicy, current_attempt
 from yieldgate.protocol import DEADLINE_HEADER, PRIORITY_HEADER, Priority, parse_priority
@@ -34,7 +40,7 @@ __all__ = [
 
 MAX_ERROR_BODY_BYTES = 1 << 20
 # Headers that describe the body as it was sent, not the (decoded, maybe cut) bytes kept.
-_BODY_HEADERS = ("content-encoding", "content-length", "transfer-encoding")
+_BODY_HEADERS = (CONTENT_ENCODING_HEADER, CONTENT_LENGTH_HEADER, TRANSFER_ENCODING_HEADER)
 
 
 class GatedCore:
@@ -165,7 +171,7 @@ def is_closed(response: Any) -> bool:
 
 
 def _keeps_chunks(response_headers: Any) -> bool:
-    kind = str(response_headers.get("content-type", "")).lower()
+    kind = str(response_headers.get(CONTENT_TYPE_HEADER, "")).lower()
     return kind.startswith("text/event-stream") or "ndjson" in kind or "jsonl" in kind
 
 
