@@ -362,8 +362,9 @@ def test_client_kwargs_reach_the_client() -> None:
     assert isinstance(client, httpx.AsyncClient)
     assert str(client.base_url) == "http://upstream.test"
     assert client.headers["x-team"] == "a"
-    # ``timeout`` is the Gate's: the library's own network timeouts keep their default.
-    assert http_client(gate, timeout=7.0, flavor="httpx").timeout == httpx.Timeout(5.0)
+    # ``timeout`` is the Gate's. The library gets no network timeout of its own
+    # (the Gate bounds attempts and calls), which a request then could not lift.
+    assert http_client(gate, timeout=7.0, flavor="httpx").timeout == httpx.Timeout(None)
     with pytest.raises(TypeError, match="inner="):
         http_client(gate, transport=httpx.AsyncHTTPTransport())
 

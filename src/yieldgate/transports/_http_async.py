@@ -40,12 +40,12 @@ class _AsyncGated(GatedCore):
                 self._attempt,
                 request,
                 priority=priority,
-                timeout=self.timeout,
+                timeout=self.call_timeout(request),
                 classify=self.dialect,
                 discard=_close_response,
             )
         except YieldgateError as exc:
-            return given_up(exc)
+            return given_up(exc, request, self.lib)
         return self.settle(response, lease)
 
     async def _attempt(self, request: Any) -> Any:

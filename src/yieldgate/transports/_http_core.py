@@ -15,7 +15,12 @@ import weakref
 from typing import Any
 from urllib.parse import urlsplit
 
-from yieldgate._exceptions import CallFailedError, StreamInterruptedError, YieldgateError
+from yieldgate._exceptions import (
+    CallFailedError,
+    DeadlineExceededError,
+    StreamInterruptedError,
+    YieldgateError,
+)
 from yieldgate._headers import (
     CONTENT_ENCODING_HEADER,
     CONTENT_LENGTH_HEADER,
@@ -36,6 +41,7 @@ __all__ = [
     "is_closed",
     "is_response",
     "is_success",
+    "library_error",
 ]
 
 MAX_ERROR_BODY_BYTES = 1 << 20
@@ -68,6 +74,24 @@ class GatedCore:
         self.leased = leased
         self.prefetched = prefetched
         self.timeout = timeout
+
+    def call_timeout(self, request: Any) -> float | UsePolicy | None:
+        """The Gate's total time for ``request``: the transport's, cut to the request's own.
+
+        A client that sets a timeout (``AsyncOpenAI(timeout=0.5)``) means the
+        request, not each attempt: it bounds the whole call, waits and retries
+        included. A request with an unbounded part (``None`` for reads, say)
+        sets no bound of its own.
+        """
+        own = _request_timeout(request.extensions.get("timeout"))
+        if own is None:
+            return self.timeout
+        total = (
+            self.gate.policy.timeout.total_s
+            if isinstance(self.timeout, UsePolicy)
+            else (self.timeout)
+        )
+        return own if total is None else min(own, total)
 
     def start(self, request: Any) -> Priority:
         """The call's priority, read from the request; its headers set for every attempt."""
@@ -130,14 +154,19 @@ class GatedCore:
         return response
 
 
-def given_up(exc: YieldgateError) -> Any:
+def given_up(exc: YieldgateError, request: Any, lib: Any) -> Any:
     """What the client gets when the Gate gives up: the last response, or an error raised.
 
     A response the upstream gave is returned as is, so that the client raises
     its own status error; the Gate's reason is in its
     ``extensions["yieldgate_error"]``. An error the upstream did not cause (a
     bad URL, say) is the library's own, as the client would have raised it
-    without a Gate. Anything else is ``exc`` itself.
+    without a Gate. Anything else (no connection, an open circuit, the
+    deadline) is raised as an error that is both the library's and the
+    Gate's (see ``library_error``), so that a client that wraps its library's
+    errors (openai's ``APIConnectionError`` and ``APITimeoutError``,
+    huggingface_hub's) still does, and ``except yieldgate.CircuitOpenError``
+    still catches it.
     """
     last = exc.last_outcome
     if isinstance(last, Outcome) and is_response(last.value):
@@ -146,7 +175,53 @@ def given_up(exc: YieldgateError) -> Any:
     cause = exc.__cause__
     if isinstance(exc, CallFailedError) and isinstance(cause, Exception):
         raise cause from None
-    raise exc
+    if isinstance(exc, CallFailedError):
+        raise exc
+    # The copy is the Gate's error too; its cause stays the last attempt's error.
+    raise library_error(exc, request, lib) from exc.__cause__
+
+
+_BOTH: dict[tuple[type[BaseException], type[YieldgateError]], type[YieldgateError]] = {}
+
+
+def library_error(exc: YieldgateError, request: Any, lib: Any) -> YieldgateError:
+    """``exc`` as an instance of a class that is both its own and the library's.
+
+    A deadline is the library's ``TimeoutException`` (openai raises
+    ``APITimeoutError``); any other give-up without a response is its
+    ``TransportError`` (``APIConnectionError``). The copy has ``exc``'s
+    message and fields (``attempts``, ``last_hint_s``, ...) and the request.
+    """
+    base = lib.TimeoutException if isinstance(exc, DeadlineExceededError) else lib.TransportError
+    key = (base, type(exc))
+    both = _BOTH.get(key)
+    if both is None:
+        name = type(exc).__name__
+        both = _BOTH[key] = type(
+            name,
+            (type(exc), base),
+            {"__module__": type(exc).__module__, "__qualname__": name, "__str__": _str},
+        )
+    error = both.__new__(both)
+    error.args = exc.args
+    error.__dict__.update(exc.__dict__)
+    error._request = request  # type: ignore[attr-defined]  # the library's ``.request``
+    return error
+
+
+def _str(self: BaseException) -> str:
+    return str(self.args[0]) if self.args else ""
+
+
+def _request_timeout(timeouts: Any) -> float | None:
+    """The longest of a request's timeouts (connect, read, write, pool), or ``None``
+    when it has none, or one of them is unbounded."""
+    if not isinstance(timeouts, dict) or not timeouts:
+        return None
+    values = list(timeouts.values())
+    if any(v is None or not isinstance(v, int | float) or v <= 0 for v in values):
+        return None
+    return float(max(values))
 
 
 def _priority(value: str | None) -> Priority:

@@ -61,12 +61,12 @@ class _SyncGated(GatedCore):
                 request,
                 timeouts,
                 priority=priority,
-                timeout=self.timeout,
+                timeout=self.call_timeout(request),
                 classify=self.dialect,
                 discard=_close_response,
             )
         except YieldgateError as exc:
-            return given_up(exc)
+            return given_up(exc, request, self.lib)
         return self.settle(response, lease)
 
     def _attempt(self, request: Any, timeouts: Any) -> Any:

@@ -149,4 +149,7 @@ def http_client(
     )
     lib = library(chosen)
     client_class = lib.Client if sync else lib.AsyncClient
-    return client_class(transport=transport, **client_kwargs)
+    # No network timeout of the library's own: the Gate bounds each attempt
+    # (the policy's attempt_s) and each call; a client that wants one sets
+    # ``client.timeout``, or passes one per request, which then bounds the call.
+    return client_class(transport=transport, timeout=None, **client_kwargs)
