@@ -56,6 +56,7 @@ from typing import Any, Protocol
 
 from yieldgate._exceptions import RemoteError
 from yieldgate._headers import ESTIMATED_TIME_FIELD, IDEMPOTENCY_KEY_HEADER, LOADING_MESSAGE
+from yieldgate.dialects._client_errors import client_error_outcome
 from yieldgate.dialects._hints import retry_hint_s, should_retry
 from yieldgate.gate import Outcome, default_classify
 from yieldgate.gate._outcome import sanitize_hint_s
@@ -204,7 +205,10 @@ class HttpDialect:
     """The rules of one API family; ``classify`` applies them to a response.
 
     An instance is also a Gate classifier (``classify(value, error)``), so
-    plain httpx calls can use it: ``gate.call(client.post, url, classify=OPENAI)``.
+    plain httpx calls can use it: ``gate.call(client.post, url, classify=OPENAI)``,
+    and so can calls of the official clients, whose exceptions it reads (see
+    ``_client_errors``): ``gate.call(openai_client.chat.completions.create, ...,
+    classify=OPENAI)``.
     """
 
     name: str
@@ -231,6 +235,11 @@ class HttpDialect:
     def __call__(self, value: Any, error: BaseException | None) -> Outcome:
         if error is None and _is_response(value):
             return self.classify(value)
+        if error is not None:
+            # An official client's exception, around a response or about one.
+            outcome = client_error_outcome(error, self.classify)
+            if outcome is not None:
+                return outcome
         return default_classify(value, error)
 
 
