@@ -26,6 +26,7 @@ __all__ = [
     "DEADLINE_HEADER",
     "ESTIMATED_TIME_FIELD",
     "IDEMPOTENCY_KEY_HEADER",
+    "LLM_D_DROPPED_REASON_HEADER",
     "LOADING_MESSAGE",
     "PRIORITY_HEADER",
     "RETRY_AFTER_HEADER",
@@ -49,6 +50,9 @@ SHOULD_RETRY_HEADER: Final = "x-should-retry"
 """``true`` or ``false``: the server's verdict on whether sending again may succeed."""
 IDEMPOTENCY_KEY_HEADER: Final = "Idempotency-Key"
 """One key per call, the same on every attempt, so that the server may drop a repeat."""
+
+LLM_D_DROPPED_REASON_HEADER: Final = "x-llm-d-request-dropped-reason"
+"""Why llm-d's endpoint picker dropped a request: ``rejected-*`` before dispatch, ``evicted*`` after."""
 
 # Not headers: the JSON body of HuggingFace's "model is loading" 503.
 ESTIMATED_TIME_FIELD: Final = "estimated_time"

@@ -1,6 +1,6 @@
 """Dialects: what a reply of one API family means, as an ``Outcome``.
 
-``get_dialect("openai")`` (or ``huggingface``, ``tgi``, ``governed-http``)
+``get_dialect("openai")`` (or ``anthropic``, ``huggingface``, ``tgi``, ``governed-http``)
 gives an ``HttpDialect``; the HTTP transport applies it to every response,
 and it doubles as a Gate classifier for plain httpx calls. The governed TCP
 protocol's replies are classified by ``yieldgate.transports.GovernedClient``
@@ -12,6 +12,7 @@ cannot read.
 from yieldgate._exceptions import ResponseFormatError
 from yieldgate.dialects._hints import retry_hint_s, should_retry
 from yieldgate.dialects._http import (
+    ANTHROPIC,
     DIALECTS,
     GOVERNED_HTTP,
     HUGGINGFACE,
@@ -24,6 +25,7 @@ from yieldgate.dialects._http import (
 from yieldgate.dialects._text import huggingface_text
 
 __all__ = [
+    "ANTHROPIC",
     "DIALECTS",
     "GOVERNED_HTTP",
     "HUGGINGFACE",

@@ -11,8 +11,8 @@ as it reads responses:
   with ``retry-after-ms`` is a yield with its hint, a loading model's 503 a
   cold start. The outcome's error is the client's exception, so a call that
   fails ends with it as the cause;
-- errors that say the connection failed or timed out (openai's
-  ``APIConnectionError`` and ``APITimeoutError``, huggingface_hub's
+- errors that say the connection failed or timed out (openai's and
+  anthropic's ``APIConnectionError`` and ``APITimeoutError``, huggingface_hub's
   ``InferenceTimeoutError``) are retryable;
 - the ``text-generation`` client raises one class per error type and keeps
   no response: ``OverloadedError`` (TGI's 429 ``overloaded``) and
@@ -36,6 +36,7 @@ __all__ = ["client_error_outcome"]
 # (module prefix, class name) of errors that mean "no answer came, try again".
 _RETRYABLE: Final = {
     ("openai", "APIConnectionError"),  # APITimeoutError is one too
+    ("anthropic", "APIConnectionError"),  # so is anthropic's
     ("huggingface_hub", "InferenceTimeoutError"),
     ("text_generation", "ShardTimeoutError"),
 }

@@ -12,11 +12,17 @@ A header that cannot be read gives no hint rather than an error: a bad hint
 must never turn a retryable answer into a crash. Every number read goes
 through the Gate's one sanitiser (``sanitize_hint_s``): negative or not finite
 is no hint, huge is clamped.
+
+Some providers put the wait only in the error message: OpenAI's token-limit
+429 ends ``Please try again in 1.234s`` (a Go duration: ``20ms``, ``6m0s``),
+Azure OpenAI's ``Please retry after 6 seconds``. ``message_hint_s`` reads
+those, for a reply whose headers carry no hint.
 """
 
 from __future__ import annotations
 
 import math
+import re
 import time
 from collections.abc import Callable, Mapping
 from datetime import UTC
@@ -25,7 +31,7 @@ from email.utils import parsedate_to_datetime
 from yieldgate._headers import RETRY_AFTER_HEADER, RETRY_AFTER_MS_HEADER, SHOULD_RETRY_HEADER
 from yieldgate.gate._outcome import sanitize_hint_s
 
-__all__ = ["retry_hint_s", "should_retry"]
+__all__ = ["message_hint_s", "retry_hint_s", "should_retry"]
 
 
 def _number(text: str) -> float | None:
@@ -67,6 +73,27 @@ def retry_hint_s(
     if number is not None:
         return sanitize_hint_s(number)
     return sanitize_hint_s(_date_delay_s(after, now))
+
+
+_DURATION = r"(?:\d+(?:\.\d+)?(?:ms|h|m|s))+"
+_MESSAGE_HINT = re.compile(
+    rf"(?:try again in|retry after)\s+(?:({_DURATION})\b|(\d+(?:\.\d+)?)\s*seconds?\b)",
+    re.IGNORECASE,
+)
+_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|h|m|s)")
+_UNIT_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def message_hint_s(message: str) -> float | None:
+    """The wait an error ``message`` asks for ("try again in 1.5s", "retry after 6 seconds")."""
+    match = _MESSAGE_HINT.search(message)
+    if match is None:
+        return None
+    duration, seconds = match.groups()
+    if seconds is not None:
+        return sanitize_hint_s(_number(seconds))
+    total = sum(float(n) * _UNIT_S[unit] for n, unit in _DURATION_PART.findall(duration))
+    return sanitize_hint_s(total)
 
 
 def should_retry(headers: Mapping[str, str]) -> bool | None:

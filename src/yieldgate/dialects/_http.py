@@ -8,6 +8,8 @@ the rules that the official clients apply (openai-python's among them):
 ``x-should-retry``     ``false``: ``fatal``; ``true``: retried whatever
                        the status (then ``retryable`` unless congestion)
 429                    ``yield``, reason ``rate_limited``
+529                    ``yield``, reason ``overloaded`` (Anthropic's and
+                       NVIDIA Dynamo's "overloaded")
 503                    ``overloaded`` (its retries spend budget)
 408, 409, 5xx          ``retryable``
 anything else          ``fatal`` (a 400 will not pass on a retry)
@@ -26,7 +28,11 @@ The hint is ``retry-after-ms``, else ``retry-after`` (seconds or an HTTP date).
 On top of these, each family reads its own bodies:
 
 - ``openai``: a 429 whose error code is ``insufficient_quota`` is ``fatal``
-  (no wait makes a spent quota pass).
+  (no wait makes a spent quota pass); another 429 without a hint header
+  takes its hint from the message ("Please try again in 1.234s", Azure's
+  "Please retry after 6 seconds").
+- ``anthropic``: an ``overloaded_error`` (sent as 529) is a ``yield``, reason
+  ``overloaded``; a ``rate_limit_error`` (429) a ``yield``, ``rate_limited``.
 - ``huggingface``: a 503 with ``estimated_time`` (or "currently loading") is a
   model still loading: a ``yield`` with reason ``cold_start`` whose hint is
   ``estimated_time``. No official client reads it.
@@ -43,25 +49,29 @@ per call and the same on each of its retries and hedges, so that a server
 which deduplicates can tell a retry from a new request. HuggingFace's and
 TGI's APIs have no such header.
 
-Error bodies are read only for non-2xx responses, and only as JSON; a body
-that is not JSON simply matches no body rule.
+Then, in every dialect, the refusals of particular servers (vLLM, NVIDIA
+Dynamo, llm-d, Ray Serve: see ``_servers``), and last the status rules.
+
+Error bodies are read only for non-2xx responses, as JSON; of a body that is
+not JSON only the start is kept, as text, for the rules that match on it.
 """
 
 from __future__ import annotations
 
-import json
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
-from yieldgate._exceptions import RemoteError
 from yieldgate._headers import ESTIMATED_TIME_FIELD, IDEMPOTENCY_KEY_HEADER, LOADING_MESSAGE
 from yieldgate.dialects._client_errors import client_error_outcome
-from yieldgate.dialects._hints import retry_hint_s, should_retry
+from yieldgate.dialects._hints import message_hint_s
+from yieldgate.dialects._reply import Reply, ResponseLike, Rule, read_reply
+from yieldgate.dialects._servers import server_outcome
 from yieldgate.gate import Outcome, default_classify
 from yieldgate.gate._outcome import sanitize_hint_s
 
 __all__ = [
+    "ANTHROPIC",
     "DIALECTS",
     "GOVERNED_HTTP",
     "HUGGINGFACE",
@@ -72,81 +82,15 @@ __all__ = [
     "get_dialect",
 ]
 
-_MAX_BODY_PARSE = 1 << 20  # bigger error bodies are not parsed
 
-
-class ResponseLike(Protocol):
-    """What a dialect reads of a response: httpx's and httpx2's ``Response`` both fit.
-
-    ``content`` is only read for non-2xx responses, and must be loaded then.
-    """
-
-    @property
-    def status_code(self) -> int: ...
-
-    @property
-    def headers(self) -> Mapping[str, str]: ...
-
-    @property
-    def content(self) -> bytes: ...
-
-
-@dataclass(frozen=True, slots=True)
-class _Reply:
-    """One non-2xx response, parsed once for every rule."""
-
-    status: int
-    hint_s: float | None
-    retry: bool | None
-    body: Any  # decoded JSON, or None
-    response: ResponseLike
-
-    def error(self, retryable: bool) -> RemoteError:
-        detail = _error_message(self.body)
-        message = f"HTTP {self.status}" + (f": {detail}" if detail else "")
-        return RemoteError(message, code=f"http_{self.status}", retryable=retryable)
-
-    def field(self, *path: str) -> Any:
-        value = self.body
-        for key in path:
-            if not isinstance(value, dict):
-                return None
-            value = value.get(key)
-        return value
-
-
-Rule = Callable[[_Reply], Outcome | None]
-
-
-def _error_message(body: Any) -> str:
-    if isinstance(body, dict):
-        error = body.get("error")
-        if isinstance(error, dict):
-            error = error.get("message")
-        if isinstance(error, str):
-            return error[:200]
-    return ""
-
-
-def _parse_body(response: ResponseLike) -> Any:
-    try:
-        content = response.content
-    except Exception:  # not loaded: the caller did not read the body
-        return None
-    if not content or len(content) > _MAX_BODY_PARSE:
-        return None
-    try:
-        return json.loads(content)
-    except (ValueError, RecursionError):
-        return None
-
-
-def _base(reply: _Reply) -> Outcome:
+def _base(reply: Reply) -> Outcome:
     status, hint, value = reply.status, reply.hint_s, reply.response
     if reply.retry is False:
         return Outcome.fatal(reply.error(False), reason=f"http {status}", value=value)
     if status == 429:
         return Outcome.yielded(hint, "rate_limited", value=value)
+    if status == 529:
+        return Outcome.yielded(hint, "overloaded", value=value)
     if status == 503:
         return Outcome.overloaded(hint, reason="unavailable", value=value, error=reply.error(True))
     if status in (408, 409) or status >= 500 or reply.retry is True:
@@ -156,16 +100,30 @@ def _base(reply: _Reply) -> Outcome:
     return Outcome.fatal(reply.error(False), reason=f"http {status}", value=value)
 
 
-def _openai_quota(reply: _Reply) -> Outcome | None:
-    if reply.status == 429 and "insufficient_quota" in (
-        reply.field("error", "code"),
-        reply.field("error", "type"),
-    ):
+def _openai_429(reply: Reply) -> Outcome | None:
+    if reply.status != 429:
+        return None
+    if "insufficient_quota" in (reply.field("error", "code"), reply.field("error", "type")):
         return Outcome.fatal(reply.error(False), reason="insufficient_quota", value=reply.response)
+    message = reply.field("error", "message")
+    if reply.hint_s is None and reply.retry is not False and isinstance(message, str):
+        # OpenAI's token limit says the wait only in its message; so may Azure's.
+        return Outcome.yielded(message_hint_s(message), "rate_limited", value=reply.response)
     return None
 
 
-def _hf_loading(reply: _Reply) -> Outcome | None:
+def _anthropic(reply: Reply) -> Outcome | None:
+    if reply.retry is False:
+        return None
+    kind = reply.field("error", "type")
+    if kind == "overloaded_error":
+        return Outcome.yielded(reply.hint_s, "overloaded", value=reply.response)
+    if kind == "rate_limit_error":
+        return Outcome.yielded(reply.hint_s, "rate_limited", value=reply.response)
+    return None
+
+
+def _hf_loading(reply: Reply) -> Outcome | None:
     if reply.status != 503:
         return None
     estimated = sanitize_hint_s(reply.field(ESTIMATED_TIME_FIELD))
@@ -177,7 +135,7 @@ def _hf_loading(reply: _Reply) -> Outcome | None:
     return None
 
 
-def _tgi(reply: _Reply) -> Outcome | None:
+def _tgi(reply: Reply) -> Outcome | None:
     if reply.status == 429 and reply.field("error_type") == "overloaded":
         return Outcome.yielded(reply.hint_s, "overloaded", value=reply.response)
     if reply.status == 424 and reply.retry is not False:
@@ -187,7 +145,7 @@ def _tgi(reply: _Reply) -> Outcome | None:
     return None
 
 
-def _governed_yield(reply: _Reply) -> Outcome | None:
+def _governed_yield(reply: Reply) -> Outcome | None:
     if reply.field("status") != "yield":
         return None
     hint = sanitize_hint_s(reply.field("retry_hint_ms"), unit_s=0.001)
@@ -223,14 +181,12 @@ class HttpDialect:
         status = response.status_code
         if 200 <= status < 300:
             return Outcome.ok(response)
-        headers = response.headers
-        body = _parse_body(response) if self.rules else None
-        reply = _Reply(status, retry_hint_s(headers), should_retry(headers), body, response)
+        reply = read_reply(response)
         for rule in self.rules:
             outcome = rule(reply)
             if outcome is not None:
                 return outcome
-        return _base(reply)
+        return server_outcome(reply) or _base(reply)
 
     def __call__(self, value: Any, error: BaseException | None) -> Outcome:
         if error is None and _is_response(value):
@@ -247,7 +203,8 @@ def _is_response(value: Any) -> bool:
     return isinstance(getattr(value, "status_code", None), int) and hasattr(value, "headers")
 
 
-OPENAI = HttpDialect("openai", (_openai_quota,), idempotency_header=IDEMPOTENCY_KEY_HEADER)
+OPENAI = HttpDialect("openai", (_openai_429,), idempotency_header=IDEMPOTENCY_KEY_HEADER)
+ANTHROPIC = HttpDialect("anthropic", (_anthropic,))
 HUGGINGFACE = HttpDialect("huggingface", (_hf_loading,))
 TGI = HttpDialect("tgi", (_tgi,))
 GOVERNED_HTTP = HttpDialect(
@@ -257,11 +214,14 @@ GOVERNED_HTTP = HttpDialect(
     idempotency_header=IDEMPOTENCY_KEY_HEADER,
 )
 
-DIALECTS: Mapping[str, HttpDialect] = {d.name: d for d in (OPENAI, HUGGINGFACE, TGI, GOVERNED_HTTP)}
+DIALECTS: Mapping[str, HttpDialect] = {
+    d.name: d for d in (OPENAI, ANTHROPIC, HUGGINGFACE, TGI, GOVERNED_HTTP)
+}
 
 
 def get_dialect(dialect: str | HttpDialect) -> HttpDialect:
-    """The dialect named ``dialect`` (``openai``, ``huggingface``, ``tgi``, ``governed-http``)."""
+    """The dialect named ``dialect`` (``openai``, ``anthropic``, ``huggingface``, ``tgi``,
+    ``governed-http``)."""
     if isinstance(dialect, HttpDialect):
         return dialect
     try:
