@@ -52,7 +52,7 @@ IDEMPOTENCY_KEY_HEADER: Final = "Idempotency-Key"
 """One key per call, the same on every attempt, so that the server may drop a repeat."""
 
 LLM_D_DROPPED_REASON_HEADER: Final = "x-llm-d-request-dropped-reason"
-"""Why llm-d's endpoint picker dropped a request: ``rejected-*`` before dispatch, ``evicted*`` after."""
+"""Why llm-d's endpoint picker dropped a request: ``rejected-*`` (before dispatch), ``evicted*``."""
 
 # Not headers: the JSON body of HuggingFace's "model is loading" 503.
 ESTIMATED_TIME_FIELD: Final = "estimated_time"

@@ -106,15 +106,13 @@ def _openai_429(reply: Reply) -> Outcome | None:
     if "insufficient_quota" in (reply.field("error", "code"), reply.field("error", "type")):
         return Outcome.fatal(reply.error(False), reason="insufficient_quota", value=reply.response)
     message = reply.field("error", "message")
-    if reply.hint_s is None and reply.retry is not False and isinstance(message, str):
+    if reply.hint_s is None and isinstance(message, str):
         # OpenAI's token limit says the wait only in its message; so may Azure's.
         return Outcome.yielded(message_hint_s(message), "rate_limited", value=reply.response)
     return None
 
 
 def _anthropic(reply: Reply) -> Outcome | None:
-    if reply.retry is False:
-        return None
     kind = reply.field("error", "type")
     if kind == "overloaded_error":
         return Outcome.yielded(reply.hint_s, "overloaded", value=reply.response)
@@ -182,6 +180,8 @@ class HttpDialect:
         if 200 <= status < 300:
             return Outcome.ok(response)
         reply = read_reply(response)
+        if reply.retry is False:  # the server's verdict beats every body rule
+            return _base(reply)
         for rule in self.rules:
             outcome = rule(reply)
             if outcome is not None:

@@ -28,7 +28,8 @@ them can misread another server's reply:
   backpressure ...", with a ``Retry-After`` when one is configured: a
   ``yield``, ``backpressure``.
 
-An ``x-should-retry: false`` beats all of them: the status rules make it fatal.
+An ``x-should-retry: false`` beats all of them (``HttpDialect.classify``
+reads it first): the reply is fatal.
 """
 
 from __future__ import annotations
@@ -97,8 +98,6 @@ _RULES: Final = (_llm_d, _vllm, _dynamo, _ray_serve)
 
 def server_outcome(reply: Reply) -> Outcome | None:
     """The outcome of a server's own refusal or shedding, or ``None`` if ``reply`` is none."""
-    if reply.retry is False:
-        return None
     for rule in _RULES:
         outcome = rule(reply)
         if outcome is not None:
