@@ -42,10 +42,12 @@ _VLLM_BACKLOG = (
 REPLIES: dict[str, ServerReply] = {
     # vLLM past --max-num-queued-reqs: vllm-project/vllm, vllm/exceptions.py,
     # QueueOverflowError (a GracefulHTTPError with HTTPStatus.SERVICE_UNAVAILABLE),
-    # raised by AsyncLLM's admission check in vllm/v1/engine/async_llm.py; the
-    # OpenAI server writes a GracefulHTTPError as its ErrorResponse with the
-    # status phrase as the type. Read from the search index's copy: no commit at
-    # hand (the stored snapshot of the repository was too large to fetch).
+    # raised by AsyncLLM's admission check in vllm/v1/engine/async_llm.py. Read
+    # from the search index's copy: no commit at hand (the stored snapshot of the
+    # repository was too large to fetch). The error body is vLLM's ErrorResponse
+    # ({"error": {message, type, param, code}}); its type, the status phrase, is
+    # as the vLLM fork aphrodite-engine's create_error_response writes a
+    # GracefulHTTPError (vLLM's own was not read). The rule reads only the message.
     "vllm-queue-full": ServerReply(503, _openai_error(_VLLM_BUSY, "Service Unavailable", 503)),
     # vLLM past --max-num-queued-tokens: same file, MaxQueuedTokensError.
     "vllm-token-backlog": ServerReply(
