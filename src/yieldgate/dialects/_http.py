@@ -5,8 +5,9 @@ the rules that the official clients apply (openai-python's among them):
 
 =====================  ===============================================
 2xx                    ``ok`` (the body is not read: it may be a stream)
-``x-should-retry``     ``false``: ``fatal``; ``true``: retried whatever
-                       the status (then ``retryable`` unless congestion)
+``x-should-retry``     ``false``: ``fatal`` (before any body rule);
+                       ``true``: retried whatever the status (then
+                       ``retryable`` unless congestion)
 429                    ``yield``, reason ``rate_limited``
 529                    ``yield``, reason ``overloaded`` (Anthropic's and
                        NVIDIA Dynamo's "overloaded")
