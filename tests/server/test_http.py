@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import socket
 import time
+import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -310,10 +311,17 @@ async def test_tgi_style_stream_format(start: Start, path: str, body: dict[str, 
     response = await live.http.post(path, json=body)
     assert response.status_code == 200
     found = [TextGenerationStreamOutput.parse_obj_as_instance(e) for e in events(response.text)]
-    assert [e.token.id for e in found] == [0, 1, 2, 3]
+    # The simulated backend has no vocabulary: a piece's id is its text's CRC-32.
+    assert [e.token.id for e in found] == [zlib.crc32(e.token.text.encode()) for e in found]
     assert [e.generated_text for e in found] == [None, None, None, "tokens one by one"]
     assert "".join(e.token.text for e in found) == "tokens one by one"
     assert [e.token.special for e in found] == [False, False, False, True]
+    # TGI's last event carries the stream's details, every other one none.
+    assert [e.details for e in found[:-1]] == [None, None, None]
+    details = found[-1].details
+    assert details is not None
+    assert (details.finish_reason, details.generated_tokens) == ("eos_token", 4)
+    assert (details.seed, details.input_length) == (None, 4)
 
 
 async def test_a_stream_holds_its_slot_until_it_ends(start: Start) -> None:
