@@ -12,7 +12,8 @@ and a capacity ramp, all drawn from one seeded generator so runs repeat.
 Both backends honour ``params["stop"]`` (stop sequences) with ``StopText``,
 and say why a generation ended in their result's ``finish_reason``:
 ``"length"`` (``max_tokens`` reached), ``"stop_sequence"`` or ``"eos"``
-(the model's own end; the simulated echo always ends so).
+(the model's own end, also what an absent one means: the simulated echo
+ends so, and says nothing unless a stop sequence cut it).
 """
 
 from __future__ import annotations
@@ -291,7 +292,8 @@ class SimulatedBackend:
                 await emit({"text": piece})
         if fails:
             raise BackendError("simulated backend failure", retryable=True)
-        return {"text": text, "finish_reason": "stop_sequence" if stop.stopped else "eos"}
+        # No finish_reason: the echo ends by itself ("eos"), what an absent one means.
+        return {"text": text, "finish_reason": "stop_sequence"} if stop.stopped else {"text": text}
 
     async def aclose(self) -> None:
         return None
