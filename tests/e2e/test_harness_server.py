@@ -15,6 +15,7 @@ from typing import Any
 import anyio
 import openai
 import pytest
+from huggingface_hub import AsyncInferenceClient
 
 import yieldgate
 from tests.conftest import RawClient
@@ -117,6 +118,66 @@ async def test_openai_client_streams_through_the_gate(server: ServerProcess) -> 
         same_prompt = [texts[j] for j in texts if j // 2 % 4 == i // 2 % 4]
         assert same_prompt
         assert all(text == other for other in same_prompt)
+
+
+async def test_openai_finish_reason_stop_and_one_token_per_event(server: ServerProcess) -> None:
+    assert server.http_url is not None
+    await (await wait_warm(server)).aclose()
+    async with openai.AsyncOpenAI(
+        base_url=f"{server.http_url}/v1", api_key="unused", max_retries=0
+    ) as client:
+        prompt = "Once upon a time"
+        whole = await client.completions.create(model="tiny", prompt=prompt, max_tokens=24)
+        assert whole.choices[0].finish_reason == "length"
+        text = whole.choices[0].text
+        events = await client.completions.create(
+            model="tiny", prompt=prompt, max_tokens=24, stream=True
+        )
+        chunks = [event async for event in events if event.choices]
+        # One event per token (24), then the one that says why it ended.
+        assert [c.choices[0].finish_reason for c in chunks] == [None] * 24 + ["length"]
+        assert "".join(c.choices[0].text for c in chunks) == text
+        # Greedy decoding repeats itself: a stop sequence taken from the middle
+        # of the text ends the same generation just before it.
+        start = next(i for i in range(4, len(text) - 2) if "\ufffd" not in text[i : i + 2])
+        stop = text[start : start + 2]
+        stopped = await client.completions.create(
+            model="tiny", prompt=prompt, max_tokens=24, stop=[stop]
+        )
+        assert stopped.choices[0].text == text[: text.index(stop)]
+        assert stopped.choices[0].finish_reason == "stop"
+        assert stopped.usage is not None
+        assert stopped.usage.completion_tokens < 24
+        with pytest.raises(openai.BadRequestError) as caught:
+            await client.completions.create(model="tiny", prompt=prompt, logprobs=2)
+        assert caught.value.param == "logprobs"
+
+
+async def test_tgi_details_carry_the_byte_vocabulary(server: ServerProcess) -> None:
+    assert server.http_url is not None
+    await (await wait_warm(server)).aclose()
+    client = AsyncInferenceClient(model=server.http_url)
+    prompt = "héllo"
+    out = await client.text_generation(
+        prompt, max_new_tokens=10, details=True, decoder_input_details=True
+    )
+    details = out.details
+    assert details is not None
+    assert (details.finish_reason, details.generated_tokens) == ("length", 10)
+    # The harness's vocabulary is bytes: the ids are the text's own bytes.
+    assert [t.id for t in details.prefill] == list(prompt.encode())
+    ids = bytes(t.id for t in details.tokens)
+    assert ids.decode("utf-8", errors="replace") == out.generated_text
+    streamed = [
+        e
+        async for e in await client.text_generation(
+            prompt, max_new_tokens=10, stream=True, details=True
+        )
+    ]
+    assert bytes(e.token.id for e in streamed[:-1]) == ids
+    last = streamed[-1].details
+    assert last is not None
+    assert (last.finish_reason, last.generated_tokens, last.input_length) == ("length", 10, 6)
 
 
 async def test_a_full_engine_yields_at_once_with_an_honest_hint(server: ServerProcess) -> None:

@@ -267,3 +267,103 @@ async def test_huggingface_client_rides_out_a_cold_start(server: ServerProcess) 
     stats = gate.statistics()
     assert stats.yields > 0
     assert stats.failures == 0
+
+
+# -- what the official clients read of each API (issue 18, items 4-6) --------------
+
+
+def plain_openai(server: ServerProcess) -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(base_url=f"{server.http_url}/v1", api_key="unused", max_retries=0)
+
+
+async def test_openai_stop_fingerprint_and_models_retrieve(server: ServerProcess) -> None:
+    async with plain_openai(server) as client:
+        reply = await client.completions.create(
+            model="yieldgate-sim", prompt="one two three four", stop=[" three", "x"]
+        )
+        assert reply.choices[0].text == "one two"
+        assert reply.choices[0].finish_reason == "stop"
+        assert reply.system_fingerprint
+        chat = await client.chat.completions.create(
+            model="yieldgate-sim", messages=[{"role": "user", "content": "a b. c"}], stop="."
+        )
+        assert chat.choices[0].message.content == "user: a b"
+        assert chat.system_fingerprint == reply.system_fingerprint
+        model = await client.models.retrieve("yieldgate-sim")
+        assert (model.id, model.object, model.owned_by) == ("yieldgate-sim", "model", "yieldgate")
+        with pytest.raises(openai.NotFoundError):
+            await client.models.retrieve("another-model")
+
+
+@pytest.mark.parametrize(
+    ("param", "kwargs"),
+    [
+        ("logprobs", {"logprobs": True, "top_logprobs": 2}),
+        ("response_format", {"response_format": {"type": "json_object"}}),
+        (
+            "tools",
+            {"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]},
+        ),
+        ("presence_penalty", {"presence_penalty": 0.5}),
+    ],
+)
+async def test_openai_what_the_server_cannot_honour_is_a_bad_request(
+    server: ServerProcess, param: str, kwargs: dict[str, Any]
+) -> None:
+    async with plain_openai(server) as client:
+        with pytest.raises(openai.BadRequestError) as caught:
+            await client.chat.completions.create(
+                model="yieldgate-sim", messages=[{"role": "user", "content": "hi"}], **kwargs
+            )
+    assert caught.value.param == param
+    assert caught.value.type == "invalid_request_error"
+    # What asks for nothing is accepted as it is.
+    async with plain_openai(server) as client:
+        reply = await client.chat.completions.create(
+            model="yieldgate-sim",
+            messages=[{"role": "user", "content": "hi"}],
+            logprobs=False,
+            response_format={"type": "text"},
+            presence_penalty=0,
+            top_p=1.0,
+        )
+    assert reply.choices[0].message.content == "user: hi"
+
+
+async def test_huggingface_text_generation_details(server: ServerProcess) -> None:
+    client = AsyncInferenceClient(model=f"{server.http_url}/models/sim")
+    prompt = "one two three four"
+    out = await client.text_generation(prompt, details=True, decoder_input_details=True, seed=7)
+    assert out.generated_text == prompt
+    details = out.details
+    assert details is not None
+    assert (details.finish_reason, details.generated_tokens, details.seed) == ("eos_token", 4, 7)
+    assert "".join(t.text for t in details.tokens) == prompt
+    assert "".join(t.text for t in details.prefill) == prompt
+    # No vocabulary behind the simulated backend: a token's id is stable, not an index.
+    again = await client.text_generation(prompt, details=True)
+    assert again.details is not None
+    assert [t.id for t in again.details.tokens] == [t.id for t in details.tokens]
+    assert again.details.prefill == []
+    stopped = await client.text_generation(prompt, details=True, stop=[" three"])
+    assert stopped.generated_text == "one two"
+    assert stopped.details is not None
+    assert stopped.details.finish_reason == "stop_sequence"
+    assert await client.text_generation(prompt) == prompt
+    streamed = [e async for e in await client.text_generation(prompt, details=True, stream=True)]
+    last = streamed[-1].details
+    assert last is not None
+    assert (last.finish_reason, last.generated_tokens, last.input_length) == ("eos_token", 4, 4)
+
+
+async def test_huggingface_chat_completion_on_a_model_url(server: ServerProcess) -> None:
+    client = AsyncInferenceClient(model=f"{server.http_url}/models/sim")
+    messages = [{"role": "user", "content": "hello there"}]
+    reply = await client.chat_completion(messages, max_tokens=8)
+    assert reply.choices[0].message.content == "user: hello there"
+    assert reply.choices[0].finish_reason == "stop"
+    chunks = [c async for c in await client.chat_completion(messages, stream=True)]
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == (
+        "user: hello there"
+    )
+    assert chunks[-1].choices[0].finish_reason == "stop"

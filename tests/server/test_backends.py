@@ -12,8 +12,10 @@ from yieldgate.server.backends import (
     BackendError,
     SimulatedBackend,
     SimulatedConfig,
+    StopText,
     Work,
     parse_mix,
+    stop_sequences,
 )
 from yieldgate.server.governor import Governor, GovernorConfig, Slot, Yield
 
@@ -70,7 +72,7 @@ async def test_params_override_duration_and_force_failure() -> None:
     work = Work(id="a", body="x", params={"exec_ms": 1})
     assert backend.estimate_ms(work) == 1.0
     assert backend.estimate_ms(Work(id="n", body="x")) is None
-    assert await backend.execute(work, None) == {"text": "x"}
+    assert (await backend.execute(work, None))["text"] == "x"
     with pytest.raises(BackendError) as info:
         await backend.execute(Work(id="b", body="x", params={"exec_ms": 1, "fail": True}), None)
     assert info.value.retryable is True
@@ -104,6 +106,42 @@ async def test_stream_pieces_concatenate_to_the_result() -> None:
     assert "".join(p["text"] for p in pieces) == result["text"] == body
     with pytest.raises(BackendError, match="chunks"):
         await backend.execute(Work(id="t", body="", params={"chunks": 0}), emit)
+
+
+def test_stop_text_holds_back_what_could_start_a_stop_sequence() -> None:
+    stop = StopText(["END", "xy"])
+    # "EN" is held until "x" shows it is no "END"; then "x" is held, and "xy" cuts before it.
+    assert [stop.feed(p) for p in ("ab", "cE", "N", "x")] == ["ab", "c", "", "EN"]
+    assert not stop.stopped
+    assert stop.feed("yz") == ""
+    assert stop.stopped
+    assert (stop.feed("more"), stop.flush()) == ("", "")
+    open_tail = StopText(["END"])
+    assert (open_tail.feed("aE"), open_tail.flush()) == ("a", "E")
+    earliest = StopText(["bc", "a"])
+    assert earliest.feed("xabc") == "x"
+
+
+def test_stop_sequences_are_checked() -> None:
+    assert stop_sequences({}) == ()
+    assert stop_sequences({"stop": "s"}) == ("s",)
+    for bad in ([""], ["a"] * 5, 3, [1]):
+        with pytest.raises(BackendError, match="stop"):
+            stop_sequences({"stop": bad})
+
+
+async def test_the_echo_ends_before_a_stop_sequence() -> None:
+    backend = SimulatedBackend(SimulatedConfig(exec_ms=0))
+    work = Work(id="a", body="one. two. three", params={"stop": [". t"]})
+    assert await backend.execute(work, None) == {"text": "one", "finish_reason": "stop_sequence"}
+    pieces: list[Any] = []
+
+    async def emit(data: Any) -> None:
+        pieces.append(data["text"])
+
+    streamed = Work(id="b", body="one. two", params={"stop": "two", "chunks": 2}, stream=True)
+    result = await backend.execute(streamed, emit)
+    assert "".join(pieces) == result["text"] == "one. "
 
 
 # Virtual time: the sleeps below are exact, however loaded the machine is.

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import socket
 import time
+import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -310,10 +311,59 @@ async def test_tgi_style_stream_format(start: Start, path: str, body: dict[str, 
     response = await live.http.post(path, json=body)
     assert response.status_code == 200
     found = [TextGenerationStreamOutput.parse_obj_as_instance(e) for e in events(response.text)]
-    assert [e.token.id for e in found] == [0, 1, 2, 3]
+    # The simulated backend has no vocabulary: a piece's id is its text's CRC-32.
+    assert [e.token.id for e in found] == [zlib.crc32(e.token.text.encode()) for e in found]
     assert [e.generated_text for e in found] == [None, None, None, "tokens one by one"]
     assert "".join(e.token.text for e in found) == "tokens one by one"
     assert [e.token.special for e in found] == [False, False, False, True]
+    # TGI's last event carries the stream's details, every other one none.
+    assert [e.details for e in found[:-1]] == [None, None, None]
+    details = found[-1].details
+    assert details is not None
+    assert (details.finish_reason, details.generated_tokens) == ("eos_token", 4)
+    assert (details.seed, details.input_length) == (None, 4)
+
+
+async def test_tgi_details_have_tgis_schema(start: Start) -> None:
+    live = await start()
+    parameters = {"details": True, "decoder_input_details": True, "stop": ["three"], "seed": 3}
+    body = {"inputs": "one two three", "parameters": parameters}
+    answer = (await live.http.post("/generate", json=body)).json()
+    # TGI's GenerateResponse: generated_text and, asked for, its Details.
+    assert answer.keys() == {"generated_text", "details"}
+    assert answer["generated_text"] == "one two "
+    details = answer["details"]
+    assert details.keys() == {"finish_reason", "generated_tokens", "seed", "prefill", "tokens"}
+    assert (details["finish_reason"], details["generated_tokens"], details["seed"]) == (
+        "stop_sequence",
+        2,
+        3,
+    )
+    assert details["prefill"] == [
+        {"id": zlib.crc32(w.encode()), "text": w, "logprob": None}
+        for w in ("one", " two", " three")
+    ]
+    assert details["tokens"] == [
+        {"id": zlib.crc32(w.encode()), "text": w, "logprob": None, "special": False}
+        for w in ("one", " two ")
+    ]
+    # Without details, TGI answers the text alone; a bad stop is TGI's 422.
+    plain = await live.http.post("/generate", json={"inputs": "x"})
+    assert plain.json() == {"generated_text": "x"}
+    bad = await live.http.post("/generate", json={"inputs": "x", "parameters": {"stop": [3]}})
+    assert bad.status_code == 422
+    assert bad.json()["error_type"] == "validation"
+
+
+async def test_openai_refusals_name_the_parameter(start: Start) -> None:
+    live = await start()
+    body = {"model": "m", "prompt": "x", "stop": ["a", "b", "c", "d", "e"]}
+    reply = await live.http.post("/v1/completions", json=body)
+    assert reply.status_code == 400
+    error = reply.json()["error"]
+    assert (error["type"], error["param"]) == ("invalid_request_error", "stop")
+    reply = await live.http.post("/v1/completions", json={"model": "m", "prompt": "x", "echo": 1})
+    assert reply.json()["error"]["param"] == "echo"
 
 
 async def test_a_stream_holds_its_slot_until_it_ends(start: Start) -> None:

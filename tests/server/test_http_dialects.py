@@ -7,15 +7,17 @@ from typing import Any
 import pytest
 
 from yieldgate.protocol import YieldReason
+from yieldgate.server._http_dialect_base import text_token_id, tokens_of
 from yieldgate.server._http_dialects import (
     BadRequest,
     ChatCompletions,
     Completions,
     HfModels,
+    Job,
     TgiGenerate,
     dumps,
+    generated,
     loads,
-    result_text,
     retry_after_s,
 )
 from yieldgate.server.backends import BackendError
@@ -109,13 +111,40 @@ def test_loads_and_dumps() -> None:
         dumps(float("nan"))
 
 
-def test_result_text() -> None:
-    assert result_text({"text": "a"}) == ("a", None, None)
-    assert result_text("bare") == ("bare", None, None)
-    assert result_text({"text": "a", "prompt_tokens": 3, "completion_tokens": -1}) == ("a", 3, None)
+def _job(prompt: str = "two words") -> Job:
+    return Job(prompt=prompt, params={}, stream=False, model="m")
+
+
+def test_generated_reads_a_backend_result() -> None:
+    done = generated(_job(), {"text": "a"})
+    assert (done.text, done.finish_reason, done.token_ids) == ("a", "eos", None)
+    assert done.usage == {"prompt_tokens": 2, "completion_tokens": 1, "total_tokens": 3}
+    assert generated(_job(), "bare").text == "bare"
+    done = generated(
+        _job(),
+        {
+            "text": "a",
+            "prompt_tokens": 3,
+            "completion_tokens": -1,
+            "finish_reason": "length",
+            "token_ids": [97],
+        },
+    )
+    assert (done.usage["prompt_tokens"], done.usage["completion_tokens"]) == (3, 1)
+    assert (done.finish_reason, done.token_ids) == ("length", (97,))
+    assert generated(_job(), {"text": "a", "finish_reason": "odd"}).finish_reason == "eos"
     for bad in ({"text": 3}, [1], None):
         with pytest.raises(BackendError):
-            result_text(bad)
+            generated(_job(), bad)
+
+
+def test_tokens_are_byte_ids_or_stable_word_ids() -> None:
+    # A byte-level vocabulary: "é" is two bytes, the first carries no text yet.
+    assert tokens_of("aé", (97, 0xC3, 0xA9)) == [(97, "a"), (0xC3, ""), (0xA9, "é")]
+    words = tokens_of(" one two  ", None)
+    assert [text for _, text in words] == [" one", " two  "]
+    assert [i for i, _ in words] == [text_token_id(" one"), text_token_id(" two  ")]
+    assert tokens_of("", None) == []
 
 
 def test_retry_after_rounds_up() -> None:

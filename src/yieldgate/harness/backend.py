@@ -15,11 +15,14 @@ inside the engine.
 
 A request's body is its prompt, in bytes (UTF-8). ``params``: ``max_tokens``
 (default ``HarnessConfig.default_max_tokens``), ``temperature`` (0, the
-default, is greedy) and ``seed``. Streams get one chunk per step that adds
-text: ``{"text": ..., "token_ids": [...]}``. The result: ``text``,
-``prompt_tokens``, ``completion_tokens``, ``cached_tokens`` (prompt tokens
+default, is greedy), ``seed`` and ``stop`` (stop sequences, which end the
+generation and are cut from its text). Streams get one chunk per token:
+``{"text": ..., "token_ids": [id]}`` (a byte's id is its value; the text is
+empty while a character is incomplete). The result: ``text``,
+``prompt_tokens``, ``completion_tokens``, ``prompt_token_ids``,
+``token_ids``, ``cached_tokens`` (prompt tokens
 found in the prefix cache), ``ttft_ms``, ``tpot_ms``, ``e2e_ms``,
-``preemptions`` and ``finish_reason``.
+``preemptions`` and ``finish_reason`` (``"length"``, or ``"stop_sequence"``).
 
 Here: ``HarnessConfig``, and ``HarnessBackend``'s loop side (start-up and
 warm-up, the SLO check, parsing, executing and answering requests, stats).
@@ -51,7 +54,7 @@ from yieldgate.harness.prefill_worker import WorkerSpec
 from yieldgate.harness.qos import QosPolicy, SloConfig, TtftEstimator
 from yieldgate.harness.router import Router, RouterConfig, RouterConfigFile
 from yieldgate.harness.sequence import SamplingParams
-from yieldgate.server.backends import BackendError, Emit, Work
+from yieldgate.server.backends import BackendError, Emit, StopText, Work, stop_sequences
 from yieldgate.server.governor import AdmissionHook, AdmissionRequest, Governor, Rejection
 
 __all__ = ["HarnessBackend", "HarnessConfig"]
@@ -238,6 +241,7 @@ class HarnessBackend(EngineThread):
         seed = params.get("seed")
         if seed is not None and (type(seed) is not int or not 0 <= seed < 2**63):
             raise BackendError("params.seed must be an integer in [0, 2**63)", retryable=False)
+        stop_sequences(work.params)
         prompt = list(work.body.encode("utf-8"))
         if not prompt:
             raise BackendError("the prompt (the request body) is empty", retryable=False)
@@ -261,6 +265,7 @@ class HarnessBackend(EngineThread):
         if self.engine is None or self._thread is None or self._stopped:
             raise BackendError("the harness engine is not running", retryable=True)
         prompt, sampling = self._parse(work)
+        stop = StopText(stop_sequences(work.params))
         request = Request(prompt, sampling)
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         pieces: list[str] = []
@@ -274,18 +279,27 @@ class HarnessBackend(EngineThread):
                 if request.error is not None:
                     raise BackendError(f"engine failed: {request.error}", retryable=True)
                 new, request.pending = request.pending, []
-                tokens.extend(new)
-                text = decoder.decode(bytes(new), final=request.finished)
-                if text:
+                # One chunk per token, however many arrived since the last wake-up;
+                # a token that ends a character in the middle carries no text yet.
+                for i, token in enumerate(new):
+                    tokens.append(token)
+                    last = request.finished and i == len(new) - 1
+                    text = stop.feed(decoder.decode(bytes([token]), final=last))
+                    if last:
+                        text += stop.flush()
                     pieces.append(text)
                     if emit is not None:
-                        await emit({"text": text, "token_ids": new})
-                if request.finished:
+                        await emit({"text": text, "token_ids": [token]})
+                    if stop.stopped:
+                        break
+                if request.finished or stop.stopped:
                     break
         finally:
             if not request.finished:
                 self._inbox.put(("abort", request))
-        result = self._result(request, "".join(pieces), tokens)
+        # A byte-level model without an end-of-sequence token runs to max_tokens.
+        finish_reason = "stop_sequence" if stop.stopped else "length"
+        result = self._result(request, "".join(pieces), tokens, finish_reason)
         times = request.token_times
         with self._metrics_lock:
             self.metrics.record_request(
@@ -296,7 +310,9 @@ class HarnessBackend(EngineThread):
             )
         return result
 
-    def _result(self, request: Request, text: str, tokens: list[int]) -> dict[str, Any]:
+    def _result(
+        self, request: Request, text: str, tokens: list[int], finish_reason: str
+    ) -> dict[str, Any]:
         seq = request.seq
         assert seq is not None
         assert request.first_token_at is not None
@@ -307,12 +323,14 @@ class HarnessBackend(EngineThread):
             "text": text,
             "prompt_tokens": len(request.prompt),
             "completion_tokens": len(tokens),
+            "prompt_token_ids": request.prompt,
+            "token_ids": tokens,
             "cached_tokens": seq.prefix_hit_tokens,
             "ttft_ms": round(ttft_ms, 3),
             "tpot_ms": round(tpot_ms, 3),
             "e2e_ms": round(e2e_ms, 3),
             "preemptions": seq.num_preemptions,
-            "finish_reason": "length",
+            "finish_reason": finish_reason,
         }
 
     def stats(self) -> dict[str, Any]:

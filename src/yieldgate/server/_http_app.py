@@ -2,8 +2,10 @@
 
 Routes (see ``docs`` and ``_http_dialects`` for the bodies):
 
-- OpenAI: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``GET /v1/models``
-- HuggingFace Inference API: ``POST /models/{model_id}``
+- OpenAI: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``GET /v1/models``,
+  ``GET /v1/models/{model_id}``
+- HuggingFace Inference API: ``POST /models/{model_id}``, and OpenAI's chat
+  completions at ``POST /models/{model_id}/v1/chat/completions``, as HF endpoints serve them
 - TGI: ``POST /generate``, ``POST /generate_stream``, ``POST /``
 - ``GET /health``, ``GET /stats``, ``GET /metrics``
 
@@ -40,6 +42,7 @@ from starlette.responses import Response
 from starlette.routing import Route, request_response
 from starlette.types import ASGIApp, Receive
 
+from yieldgate import __version__
 from yieldgate.protocol import ErrorCode
 from yieldgate.server._http_config import HttpConfig
 from yieldgate.server._http_dialects import (
@@ -107,20 +110,38 @@ def build_app(front: Front) -> ASGIApp:
         app = endpoint if isinstance(endpoint, Inference) else request_response(endpoint)
         return RequireSecret(app, secret)
 
+    # What OpenAI's system_fingerprint stands for: the serving configuration.
+    fingerprint = f"yieldgate-{__version__}-{front.backend.name}"
+
     def inference(dialect: Dialect) -> Any:
         return guarded(Inference(front, dialect, ids))
 
     def json_response(status: int, body: Any) -> Response:
         return Response(dumps(body), status_code=status, media_type="application/json")
 
+    served = {
+        "id": front.config.model_name,
+        "object": "model",
+        "created": created,
+        "owned_by": "yieldgate",
+    }
+
     async def models(request: Request) -> Response:
-        model = {
-            "id": front.config.model_name,
-            "object": "model",
-            "created": created,
-            "owned_by": "yieldgate",
+        return json_response(200, {"object": "list", "data": [served]})
+
+    async def model(request: Request) -> Response:
+        model_id = request.path_params["model_id"]
+        if model_id == served["id"]:
+            return json_response(200, served)
+        front.governor.record_error(ErrorCode.UNKNOWN_OP)
+        message = f"The model '{model_id}' does not exist"
+        error = {
+            "message": message,
+            "type": "invalid_request_error",
+            "param": "model",
+            "code": "model_not_found",
         }
-        return json_response(200, {"object": "list", "data": [model]})
+        return json_response(404, {"error": error})
 
     async def health(request: Request) -> Response:
         gov = front.governor
@@ -158,9 +179,15 @@ def build_app(front: Front) -> ASGIApp:
 
     post = ["POST"]
     routes = [
-        Route("/v1/chat/completions", inference(ChatCompletions()), methods=post),
-        Route("/v1/completions", inference(Completions()), methods=post),
+        Route("/v1/chat/completions", inference(ChatCompletions(fingerprint)), methods=post),
+        Route("/v1/completions", inference(Completions(fingerprint)), methods=post),
         Route("/v1/models", guarded(models), methods=["GET"]),
+        Route("/v1/models/{model_id:path}", guarded(model), methods=["GET"]),
+        Route(
+            "/models/{model_id:path}/v1/chat/completions",
+            inference(ChatCompletions(fingerprint)),
+            methods=post,
+        ),
         Route("/models/{model_id:path}", inference(HfModels()), methods=post),
         Route("/generate", inference(TgiGenerate(stream=False)), methods=post),
         Route("/generate_stream", inference(TgiGenerate(stream=True)), methods=post),

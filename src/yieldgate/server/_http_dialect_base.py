@@ -3,17 +3,27 @@
 ``BadRequest`` is what a dialect raises for a body or header it cannot
 accept; ``loads``, ``dumps`` and ``sse`` read and write the JSON; the
 ``*_field`` readers check one field each, naming it in the error; a backend
-result or stream chunk is read by ``result_text`` and ``chunk_text``.
+result is read into a ``Generated`` by ``generated``, a stream chunk by
+``chunk_text`` and ``chunk_token_ids``.
+
+Token ids: a backend with a vocabulary (the harness: bytes) reports its
+ids, and they are sent as they are; for one without (the simulated
+backend) a token is a word of the text (with the whitespace before it) or
+a streamed piece, and its id is the CRC-32 of its UTF-8 text, stable
+across requests and runs.
 ``Dialect`` is the interface each route family implements over a parsed
 ``Job``. Pure functions of JSON values: no I/O, no starlette.
 """
 
 from __future__ import annotations
 
+import codecs
 import json
 import math
+import re
 import time
 import uuid
+import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -24,29 +34,41 @@ from yieldgate.server.governor import Yield
 __all__ = [
     "BadRequest",
     "Dialect",
+    "Generated",
     "Job",
     "backend_params",
     "bool_field",
     "chunk_text",
+    "chunk_token_ids",
     "dumps",
+    "generated",
     "int_field",
     "loads",
     "number_field",
     "object_field",
-    "result_text",
     "retry_after_s",
     "seed_field",
     "sse",
-    "usage_of",
+    "stop_field",
+    "text_token_id",
+    "tokens_of",
 ]
+
+_MAX_STOPS = 4
+_FINISH_REASONS = frozenset({"length", "stop_sequence", "eos"})
+_WORD = re.compile(r"\s*\S+")
 
 
 class BadRequest(Exception):
-    """A request body or header this dialect cannot accept (400, or 422 for TGI)."""
+    """A request body or header this dialect cannot accept (400, or 422 for TGI).
 
-    def __init__(self, message: str) -> None:
+    ``param`` names the field at fault, for the dialects whose errors say so.
+    """
+
+    def __init__(self, message: str, param: str | None = None) -> None:
         super().__init__(message)
         self.message = message
+        self.param = param
 
 
 def _reject_constant(name: str) -> Any:
@@ -81,21 +103,56 @@ def retry_after_s(hint_ms: int) -> int:
     return math.ceil(hint_ms / 1000)
 
 
-def result_text(result: Any) -> tuple[str, int | None, int | None]:
-    """``(text, prompt_tokens, completion_tokens)`` from a backend result.
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Generated:
+    """A backend's finished generation, as the dialects answer it.
 
-    A result is ``{"text": str}`` with optional integer token counts (a bare
+    ``finish_reason`` is ``"length"`` (the length limit ended it),
+    ``"stop_sequence"`` or ``"eos"`` (it ended by itself); the token ids are
+    the backend's own, ``None`` where it has no vocabulary.
+    """
+
+    text: str
+    usage: dict[str, int]
+    finish_reason: str
+    token_ids: tuple[int, ...] | None = None
+    prompt_token_ids: tuple[int, ...] | None = None
+
+
+def _ids(value: Any) -> tuple[int, ...] | None:
+    if isinstance(value, list | tuple) and all(type(i) is int for i in value):
+        return tuple(value)
+    return None
+
+
+def generated(job: Job, result: Any) -> Generated:
+    """A backend result read: ``{"text": str}`` with optional integer token
+    counts, ``token_ids``, ``prompt_token_ids`` and ``finish_reason`` (a bare
     string is accepted as the text). Anything else is the backend's fault.
     """
     if isinstance(result, str):
-        return result, None, None
+        result = {"text": result}
     if not isinstance(result, Mapping) or not isinstance(result.get("text"), str):
         raise BackendError("backend result has no 'text' string", retryable=False)
+    text: str = result["text"]
     counts = []
     for key in ("prompt_tokens", "completion_tokens"):
         value = result.get(key)
         counts.append(value if type(value) is int and value >= 0 else None)
-    return result["text"], counts[0], counts[1]
+    prompt = _words(job.prompt) if counts[0] is None else counts[0]
+    completion = _words(text) if counts[1] is None else counts[1]
+    reason = result.get("finish_reason")
+    return Generated(
+        text=text,
+        usage={
+            "prompt_tokens": prompt,
+            "completion_tokens": completion,
+            "total_tokens": prompt + completion,
+        },
+        finish_reason=reason if reason in _FINISH_REASONS else "eos",
+        token_ids=_ids(result.get("token_ids")),
+        prompt_token_ids=_ids(result.get("prompt_token_ids")),
+    )
 
 
 def chunk_text(data: Any) -> str:
@@ -104,6 +161,31 @@ def chunk_text(data: Any) -> str:
         text: str = data["text"]
         return text
     raise BackendError("backend stream chunk has no 'text' string", retryable=False)
+
+
+def chunk_token_ids(data: Any) -> tuple[int, ...] | None:
+    """The token ids of one streamed chunk, where the backend sends them."""
+    return _ids(data.get("token_ids")) if isinstance(data, Mapping) else None
+
+
+def text_token_id(text: str) -> int:
+    """The id of a token from a backend without a vocabulary: its text's CRC-32."""
+    return zlib.crc32(text.encode("utf-8", "surrogatepass"))
+
+
+def tokens_of(text: str, token_ids: tuple[int, ...] | None) -> list[tuple[int, str]]:
+    """``(id, text)`` per token: the backend's byte ids decoded one by one
+    (empty while a character is incomplete), or the words of ``text``."""
+    if token_ids is not None:
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        last = len(token_ids) - 1
+        return [
+            (i, decoder.decode(bytes([i & 0xFF]), final=n == last)) for n, i in enumerate(token_ids)
+        ]
+    words = _WORD.findall(text)
+    if words and text[-1:].isspace():
+        words[-1] += text[len("".join(words)) :]
+    return [(text_token_id(word), word) for word in words]
 
 
 def _words(text: str) -> int:
@@ -158,13 +240,35 @@ def bool_field(body: Mapping[str, Any], key: str, where: str = "") -> bool:
     return value
 
 
+def stop_field(body: Mapping[str, Any], key: str, where: str = "") -> list[str] | None:
+    """Stop sequences: a non-empty string or an array of at most four."""
+    value = body.get(key)
+    if value is None:
+        return None
+    stops = [value] if isinstance(value, str) else value
+    if (
+        not isinstance(stops, list)
+        or len(stops) > _MAX_STOPS
+        or not all(isinstance(s, str) and s for s in stops)
+    ):
+        raise BadRequest(
+            f"'{where}{key}' must be a non-empty string or an array of at most "
+            f"{_MAX_STOPS} of them",
+            f"{where}{key}",
+        )
+    return stops or None
+
+
 def backend_params(
     max_tokens: int | None,
     temperature: float | None,
     seed: int | None,
     extra: Mapping[str, Any],
+    stop: list[str] | None = None,
 ) -> dict[str, Any]:
     params: dict[str, Any] = {}
+    if stop is not None:
+        params["stop"] = stop
     if max_tokens is not None:
         params["max_tokens"] = max_tokens
     if temperature is not None:
@@ -187,6 +291,8 @@ class Job:
     stream: bool
     model: str
     include_usage: bool = False
+    details: bool = False
+    prefill_details: bool = False
     created: int = field(default_factory=lambda: int(time.time()))
     id: str = ""
 
@@ -204,18 +310,21 @@ class Dialect:
     def new_id(self) -> str:
         return f"{self.id_prefix}{uuid.uuid4().hex[:24]}"
 
-    def ok(self, job: Job, text: str, usage: dict[str, int]) -> Any:
+    def ok(self, job: Job, done: Generated) -> Any:
         raise NotImplementedError
 
-    def piece(self, job: Job, index: int, text: str) -> bytes:
-        """The event for the ``index``-th streamed piece."""
+    def piece(self, job: Job, index: int, text: str, token_ids: tuple[int, ...] | None) -> bytes:
+        """The event for the ``index``-th streamed piece (one token where the backend streams
+        tokens)."""
         raise NotImplementedError
 
-    def end(self, job: Job, index: int, text: str, usage: dict[str, int]) -> bytes:
-        """The events that end a stream of ``index`` pieces whose full text is ``text``."""
+    def end(self, job: Job, index: int, done: Generated) -> bytes:
+        """The events that end a stream of ``index`` pieces."""
         raise NotImplementedError
 
-    def error(self, status: int, code: str, message: str) -> dict[str, Any]:
+    def error(
+        self, status: int, code: str, message: str, param: str | None = None
+    ) -> dict[str, Any]:
         raise NotImplementedError
 
     def stream_error(self, status: int, code: str, message: str) -> bytes:
@@ -228,15 +337,3 @@ class Dialect:
     def cold_start(self, job: Job, refusal: Yield) -> dict[str, Any] | None:
         """A 503 body that replaces the 429 while the backend is cold, if this dialect has one."""
         return None
-
-
-def usage_of(
-    job: Job, text: str, prompt_tokens: int | None, completion_tokens: int | None
-) -> dict[str, int]:
-    prompt = _words(job.prompt) if prompt_tokens is None else prompt_tokens
-    completion = _words(text) if completion_tokens is None else completion_tokens
-    return {
-        "prompt_tokens": prompt,
-        "completion_tokens": completion,
-        "total_tokens": prompt + completion,
-    }

@@ -15,14 +15,15 @@ The shared pieces are ``_http_dialect_base``; the OpenAI routes are
 from yieldgate.server._http_dialect_base import (
     BadRequest,
     Dialect,
+    Generated,
     Job,
     chunk_text,
+    chunk_token_ids,
     dumps,
+    generated,
     loads,
-    result_text,
     retry_after_s,
     sse,
-    usage_of,
 )
 from yieldgate.server._http_openai import ChatCompletions, Completions
 from yieldgate.server._http_tgi import HfModels, TgiGenerate
@@ -32,14 +33,15 @@ __all__ = [
     "ChatCompletions",
     "Completions",
     "Dialect",
+    "Generated",
     "HfModels",
     "Job",
     "TgiGenerate",
     "chunk_text",
+    "chunk_token_ids",
     "dumps",
+    "generated",
     "loads",
-    "result_text",
     "retry_after_s",
     "sse",
-    "usage_of",
 ]

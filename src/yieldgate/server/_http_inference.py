@@ -38,11 +38,11 @@ from yieldgate.server._http_dialects import (
     Dialect,
     Job,
     chunk_text,
+    chunk_token_ids,
     dumps,
+    generated,
     loads,
-    result_text,
     retry_after_s,
-    usage_of,
 )
 from yieldgate.server._http_responses import NO_RETRY, RETRY, send_json
 from yieldgate.server.admission import Admitted, Failure
@@ -165,7 +165,14 @@ class Inference:
             model_id = scope.get("path_params", {}).get("model_id")
             job = dialect.parse(loads(raw), model_id, front.config.model_name)
         except BadRequest as exc:
-            await self._fail(send, dialect.invalid_status, ErrorCode.BAD_FRAME, exc.message, False)
+            await self._fail(
+                send,
+                dialect.invalid_status,
+                ErrorCode.BAD_FRAME,
+                exc.message,
+                False,
+                param=exc.param,
+            )
             return
         decision = front.admission.admit(
             f"http-{next(self._ids)}",
@@ -213,12 +220,14 @@ class Inference:
         retryable: bool,
         *,
         close: bool = False,
+        param: str | None = None,
     ) -> None:
         self.front.governor.record_error(code)
         headers = [RETRY if retryable else NO_RETRY]
         if close:
             headers.append(_CLOSE)
-        await send_json(send, status, dumps(self.dialect.error(status, code, message)), headers)
+        body = self.dialect.error(status, code, message, param)
+        await send_json(send, status, dumps(body), headers)
 
     async def _yield(self, send: Send, job: Job, refusal: Yield) -> None:
         cold = self.dialect.cold_start(job, refusal)
@@ -246,9 +255,7 @@ class Inference:
         dialect = self.dialect
 
         async def finish(result: Any, slot: Slot) -> bytes:
-            text, prompt_tokens, completion_tokens = result_text(result)
-            usage = usage_of(job, text, prompt_tokens, completion_tokens)
-            return dumps(dialect.ok(job, text, usage))
+            return dumps(dialect.ok(job, generated(job, result)))
 
         outcome = await self.front.run_admitted(admitted, receive, None, finish)
         if outcome is None:
@@ -271,18 +278,17 @@ class Inference:
 
         async def emit(data: Any) -> None:
             nonlocal index
-            event = dialect.piece(job, index, chunk_text(data))
+            event = dialect.piece(job, index, chunk_text(data), chunk_token_ids(data))
             index += 1
             await start()
             await send({"type": "http.response.body", "body": event, "more_body": True})
 
         async def finish(result: Any, slot: Slot) -> str:
-            text, prompt_tokens, completion_tokens = result_text(result)
-            usage = usage_of(job, text, prompt_tokens, completion_tokens)
-            events = dialect.end(job, index, text, usage)
+            done = generated(job, result)
+            events = dialect.end(job, index, done)
             await start()
             await send({"type": "http.response.body", "body": events, "more_body": False})
-            return text
+            return done.text
 
         outcome = await self.front.run_admitted(admitted, receive, emit, finish)
         if not isinstance(outcome, Failure):

@@ -3,6 +3,12 @@
 Bodies, chunks and errors in OpenAI's shapes; a stream ends with
 ``data: [DONE]``, after a usage chunk when ``stream_options.include_usage``
 asks for one. A yield is an error of type ``yield`` whose code is the reason.
+
+``finish_reason`` is ``"length"`` when ``max_tokens`` ended the generation,
+``"stop"`` otherwise; ``stop`` sequences are the backend's to honour (both
+backends do); a field asking for what no backend here does (``logprobs``,
+``tools``, a ``response_format`` other than text, penalties, ...) is a 400
+``invalid_request_error`` naming it, never silently ignored.
 """
 
 from __future__ import annotations
@@ -12,6 +18,7 @@ from typing import Any, ClassVar
 from yieldgate.server._http_dialect_base import (
     BadRequest,
     Dialect,
+    Generated,
     Job,
     backend_params,
     bool_field,
@@ -20,23 +27,65 @@ from yieldgate.server._http_dialect_base import (
     object_field,
     seed_field,
     sse,
+    stop_field,
 )
 from yieldgate.server.governor import Yield
 
 __all__ = ["ChatCompletions", "Completions"]
 
+# Fields this server cannot honour, each with the values that ask for nothing
+# (what some clients send by default): anything else is refused.
+_UNSUPPORTED: tuple[tuple[str, tuple[Any, ...]], ...] = (
+    ("logprobs", (False, 0)),
+    ("top_logprobs", (0,)),
+    ("response_format", ({"type": "text"},)),
+    ("tools", ([],)),
+    ("tool_choice", ("none", "auto")),
+    ("functions", ([],)),
+    ("function_call", ("none", "auto")),
+    ("logit_bias", ({},)),
+    ("presence_penalty", (0,)),
+    ("frequency_penalty", (0,)),
+    ("top_p", (1,)),
+    ("best_of", (1,)),
+    ("echo", (False,)),
+    ("suffix", ("",)),
+)
+
+
+def _refuse_unsupported(body: dict[str, Any]) -> None:
+    for key, neutral in _UNSUPPORTED:
+        value = body.get(key)
+        if value is not None and not any(
+            (value == n and type(value) is type(n)) or _same_number(value, n) for n in neutral
+        ):
+            raise BadRequest(f"'{key}' is not supported by this server", key)
+
+
+def _same_number(value: Any, neutral: Any) -> bool:
+    numbers = (int, float)
+    return type(value) in numbers and type(neutral) in numbers and value == neutral
+
+
+def _finish_reason(done: Generated) -> str:
+    return "length" if done.finish_reason == "length" else "stop"
+
 
 class _OpenAI(Dialect):
     family = "openai"
+
+    def __init__(self, system_fingerprint: str = "yieldgate") -> None:
+        self.system_fingerprint = system_fingerprint
 
     def _job(self, body: dict[str, Any], prompt: str, default_model: str) -> Job:
         """The job for ``prompt``, from the fields both OpenAI routes share."""
         model = body.get("model", default_model)
         if not isinstance(model, str) or not model:
-            raise BadRequest("'model' must be a non-empty string")
+            raise BadRequest("'model' must be a non-empty string", "model")
         n = body.get("n")
         if n is not None and (type(n) is not int or n != 1):
-            raise BadRequest("only n=1 is supported")
+            raise BadRequest("only n=1 is supported", "n")
+        _refuse_unsupported(body)
         max_tokens = int_field(body, "max_completion_tokens")
         if max_tokens is None:
             max_tokens = int_field(body, "max_tokens")
@@ -45,6 +94,7 @@ class _OpenAI(Dialect):
             number_field(body, "temperature"),
             seed_field(body, "seed"),
             object_field(body, "backend_params"),
+            stop_field(body, "stop"),
         )
         return Job(
             prompt=prompt,
@@ -64,6 +114,7 @@ class _OpenAI(Dialect):
             "created": job.created,
             "model": job.model,
             "choices": [choice],
+            "system_fingerprint": self.system_fingerprint,
         }
         if job.include_usage:
             chunk["usage"] = None
@@ -71,19 +122,21 @@ class _OpenAI(Dialect):
 
     chunk_object: ClassVar[str]
 
-    def _last_choice(self) -> dict[str, Any]:
+    def _last_choice(self, finish_reason: str) -> dict[str, Any]:
         raise NotImplementedError
 
-    def end(self, job: Job, index: int, text: str, usage: dict[str, int]) -> bytes:
-        events = [sse(self._chunk(job, self._last_choice()))]
+    def end(self, job: Job, index: int, done: Generated) -> bytes:
+        events = [sse(self._chunk(job, self._last_choice(_finish_reason(done))))]
         if job.include_usage:
-            events.append(sse({**self._chunk(job, {}), "choices": [], "usage": usage}))
+            events.append(sse({**self._chunk(job, {}), "choices": [], "usage": done.usage}))
         events.append(b"data: [DONE]\n\n")
         return b"".join(events)
 
-    def error(self, status: int, code: str, message: str) -> dict[str, Any]:
+    def error(
+        self, status: int, code: str, message: str, param: str | None = None
+    ) -> dict[str, Any]:
         kind = "invalid_request_error" if status < 500 else "server_error"
-        return {"error": {"message": message, "type": kind, "param": None, "code": code}}
+        return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
     def yield_fields(self, refusal: Yield) -> dict[str, Any]:
         message = (
@@ -104,11 +157,11 @@ class ChatCompletions(_OpenAI):
     def parse(self, body: dict[str, Any], model_id: str | None, default_model: str) -> Job:
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
-            raise BadRequest("'messages' must be a non-empty array")
+            raise BadRequest("'messages' must be a non-empty array", "messages")
         lines = [_message_line(i, message) for i, message in enumerate(messages)]
         return self._job(body, "\n".join(lines), default_model)
 
-    def ok(self, job: Job, text: str, usage: dict[str, int]) -> Any:
+    def ok(self, job: Job, done: Generated) -> Any:
         return {
             "id": job.id,
             "object": "chat.completion",
@@ -117,23 +170,23 @@ class ChatCompletions(_OpenAI):
             "choices": [
                 {
                     "index": 0,
-                    "message": {"role": "assistant", "content": text, "refusal": None},
+                    "message": {"role": "assistant", "content": done.text, "refusal": None},
                     "logprobs": None,
-                    "finish_reason": "stop",
+                    "finish_reason": _finish_reason(done),
                 }
             ],
-            "usage": usage,
-            "system_fingerprint": None,
+            "usage": done.usage,
+            "system_fingerprint": self.system_fingerprint,
         }
 
-    def piece(self, job: Job, index: int, text: str) -> bytes:
+    def piece(self, job: Job, index: int, text: str, token_ids: tuple[int, ...] | None) -> bytes:
         delta = {"role": "assistant", "content": text} if index == 0 else {"content": text}
         return sse(
             self._chunk(job, {"index": 0, "delta": delta, "logprobs": None, "finish_reason": None})
         )
 
-    def _last_choice(self) -> dict[str, Any]:
-        return {"index": 0, "delta": {}, "logprobs": None, "finish_reason": "stop"}
+    def _last_choice(self, finish_reason: str) -> dict[str, Any]:
+        return {"index": 0, "delta": {}, "logprobs": None, "finish_reason": finish_reason}
 
 
 def _message_line(i: int, message: Any) -> str:
@@ -173,24 +226,30 @@ class Completions(_OpenAI):
         if isinstance(prompt, list) and len(prompt) == 1:
             prompt = prompt[0]
         if not isinstance(prompt, str):
-            raise BadRequest("'prompt' must be a string (or an array of one string)")
+            raise BadRequest("'prompt' must be a string (or an array of one string)", "prompt")
         return self._job(body, prompt, default_model)
 
-    def ok(self, job: Job, text: str, usage: dict[str, int]) -> Any:
+    def ok(self, job: Job, done: Generated) -> Any:
+        choice = {
+            "index": 0,
+            "text": done.text,
+            "logprobs": None,
+            "finish_reason": _finish_reason(done),
+        }
         return {
             "id": job.id,
             "object": "text_completion",
             "created": job.created,
             "model": job.model,
-            "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": "stop"}],
-            "usage": usage,
-            "system_fingerprint": None,
+            "choices": [choice],
+            "usage": done.usage,
+            "system_fingerprint": self.system_fingerprint,
         }
 
-    def piece(self, job: Job, index: int, text: str) -> bytes:
+    def piece(self, job: Job, index: int, text: str, token_ids: tuple[int, ...] | None) -> bytes:
         return sse(
             self._chunk(job, {"index": 0, "text": text, "logprobs": None, "finish_reason": None})
         )
 
-    def _last_choice(self) -> dict[str, Any]:
-        return {"index": 0, "text": "", "logprobs": None, "finish_reason": "stop"}
+    def _last_choice(self, finish_reason: str) -> dict[str, Any]:
+        return {"index": 0, "text": "", "logprobs": None, "finish_reason": finish_reason}

@@ -4,6 +4,13 @@
 ``POST /``; ``HfModels`` serves ``POST /models/{model_id}``. Both read TGI's
 ``inputs`` and ``parameters`` and stream TGI's token events (errors too); a
 cold HuggingFace model is a 503 with an ``estimated_time``, as the Hub answers.
+
+``parameters.details`` adds TGI's ``details`` (``finish_reason``: ``length``,
+``eos_token`` or ``stop_sequence``; ``generated_tokens``; ``seed``;
+``prefill``, filled when ``decoder_input_details`` asks; ``tokens``), and a
+stream's last event always carries its ``details`` (with ``input_length``).
+``parameters.stop`` is honoured by the backend. Log-probabilities are
+``null``: no backend here reports them.
 """
 
 from __future__ import annotations
@@ -15,6 +22,7 @@ from yieldgate.protocol import ErrorCode, YieldReason
 from yieldgate.server._http_dialect_base import (
     BadRequest,
     Dialect,
+    Generated,
     Job,
     backend_params,
     bool_field,
@@ -23,6 +31,9 @@ from yieldgate.server._http_dialect_base import (
     object_field,
     seed_field,
     sse,
+    stop_field,
+    text_token_id,
+    tokens_of,
 )
 from yieldgate.server.governor import Yield
 
@@ -34,13 +45,54 @@ def _tgi_job(body: dict[str, Any], model: str, stream: bool) -> Job:
     if not isinstance(inputs, str):
         raise BadRequest("'inputs' must be a string")
     parameters = object_field(body, "parameters")
+    where = "parameters."
     params = backend_params(
-        int_field(parameters, "max_new_tokens", "parameters."),
-        number_field(parameters, "temperature", "parameters."),
-        seed_field(parameters, "seed", "parameters."),
-        object_field(parameters, "backend_params", "parameters."),
+        int_field(parameters, "max_new_tokens", where),
+        number_field(parameters, "temperature", where),
+        seed_field(parameters, "seed", where),
+        object_field(parameters, "backend_params", where),
+        stop_field(parameters, "stop", where),
     )
-    return Job(prompt=inputs, params=params, stream=stream, model=model)
+    details = bool_field(parameters, "details", where)
+    return Job(
+        prompt=inputs,
+        params=params,
+        stream=stream,
+        model=model,
+        details=details,
+        prefill_details=details and bool_field(parameters, "decoder_input_details", where),
+    )
+
+
+_TGI_FINISH = {"length": "length", "stop_sequence": "stop_sequence", "eos": "eos_token"}
+
+
+def _token(token_id: int, text: str, *, special: bool = False) -> dict[str, Any]:
+    return {"id": token_id, "text": text, "logprob": None, "special": special}
+
+
+def _details(job: Job, done: Generated) -> dict[str, Any]:
+    """TGI's ``details`` of a whole answer."""
+    prefill = []
+    if job.prefill_details:
+        prefill = [
+            {"id": i, "text": text, "logprob": None}
+            for i, text in tokens_of(job.prompt, done.prompt_token_ids)
+        ]
+    return {
+        "finish_reason": _TGI_FINISH[done.finish_reason],
+        "generated_tokens": done.usage["completion_tokens"],
+        "seed": job.params.get("seed"),
+        "prefill": prefill,
+        "tokens": [_token(i, text) for i, text in tokens_of(done.text, done.token_ids)],
+    }
+
+
+def _with_details(job: Job, done: Generated) -> dict[str, Any]:
+    answer: dict[str, Any] = {"generated_text": done.text}
+    if job.details:
+        answer["details"] = _details(job, done)
+    return answer
 
 
 def _tgi_error(status: int, code: str, message: str) -> dict[str, Any]:
@@ -55,25 +107,27 @@ def _tgi_error(status: int, code: str, message: str) -> dict[str, Any]:
     return {"error": message, "error_type": kind, "code": code}
 
 
-def _tgi_piece(index: int, text: str, *, special: bool = False) -> dict[str, Any]:
-    return {
-        "index": index,
-        "token": {"id": index, "text": text, "logprob": 0.0, "special": special},
-        "generated_text": None,
-        "details": None,
-    }
+def _tgi_piece(index: int, token: dict[str, Any]) -> dict[str, Any]:
+    return {"index": index, "token": token, "generated_text": None, "details": None}
 
 
 class _TgiStream(Dialect):
     """TGI's server-sent events (errors too), also used by the HF route."""
 
-    def piece(self, job: Job, index: int, text: str) -> bytes:
-        return sse(_tgi_piece(index, text))
+    def piece(self, job: Job, index: int, text: str, token_ids: tuple[int, ...] | None) -> bytes:
+        token_id = token_ids[-1] if token_ids else text_token_id(text)
+        return sse(_tgi_piece(index, _token(token_id, text)))
 
-    def end(self, job: Job, index: int, text: str, usage: dict[str, int]) -> bytes:
-        # Like TGI's end-of-sequence token: special, and the one with the full text.
-        last = _tgi_piece(index, "", special=True)
-        last["generated_text"] = text
+    def end(self, job: Job, index: int, done: Generated) -> bytes:
+        # Like TGI's last event: a special end token, the full text and the details.
+        last = _tgi_piece(index, _token(text_token_id(""), "", special=True))
+        last["generated_text"] = done.text
+        last["details"] = {
+            "finish_reason": _TGI_FINISH[done.finish_reason],
+            "generated_tokens": done.usage["completion_tokens"],
+            "seed": job.params.get("seed"),
+            "input_length": done.usage["prompt_tokens"],
+        }
         return sse(last)
 
     def stream_error(self, status: int, code: str, message: str) -> bytes:
@@ -88,10 +142,12 @@ class HfModels(_TgiStream):
     def parse(self, body: dict[str, Any], model_id: str | None, default_model: str) -> Job:
         return _tgi_job(body, model_id or default_model, bool_field(body, "stream"))
 
-    def ok(self, job: Job, text: str, usage: dict[str, int]) -> Any:
-        return [{"generated_text": text}]
+    def ok(self, job: Job, done: Generated) -> Any:
+        return [_with_details(job, done)]
 
-    def error(self, status: int, code: str, message: str) -> dict[str, Any]:
+    def error(
+        self, status: int, code: str, message: str, param: str | None = None
+    ) -> dict[str, Any]:
         return {"error": message, "code": code}
 
     def yield_fields(self, refusal: Yield) -> dict[str, Any]:
@@ -123,11 +179,13 @@ class TgiGenerate(_TgiStream):
         stream = bool_field(body, "stream") if self.stream is None else self.stream
         return _tgi_job(body, default_model, stream)
 
-    def ok(self, job: Job, text: str, usage: dict[str, int]) -> Any:
-        answer = {"generated_text": text}
+    def ok(self, job: Job, done: Generated) -> Any:
+        answer = _with_details(job, done)
         return [answer] if self.stream is None else answer
 
-    def error(self, status: int, code: str, message: str) -> dict[str, Any]:
+    def error(
+        self, status: int, code: str, message: str, param: str | None = None
+    ) -> dict[str, Any]:
         return _tgi_error(status, code, message)
 
     def yield_fields(self, refusal: Yield) -> dict[str, Any]:

@@ -8,6 +8,12 @@ deadlines and cancellation; a backend only has to be cancellable.
 ``SimulatedBackend`` (``--backend sleep``) stands in for a model: execution
 times fixed or drawn from a weighted mix, a failure rate, a cold-start period
 and a capacity ramp, all drawn from one seeded generator so runs repeat.
+
+Both backends honour ``params["stop"]`` (stop sequences) with ``StopText``,
+and say why a generation ended in their result's ``finish_reason``:
+``"length"`` (``max_tokens`` reached), ``"stop_sequence"`` or ``"eos"``
+(the model's own end, also what an absent one means: the simulated echo
+ends so, and says nothing unless a stop sequence cut it).
 """
 
 from __future__ import annotations
@@ -29,9 +35,13 @@ __all__ = [
     "Emit",
     "SimulatedBackend",
     "SimulatedConfig",
+    "StopText",
     "Work",
     "parse_mix",
+    "stop_sequences",
 ]
+
+_MAX_STOPS = 4
 
 Emit = Callable[[Any], Awaitable[None]]
 
@@ -90,6 +100,62 @@ class Backend(Protocol):
     async def aclose(self) -> None: ...
 
 
+def stop_sequences(params: Mapping[str, Any]) -> tuple[str, ...]:
+    """``params["stop"]``: at most four non-empty strings (``BackendError`` otherwise)."""
+    stop = params.get("stop")
+    if stop is None:
+        return ()
+    if isinstance(stop, str):
+        stop = [stop]
+    if (
+        not isinstance(stop, list | tuple)
+        or len(stop) > _MAX_STOPS
+        or not all(isinstance(s, str) and s for s in stop)
+    ):
+        raise BackendError(
+            f"params.stop must be a non-empty string or at most {_MAX_STOPS} of them",
+            retryable=False,
+        )
+    return tuple(stop)
+
+
+class StopText:
+    """Cuts generated text before the first of ``stops``, fed piece by piece.
+
+    ``feed`` returns the text now safe to send: a tail that could be the
+    start of a stop sequence is held back until the next piece settles it.
+    Once a stop sequence is found, ``stopped`` is true and nothing more is
+    returned; ``flush`` releases what is held back when the text ends.
+    """
+
+    def __init__(self, stops: Sequence[str]) -> None:
+        self.stops = tuple(stops)
+        self.stopped = False
+        self._held = ""
+
+    def feed(self, text: str) -> str:
+        if self.stopped:
+            return ""
+        text = self._held + text
+        found = [i for i in (text.find(stop) for stop in self.stops) if i >= 0]
+        if found:
+            self.stopped = True
+            self._held = ""
+            return text[: min(found)]
+        hold = 0
+        for stop in self.stops:
+            for n in range(min(len(stop) - 1, len(text)), hold, -1):
+                if stop.startswith(text[-n:]):
+                    hold = n
+                    break
+        self._held = text[len(text) - hold :]
+        return text[: len(text) - hold]
+
+    def flush(self) -> str:
+        held, self._held = self._held, ""
+        return "" if self.stopped else held
+
+
 def parse_mix(spec: str) -> tuple[tuple[float, float], ...]:
     """Parse an execution-time mix such as ``"300:0.8,3000:0.2"`` (ms:weight, ...)."""
     mix: list[tuple[float, float]] = []
@@ -145,7 +211,7 @@ class SimulatedConfig:
 
 
 class SimulatedBackend:
-    """Sleeps instead of computing; answers ``{"text": body}``.
+    """Sleeps instead of computing; answers ``{"text": body}``, cut before a stop sequence.
 
     Per-request ``params`` steer it in tests and demos: ``exec_ms`` (a number
     in ``[0, max_param_exec_ms]``) replaces the drawn duration, ``fail`` (true)
@@ -197,6 +263,7 @@ class SimulatedBackend:
         return chunks
 
     def estimate_ms(self, work: Work) -> float | None:
+        stop_sequences(work.params)
         if work.stream:
             self._chunks(work)
         return self._override_ms(work)
@@ -214,16 +281,19 @@ class SimulatedBackend:
         fails = work.params.get("fail") is True or (
             self.config.fail_rate > 0 and self._rng.random() < self.config.fail_rate
         )
+        stop = StopText(stop_sequences(work.params))
+        text = stop.feed(work.body) + stop.flush()
         if emit is None:
             await anyio.sleep(duration_s)
         else:
             chunks = self._chunks(work)
-            for piece in _split(work.body, chunks):
+            for piece in _split(text, chunks):
                 await anyio.sleep(duration_s / chunks)
                 await emit({"text": piece})
         if fails:
             raise BackendError("simulated backend failure", retryable=True)
-        return {"text": work.body}
+        # No finish_reason: the echo ends by itself ("eos"), what an absent one means.
+        return {"text": text, "finish_reason": "stop_sequence"} if stop.stopped else {"text": text}
 
     async def aclose(self) -> None:
         return None
