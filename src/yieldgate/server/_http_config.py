@@ -42,7 +42,7 @@ class HttpConfig:
     # Connections beyond this many are closed as soon as they are accepted.
     max_connections: int = 10_000
     # The request parser: "httptools" (C, in the server extra) or "h11" (pure
-    # Python, about 2.6x fewer replies per second); "auto" is httptools when it
+    # Python, about 2.5x fewer replies per second); "auto" is httptools when it
     # is installed. Every connection guard works with both.
     parser: Literal["auto", "httptools", "h11"] = "auto"
 

@@ -30,11 +30,12 @@ The body's own timeout is the app's (``_http_inference``), so that it can answer
 ``GuardedProtocol`` is written against what uvicorn's h11 and httptools
 protocols share: ``connection_made`` / ``connection_lost``,
 ``data_received``, ``on_response_complete``, ``pause_writing`` /
-``resume_writing``, ``loop``, ``transport``, and ``cycle``, a new object for
-each request whose head was parsed (with httptools, the newest one: a
+``resume_writing``, ``loop``, ``transport``, and ``cycle`` (with its
+``more_body`` and ``response_complete``), a new object for each request
+whose head was parsed (with httptools, the newest one: a
 pipelined head is parsed while the previous request runs). So each parser's
 guarded class is one line: ``protocol_class`` gives it. httptools (C, about
-2.6x the replies of h11 on a bare app) is optional and imported only when
+2.5x the replies of h11 on a bare app) is optional and imported only when
 asked for; h11 always works.
 """
 
