@@ -144,10 +144,10 @@ class HttpFront:
             max_connections=cfg.max_connections,
         )
         sockets = bind_sockets(cfg.host, cfg.port)
-        log.info("HTTP front on %s:%s parses with %s", cfg.host, cfg.port, cfg.resolved_parser)
         finished = False
         try:
             self.address = (cfg.host, sockets[0].getsockname()[1])
+            log.info("HTTP front on %s:%d parses with %s", *self.address, cfg.resolved_parser)
             for sock in sockets:
                 sock.listen(_BACKLOG)
                 sock.setblocking(False)
