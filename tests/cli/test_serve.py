@@ -112,6 +112,7 @@ def test_listening_line_reports_the_real_port() -> None:
         (["--http-port", "0", "--http-head-timeout-s", "-1"], "head_timeout_s"),
         (["--http-port", "0", "--http-body-timeout-s", "nan"], "body_timeout_s"),
         (["--http-port", "0", "--http-max-connections", "0"], "max_connections"),
+        (["--http-port", "0", "--http-parser", "picohttp"], "--http-parser"),
     ],
 )
 def test_bad_flags_are_one_clear_line_and_exit_2(args: list[str], message: str) -> None:

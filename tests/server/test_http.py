@@ -6,6 +6,7 @@ httpx (and the official openai client) as the HTTP peer.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import socket
 import time
@@ -36,6 +37,7 @@ from yieldgate.server import (
     TcpConfig,
     Work,
 )
+from yieldgate.server._http_guard import MAX_HEAD_BYTES, GuardedProtocol, Parser, protocol_class
 from yieldgate.server.backends import BackendError, Emit
 
 pytestmark = pytest.mark.anyio
@@ -838,14 +840,17 @@ BOTH_LOOPS = pytest.mark.parametrize(
     [("asyncio", {}), ("asyncio", {"use_uvloop": True})],
     ids=["asyncio", "uvloop"],
 )
+# And it parses with httptools when it is installed, else h11: the guards hold on both.
+BOTH_PARSERS = pytest.mark.parametrize("parser", ["httptools", "h11"])
 
 
 @BOTH_LOOPS
+@BOTH_PARSERS
 async def test_a_head_that_does_not_arrive_whole_is_closed_after_the_head_timeout(
-    start: Start,
+    start: Start, parser: str
 ) -> None:
     # Issue 16 item 14: a connection that sent nothing, or part of a head, stayed open for ever.
-    live = await start(head_timeout_s=0.3)
+    live = await start(head_timeout_s=0.3, parser=parser)
     partials = [
         b"",  # nothing at all
         b"POST /generate HT",  # half a request line
@@ -876,8 +881,9 @@ async def test_a_head_that_does_not_arrive_whole_is_closed_after_the_head_timeou
     assert stats["admitted_total"] == 0
 
 
-async def test_a_body_that_stalls_gets_408(start: Start) -> None:
-    live = await start(body_timeout_s=0.3)
+@BOTH_PARSERS
+async def test_a_body_that_stalls_gets_408(start: Start, parser: str) -> None:
+    live = await start(body_timeout_s=0.3, parser=parser)
     stream = await raw_http(live)
     try:
         head = (
@@ -900,8 +906,38 @@ async def test_a_body_that_stalls_gets_408(start: Start) -> None:
     assert stats["errors_by_code"] == {"bad_frame": 1}
 
 
-async def test_http_connections_past_the_limit_are_closed_at_once(start: Start) -> None:
-    live = await start(max_connections=3)
+@BOTH_PARSERS
+async def test_a_head_past_the_size_cap_is_refused(start: Start, parser: str) -> None:
+    # httptools has no cap of its own: a head sent fast would grow for head_timeout_s.
+    live = await start(parser=parser)
+    streams = [await raw_http(live) for _ in range(2)]
+    try:
+        big = b"GET /health HTTP/1.1\r\nhost: x\r\nx-big: " + b"a" * (MAX_HEAD_BYTES + 1)
+        await streams[0].send(big)  # never finished
+        # A body far past the cap is no head: it is read as the body it is.
+        body = json.dumps({"inputs": "x" * (4 * MAX_HEAD_BYTES)}).encode()
+        await streams[1].send(
+            b"POST /generate HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+            + f"content-length: {len(body)}\r\nconnection: close\r\n\r\n".encode()
+            + body
+        )
+        refused = await read_until_closed(streams[0])
+        served = await read_until_closed(streams[1])
+        stats = await live.stats()
+    finally:
+        for stream in streams:
+            await stream.aclose()
+    # h11 enforces the same cap itself (uvicorn answers its 400) before the guard counts.
+    assert refused.startswith(b"HTTP/1.1 431 " if parser == "httptools" else b"HTTP/1.1 4")
+    assert served.startswith(b"HTTP/1.1 200 ")
+    assert stats["http_connections_head_too_large_total"] == (1 if parser == "httptools" else 0)
+
+
+@BOTH_PARSERS
+async def test_http_connections_past_the_limit_are_closed_at_once(
+    start: Start, parser: str
+) -> None:
+    live = await start(max_connections=3, parser=parser)
     await live.stats()  # the httpx client's connection: one of the three
     kept = [await raw_http(live) for _ in range(2)]
     extra = await raw_http(live)
@@ -932,11 +968,12 @@ def post_request(path: str, body: dict[str, Any]) -> bytes:
 
 
 @BOTH_LOOPS
+@BOTH_PARSERS
 async def test_a_stream_whose_reader_stopped_is_cancelled_after_the_write_timeout(
-    start: Start,
+    start: Start, parser: str
 ) -> None:
     # Issue 16 item 12: a stream whose reader stopped held its slot for ever.
-    live = await start(max_inflight=2, max_body_bytes=32 << 20, write_timeout_s=0.3)
+    live = await start(max_inflight=2, max_body_bytes=32 << 20, write_timeout_s=0.3, parser=parser)
     params = {"exec_ms": 2000, "chunks": 1000}  # 8 MB of events in 2 s: more than buffers hold
     request = post_request(
         "/generate_stream", {"inputs": "x" * (8 << 20), "parameters": {"backend_params": params}}
@@ -956,8 +993,11 @@ async def test_a_stream_whose_reader_stopped_is_cancelled_after_the_write_timeou
     assert (await live.http.post("/generate", json={"inputs": "next"})).status_code == 200
 
 
-async def test_a_slow_http_reader_that_keeps_reading_is_not_cut_off(start: Start) -> None:
-    live = await start(max_body_bytes=32 << 20, write_timeout_s=0.5)
+@BOTH_PARSERS
+async def test_a_slow_http_reader_that_keeps_reading_is_not_cut_off(
+    start: Start, parser: str
+) -> None:
+    live = await start(max_body_bytes=32 << 20, write_timeout_s=0.5, parser=parser)
     text = "x" * (4 << 20)
     params = {"exec_ms": 100, "chunks": 4}
     request = post_request(
@@ -1019,3 +1059,26 @@ async def test_metrics_export_the_connection_counters(start: Start) -> None:
     ):
         assert name in samples, name
     assert samples["yieldgate_http_connections_open"] == 1
+
+
+def test_the_parser_is_httptools_when_installed_else_h11(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert HttpConfig().resolved_parser == "httptools"  # the server extra brings it
+    assert HttpConfig(parser="h11").resolved_parser == "h11"
+    real = importlib.util.find_spec
+
+    def without_httptools(name: str, *args: Any) -> Any:
+        return None if name == "httptools" else real(name, *args)
+
+    monkeypatch.setattr(importlib.util, "find_spec", without_httptools)
+    assert HttpConfig().resolved_parser == "h11"
+    with pytest.raises(ValueError, match="'httptools' is not installed"):
+        HttpConfig(parser="httptools")
+    with pytest.raises(ValueError, match="http parser must be"):
+        HttpConfig(parser="picohttp")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("parser", ["httptools", "h11"])
+def test_each_parser_has_a_guarded_protocol(parser: Parser) -> None:
+    cls = protocol_class(parser)
+    assert issubclass(cls, GuardedProtocol)
+    assert parser.lower() in cls.__mro__[2].__module__.replace("_impl", "")

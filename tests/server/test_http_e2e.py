@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import select
 import signal
 import socket
+import time
 from pathlib import Path
 from typing import Any
 
@@ -209,3 +212,95 @@ def http_get(sock: socket.socket, path: str) -> bytes:
     """One keep-alive GET; its response head and the start of its body."""
     sock.sendall(f"GET {path} HTTP/1.1\r\nhost: x\r\n\r\n".encode())
     return sock.recv(65536)
+
+
+def closed_by_server(sock: socket.socket) -> bytes:
+    """What the server sends until it closes ``sock`` (a reset counts as closed)."""
+    sock.settimeout(30)
+    received = bytearray()
+    try:
+        while data := sock.recv(65536):
+            received += data
+    except ConnectionResetError:
+        pass
+    return bytes(received)
+
+
+def http_stats(port: int) -> dict[str, Any]:
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(b"GET /stats HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+        reply = closed_by_server(sock)
+    stats: dict[str, Any] = json.loads(reply.partition(b"\r\n\r\n")[2])
+    return stats
+
+
+# The guards on the fast parser, in the process `yieldgate serve` runs (issue 18 item 8).
+HTTPTOOLS = ["--exec-ms", "1", "--http-port", "0", "--http-parser", "httptools"]
+
+
+def test_httptools_closes_a_slow_loris_head_after_the_head_timeout(serve: Any) -> None:
+    server: ServerProcess = serve(*HTTPTOOLS, "--http-head-timeout-s", "0.5")
+    assert server.http_address is not None
+    port = server.http_address[1]
+    head = b"GET /health HTTP/1.1\r\nhost: x\r\nx-slow: " + b"a" * 200 + b"\r\n\r\n"
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sent = 0
+        for byte in head:  # a byte every 50 ms: the whole head would take 12 s
+            try:
+                sock.sendall(bytes([byte]))
+            except (BrokenPipeError, ConnectionResetError):
+                break
+            sent += 1
+            time.sleep(0.05)
+            if select.select([sock], [], [], 0)[0]:
+                break  # the server closed it (it sends nothing else)
+        assert closed_by_server(sock) == b""
+    assert sent < len(head)
+    assert http_stats(port)["http_connections_head_timeout_total"] == 1
+
+
+def test_httptools_refuses_connections_past_the_cap(serve: Any) -> None:
+    server: ServerProcess = serve(*HTTPTOOLS, "--http-max-connections", "2")
+    assert server.http_address is not None
+    port = server.http_address[1]
+    kept = [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(2)]
+    try:
+        for sock in kept:
+            assert http_get(sock, "/health").startswith(b"HTTP/1.1 200 ")
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as extra:
+            assert closed_by_server(extra) == b""
+    finally:
+        for sock in kept:
+            sock.close()
+    stats = http_stats(port)
+    assert stats["http_connections_refused_total"] >= 1
+    assert stats["http_connections_total"] >= 3  # the two kept and the one asking
+
+
+def test_httptools_answers_408_to_a_body_that_stalls(serve: Any) -> None:
+    server: ServerProcess = serve(*HTTPTOOLS, "--http-body-timeout-s", "0.3")
+    assert server.http_address is not None
+    port = server.http_address[1]
+    head = (
+        b"POST /generate HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+        b"content-length: 100\r\n\r\n"
+    )
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(head + b'{"inputs": "x')
+        reply = closed_by_server(sock)
+    assert reply.startswith(b"HTTP/1.1 408 ")
+    stats = http_stats(port)
+    assert (stats["http_body_timeouts_total"], stats["admitted_total"]) == (1, 0)
+
+
+def test_httptools_refuses_a_head_past_the_size_cap(serve: Any) -> None:
+    server: ServerProcess = serve(*HTTPTOOLS)
+    assert server.http_address is not None
+    port = server.http_address[1]
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        # Closed while sending, the reply may be lost.
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            sock.sendall(b"GET /health HTTP/1.1\r\nhost: x\r\nx-big: " + b"a" * (64 << 10))
+        reply = closed_by_server(sock)
+    assert reply == b"" or reply.startswith(b"HTTP/1.1 431 ")
+    assert http_stats(port)["http_connections_head_too_large_total"] == 1

@@ -100,6 +100,15 @@ def add_parser(sub: Any) -> None:
         help="HTTP connections beyond this many are closed at once (default 10000)",
     )
     net.add_argument(
+        "--http-parser",
+        choices=("auto", "httptools", "h11"),
+        default="auto",
+        help=(
+            "the HTTP request parser: httptools (C, fast) or h11 (pure Python); "
+            "auto (the default) is httptools when it is installed"
+        ),
+    )
+    net.add_argument(
         "--model-name",
         default="yieldgate-sim",
         help="the model GET /v1/models lists (default: yieldgate-sim)",
@@ -378,6 +387,7 @@ def build_server(args: argparse.Namespace) -> Any:
                 body_timeout_s=args.http_body_timeout_s,
                 write_timeout_s=args.write_timeout_s,
                 max_connections=args.http_max_connections,
+                parser=args.http_parser,
             )
         return Server(governor, backend, tcp=tcp, http=http, grace_s=args.grace_s)
     except ValueError as exc:

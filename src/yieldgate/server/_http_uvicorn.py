@@ -17,7 +17,7 @@ import anyio
 import uvicorn
 from starlette.types import ASGIApp
 
-from yieldgate.server._http_guard import ConnectionGuard, GuardedH11Protocol
+from yieldgate.server._http_guard import ConnectionGuard, Parser, protocol_class
 
 __all__ = ["guarded_protocol", "make_uvicorn"]
 
@@ -88,13 +88,15 @@ def make_uvicorn(app: ASGIApp, close_timeout_s: int, on_started: Callable[[], No
 
 
 def guarded_protocol(
-    server: uvicorn.Server, guard: ConnectionGuard
+    server: uvicorn.Server, guard: ConnectionGuard, parser: Parser
 ) -> Callable[[], asyncio.Protocol]:
-    """A protocol factory for connections the front accepted, served by ``server``."""
+    """A protocol factory for connections the front accepted, served by ``server``
+    and parsed by ``parser``."""
     config = server.config
     state = server.server_state
+    cls = protocol_class(parser)
 
     def protocol() -> asyncio.Protocol:
-        return GuardedH11Protocol(config=config, server_state=state, app_state={}, guard=guard)
+        return cls(config=config, server_state=state, app_state={}, guard=guard)
 
     return protocol

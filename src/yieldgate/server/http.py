@@ -8,7 +8,7 @@ Starlette, uvicorn and prometheus_client are imported only when the front
 starts serving: this module is light, so ``yieldgate.server`` stays light.
 
 The front accepts connections itself and guards them (``_http_guard``): a
-cap on open connections, a timeout for each request head, the TCP front's
+cap on open connections, a timeout and a size cap for each request head, the TCP front's
 pause when descriptors run out, and a write timeout that cancels the work of
 a reader that stopped reading. The app times each request body (408) and,
 with a ``secret``, requires ``Authorization: Bearer <secret>`` on every route
@@ -147,6 +147,7 @@ class HttpFront:
         finished = False
         try:
             self.address = (cfg.host, sockets[0].getsockname()[1])
+            log.info("HTTP front on %s:%d parses with %s", *self.address, cfg.resolved_parser)
             for sock in sockets:
                 sock.listen(_BACKLOG)
                 sock.setblocking(False)
@@ -179,7 +180,7 @@ class HttpFront:
         server, guard = self._server, self._guard
         assert server is not None
         assert guard is not None
-        protocol = guarded_protocol(server, guard)
+        protocol = guarded_protocol(server, guard, self.config.resolved_parser)
         try:
             with anyio.CancelScope() as self._accept_scope:
                 if self._accepting:
@@ -238,6 +239,7 @@ class HttpFront:
             "http_connections_total": 0 if guard is None else guard.accepted,
             "http_connections_refused_total": 0 if guard is None else guard.refused,
             "http_connections_head_timeout_total": 0 if guard is None else guard.head_timeouts,
+            "http_connections_head_too_large_total": 0 if guard is None else guard.heads_too_large,
             "http_connections_write_timeout_total": 0 if guard is None else guard.write_timeouts,
             "http_body_timeouts_total": self.body_timeouts,
             "http_requests_total": sum(self.requests.values()),
