@@ -4,13 +4,17 @@ In order: an upstream whose breaker lets it through (or, when only a
 half-open probe stands in the way, its verdict to wait for), a window slot
 (held back while a hint is waited out), a token from the rate cap, and a
 ticket from the breaker. Each function takes the call and the time and says
-what the driver must do next: go, or wait for this. A hedge takes what it
-needs at once or not at all. Every function takes the Gate's lock itself.
+what the driver must do next: go, or wait for this. ``steps`` strings them
+into the one admission loop both drivers run: a generator that yields each
+wait (``Wait``) and is sent what the wait got. A hedge takes what it needs at
+once or not at all. Every function takes the Gate's lock itself.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Generator
+from typing import Any, NamedTuple
 
 from yieldgate._exceptions import CircuitOpenError, DeadlineExceededError
 from yieldgate.gate._attempt import Slot
@@ -20,7 +24,85 @@ from yieldgate.gate._ratecap import RateCap
 from yieldgate.gate._upstream import Upstream, choose
 from yieldgate.gate._window import Permit, Signal
 
-__all__ = ["admit_hedge", "admit_now", "claim", "not_after", "upstream"]
+__all__ = [
+    "RateWait",
+    "VerdictWait",
+    "Wait",
+    "WindowWait",
+    "admit_hedge",
+    "admit_now",
+    "claim",
+    "not_after",
+    "steps",
+    "upstream",
+]
+
+
+class VerdictWait(NamedTuple):
+    """Wait for the verdict of ``breaker``'s half-open probe (sent back: ``None``)."""
+
+    breaker: Breaker
+
+
+class WindowWait(NamedTuple):
+    """Wait for a slot of ``up``'s window, no later than ``not_after`` past a hold
+    (sent back: the ``Permit``)."""
+
+    up: Upstream
+    not_after: float | None
+
+
+class RateWait(NamedTuple):
+    """Wait for a start from ``rate``, in arrival order (sent back: ``None``)."""
+
+    rate: RateCap
+
+
+Wait = VerdictWait | WindowWait | RateWait
+
+
+def steps(call: CallState) -> Generator[Wait, Any, Slot]:
+    """Admission as the drivers run it: each wait yielded, the slot returned.
+
+    A driver sends back what a wait got, or throws in what ended it (a
+    deadline, a cancellation): nothing taken is then kept.
+    """
+    core = call.core
+    clock, lock = core.clock, core.lock
+    while True:
+        target = upstream(call, clock())
+        if isinstance(target, Breaker):
+            yield VerdictWait(target)
+            continue
+        up = target
+        with lock:
+            permit = up.window.try_acquire(call.priority)
+        waited = permit is None
+        if permit is None:
+            now = clock()
+            latest = not_after(call, up, now)
+            with lock:
+                held = up.window.held_until(call.priority, now) > 0
+            try:
+                permit = yield WindowWait(up, latest)
+            finally:
+                if held:  # waiting out a hint, as a retry's sleep would
+                    with lock:
+                        core.counters.waited_s += clock() - now
+        claimed = claim(call, up, permit, clock(), waited=waited)
+        if isinstance(claimed, RateCap):
+            try:
+                yield RateWait(claimed)
+            except BaseException:
+                with lock:
+                    up.window.release(permit, Signal.CANCELLED)
+                raise
+            claimed = claim(call, up, permit, clock(), waited=True, rated=True)
+        assert not isinstance(claimed, RateCap)  # claimed with the token in hand
+        if isinstance(claimed, Breaker):
+            yield VerdictWait(claimed)
+            continue
+        return claimed
 
 
 def admit_now(call: CallState) -> Slot | None:

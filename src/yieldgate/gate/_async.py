@@ -30,7 +30,7 @@ from yieldgate.gate._hedge import hedged_round
 from yieldgate.gate._outcome import Classifier, Outcome
 from yieldgate.gate._ratecap import RateCap
 from yieldgate.gate._retrying import Strategies, needs_retry
-from yieldgate.gate._window import Permit, Signal, Window
+from yieldgate.gate._window import Permit, Window
 from yieldgate.protocol import Priority
 
 __all__ = ["AsyncSignal", "acquire", "run", "take_rate"]
@@ -183,57 +183,38 @@ class _Driver:
 
     async def admit(self) -> Slot:
         """Wait for what an attempt needs: a hint to pass, a window slot, the rate
-        cap, a ticket from the breaker."""
-        call, core = self.call, self.core
-        clock, lock = core.clock, core.lock
+        cap, a ticket from the breaker (the core's ``admission.steps``)."""
+        admitting = admission.steps(self.call)
+        advance: Callable[[Any], admission.Wait] = admitting.send
+        got: Any = None
         while True:
-            target = admission.upstream(call, clock())
-            if isinstance(target, Breaker):
-                await self.verdict(target)
-                continue
-            up = target
-            with lock:
-                permit = up.window.try_acquire(call.priority)
-            waited = permit is None
-            if permit is None:
-                now = clock()
-                not_after = admission.not_after(call, up, now)
-                with lock:
-                    held = up.window.held_until(call.priority, now) > 0
-                try:
-                    permit = await self.within_deadline(
-                        functools.partial(
-                            acquire,
-                            up.window,
-                            call.priority,
-                            key=call.started,
-                            not_after=not_after,
-                            lock=lock,
-                            clock=clock,
-                        ),
-                        "waiting for a window slot",
-                    )
-                finally:
-                    if held:  # waiting out a hint, as a retry's sleep would
-                        with lock:
-                            core.counters.waited_s += clock() - now
-            claimed = admission.claim(call, up, permit, clock(), waited=waited)
-            if isinstance(claimed, RateCap):
-                try:
-                    await self.within_deadline(
-                        functools.partial(take_rate, claimed, lock, clock),
-                        "waiting for the rate cap",
-                    )
-                except BaseException:
-                    with lock:
-                        up.window.release(permit, Signal.CANCELLED)
-                    raise
-                claimed = admission.claim(call, up, permit, clock(), waited=True, rated=True)
-            assert not isinstance(claimed, RateCap)  # claimed with the token in hand
-            if isinstance(claimed, Breaker):
-                await self.verdict(claimed)
-                continue
-            return claimed
+            try:
+                wait = advance(got)
+            except StopIteration as done:
+                slot: Slot = done.value
+                return slot
+            try:
+                got, advance = await self.wait(wait), admitting.send
+            except BaseException as exc:  # thrown in: the core gives back what it took
+                got, advance = exc, admitting.throw
+
+    async def wait(self, wait: admission.Wait) -> Any:
+        core = self.core
+        if isinstance(wait, admission.VerdictWait):
+            return await self.verdict(wait.breaker)
+        if isinstance(wait, admission.WindowWait):
+            window_slot = functools.partial(
+                acquire,
+                wait.up.window,
+                self.call.priority,
+                key=self.call.started,
+                not_after=wait.not_after,
+                lock=core.lock,
+                clock=core.clock,
+            )
+            return await self.within_deadline(window_slot, "waiting for a window slot")
+        start = functools.partial(take_rate, wait.rate, core.lock, core.clock)
+        return await self.within_deadline(start, "waiting for the rate cap")
 
     async def send(self, slot: Slot) -> Outcome:
         """One attempt on ``slot``, bounded by its deadline."""

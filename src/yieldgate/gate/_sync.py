@@ -30,7 +30,7 @@ from yieldgate.gate._outcome import Classifier, Outcome
 from yieldgate.gate._ratecap import RateCap
 from yieldgate.gate._retrying import Strategies, needs_retry
 from yieldgate.gate._upstream import Upstream
-from yieldgate.gate._window import Permit, Signal
+from yieldgate.gate._window import Permit
 
 __all__ = ["Timer", "run"]
 
@@ -135,42 +135,27 @@ class _Driver:
             raise
 
     def admit(self) -> Slot:
-        call, core = self.call, self.core
-        clock, lock = core.clock, core.lock
+        """Wait, in this thread, for what an attempt needs (``admission.steps``)."""
+        admitting = admission.steps(self.call)
+        advance: Callable[[Any], admission.Wait] = admitting.send
+        got: Any = None
         while True:
-            target = admission.upstream(call, clock())
-            if isinstance(target, Breaker):
-                self.verdict(target)
-                continue
-            up = target
-            with lock:
-                permit = up.window.try_acquire(call.priority)
-            waited = permit is None
-            if permit is None:
-                now = clock()
-                not_after = admission.not_after(call, up, now)
-                with lock:
-                    held = up.window.held_until(call.priority, now) > 0
-                try:
-                    permit = self.acquire(up, not_after)
-                finally:
-                    if held:  # waiting out a hint, as a retry's sleep would
-                        with lock:
-                            core.counters.waited_s += clock() - now
-            claimed = admission.claim(call, up, permit, clock(), waited=waited)
-            if isinstance(claimed, RateCap):
-                try:
-                    self.take_rate(claimed)
-                except BaseException:
-                    with lock:
-                        up.window.release(permit, Signal.CANCELLED)
-                    raise
-                claimed = admission.claim(call, up, permit, clock(), waited=True, rated=True)
-            assert not isinstance(claimed, RateCap)  # claimed with the token in hand
-            if isinstance(claimed, Breaker):
-                self.verdict(claimed)
-                continue
-            return claimed
+            try:
+                wait = advance(got)
+            except StopIteration as done:
+                slot: Slot = done.value
+                return slot
+            try:
+                got, advance = self.wait(wait), admitting.send
+            except BaseException as exc:  # thrown in: the core gives back what it took
+                got, advance = exc, admitting.throw
+
+    def wait(self, wait: admission.Wait) -> Any:
+        if isinstance(wait, admission.VerdictWait):
+            return self.verdict(wait.breaker)
+        if isinstance(wait, admission.WindowWait):
+            return self.acquire(wait.up, wait.not_after)
+        return self.take_rate(wait.rate)
 
     def send(self, slot: Slot) -> Outcome:
         return _send(self.call, slot, self.fn, self.args, self.classify)
