@@ -116,6 +116,12 @@ class GateBase:
                 )
             )
 
+    def _nested_lease(self) -> Lease:
+        """What a nested ``call_and_hold`` hands out: its outer attempt holds the slot."""
+        outer = CURRENT.get()
+        assert outer is not None
+        return Lease(outer.slot.upstream.window, None, self._core.lock)
+
     def _lease(self, call: CallState) -> Lease:
         held = call.held
         assert held is not None

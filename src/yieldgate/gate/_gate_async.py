@@ -14,7 +14,6 @@ import anyio
 import anyio.lowlevel
 
 from yieldgate.gate import _async
-from yieldgate.gate._attempt import CURRENT
 from yieldgate.gate._call import CallState
 from yieldgate.gate._calls import GateBase, Lease, Timeout
 from yieldgate.gate._outcome import Classifier
@@ -166,10 +165,7 @@ class AsyncCalls(GateBase):
         ``finally``.
         """
         if self._nested():
-            outer = CURRENT.get()
-            assert outer is not None
-            value = await self.call(fn, *args, classify=classify)
-            return value, Lease(outer.slot.upstream.window, None, self._core.lock)
+            return await self.call(fn, *args, classify=classify), self._nested_lease()
         call = self._new_call(priority, timeout, hold=True)
         value = await self._run_async(fn, args, call, classify, discard)
         return value, self._lease(call)

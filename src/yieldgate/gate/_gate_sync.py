@@ -13,7 +13,6 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar, TypeVarTuple
 
 from yieldgate.gate import _sync
-from yieldgate.gate._attempt import CURRENT
 from yieldgate.gate._call import CallState
 from yieldgate.gate._calls import GateBase, Lease, Timeout
 from yieldgate.gate._outcome import Classifier
@@ -116,10 +115,7 @@ class SyncCalls(GateBase):
     ) -> tuple[Any, Lease]:
         """``call_and_hold`` for a plain function, in the calling thread."""
         if self._nested():
-            outer = CURRENT.get()
-            assert outer is not None
-            value = self.call_sync(fn, *args, classify=classify)
-            return value, Lease(outer.slot.upstream.window, None, self._core.lock)
+            return self.call_sync(fn, *args, classify=classify), self._nested_lease()
         call = self._new_call(priority, timeout, hold=True)
         value = self._run_sync(fn, args, call, classify, discard)
         return value, self._lease(call)
