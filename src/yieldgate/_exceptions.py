@@ -6,6 +6,7 @@ dependency's exception type escapes the public API::
     YieldgateError                  .attempts, .last_hint_s, .last_outcome
      ├── GateClosedError            the Gate or client was used after aclose()
      ├── CallFailedError            an attempt failed in a way retrying cannot fix
+     │    └── RequestTooLargeError       its cost exceeds a whole quota: no wait helps
      ├── GaveUpError                the Gate stopped trying; a later call may succeed
      │    ├── RetriesExhaustedError      failures kept coming until max_attempts
      │    ├── YieldExhaustedError        the upstream kept yielding until max_yields
@@ -55,6 +56,7 @@ __all__ = [
     "IntegrityError",
     "ProtocolError",
     "RemoteError",
+    "RequestTooLargeError",
     "ResponseFormatError",
     "RetriesExhaustedError",
     "RetryBudgetExhaustedError",
@@ -113,6 +115,23 @@ class CallFailedError(YieldgateError):
     the same way. The error the attempt raised (or the outcome's error, such as
     a ``RemoteError`` for a 400) is ``__cause__``.
     """
+
+
+class RequestTooLargeError(CallFailedError):
+    """The request costs more of a quota than the whole quota holds: no wait makes it fit.
+
+    ``resource`` is what it would overspend (``tokens``, ``requests``, ...),
+    ``cost`` its cost in that resource and ``limit`` the quota's. Raised
+    before anything is sent.
+    """
+
+    def __init__(
+        self, message: str, *, resource: str = "", cost: float = 0, limit: float = 0, **kw: Any
+    ) -> None:
+        super().__init__(message, **kw)
+        self.resource = resource
+        self.cost = cost
+        self.limit = limit
 
 
 class GaveUpError(YieldgateError):

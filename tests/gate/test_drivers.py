@@ -26,6 +26,7 @@ from yieldgate import (
     Gate,
     GatePolicy,
     Outcome,
+    QuotaPolicy,
     RatePolicy,
     RetriesExhaustedError,
     RetryBudgetExhaustedError,
@@ -249,6 +250,15 @@ def test_the_rate_cap_paces_attempt_starts(driver: str) -> None:
     s.run([call(answers(i)) for i in range(5)])
     assert s.results == list(range(5))
     assert s.elapsed == pytest.approx(0.4, abs=1e-3)  # the 5th starts 4 intervals after the 1st
+
+
+def test_a_token_quota_paces_calls_by_their_cost(driver: str) -> None:
+    s = Script(driver, GatePolicy(quota=QuotaPolicy(tokens_per_minute=600, learn=False)))
+    s.run([call(answers(i), cost=300) for i in range(4)])
+    assert s.results == list(range(4))
+    # 600 at once, then 300 more every 30 s (10 tokens a second).
+    assert s.started == pytest.approx([0.0, 0.0, 0.0, 30.0], abs=1e-3)
+    assert s.elapsed == pytest.approx(60.0, abs=1e-3)
 
 
 def test_the_attempt_sees_its_number_priority_and_time_left(driver: str) -> None:

@@ -66,9 +66,10 @@ from typing import Any
 from yieldgate._headers import ESTIMATED_TIME_FIELD, IDEMPOTENCY_KEY_HEADER, LOADING_MESSAGE
 from yieldgate.dialects._client_errors import client_error_outcome
 from yieldgate.dialects._hints import message_hint_s
+from yieldgate.dialects._ratelimit import quota_readings
 from yieldgate.dialects._reply import Reply, ResponseLike, Rule, read_reply
 from yieldgate.dialects._servers import server_outcome
-from yieldgate.gate import Outcome, default_classify
+from yieldgate.gate import Outcome, current_attempt, default_classify
 from yieldgate.gate._outcome import sanitize_hint_s
 
 __all__ = [
@@ -176,7 +177,16 @@ class HttpDialect:
     idempotency_header: str | None = None
 
     def classify(self, response: ResponseLike) -> Outcome:
-        """The Outcome of one response; its body must be loaded unless it is 2xx."""
+        """The Outcome of one response; its body must be loaded unless it is 2xx.
+
+        Inside an attempt, the quota the response's rate-limit headers describe
+        is reported to the Gate (``AttemptInfo.report_quota``), whatever the status.
+        """
+        readings = quota_readings(response.headers)
+        if readings:
+            attempt = current_attempt()
+            if attempt is not None:
+                attempt.report_quota(readings)
         status = response.status_code
         if 200 <= status < 300:
             return Outcome.ok(response)

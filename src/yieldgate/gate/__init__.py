@@ -19,7 +19,8 @@ from yieldgate.gate._outcome import (
     OutcomeSignal,
     default_classify,
 )
-from yieldgate.gate._policy import USE_POLICY, GatePolicy, GateStatistics, UsePolicy
+from yieldgate.gate._policy import USE_POLICY, GatePolicy, GateStatistics, QuotaPolicy, UsePolicy
+from yieldgate.gate._quota import Cost, QuotaReading
 from yieldgate.gate._ratecap import RatePolicy
 from yieldgate.gate._retry import RetryPolicy, TimeoutPolicy
 from yieldgate.gate._telemetry import (
@@ -46,6 +47,7 @@ __all__ = [
     "CallDetails",
     "CallObserver",
     "Classifier",
+    "Cost",
     "Gate",
     "GatePolicy",
     "GateStatistics",
@@ -57,6 +59,8 @@ __all__ = [
     "Outcome",
     "OutcomeKind",
     "OutcomeSignal",
+    "QuotaPolicy",
+    "QuotaReading",
     "RatePolicy",
     "RetryBudgetPolicy",
     "RetryPolicy",

@@ -1,9 +1,10 @@
 """Admission, sans-IO: what an attempt needs before it may be sent.
 
 In order: an upstream whose breaker lets it through (or, when only a
-half-open probe stands in the way, its verdict to wait for), a window slot
-(held back while a hint is waited out), a token from the rate cap, and a
-ticket from the breaker. Each function takes the call and the time and says
+half-open probe stands in the way, its verdict to wait for), room in its
+quota (paced, by priority then arrival), a window slot (held back while a
+hint is waited out), a token from the rate cap, and a ticket from the
+breaker. Each function takes the call and the time and says
 what the driver must do next: go, or wait for this. ``steps`` strings them
 into the one admission loop both drivers run: a generator that yields each
 wait (``Wait``) and is sent what the wait got. A hedge takes what it needs at
@@ -13,18 +14,20 @@ once or not at all. Every function takes the Gate's lock itself.
 from __future__ import annotations
 
 import math
-from collections.abc import Generator
-from typing import Any, NamedTuple
+from collections.abc import Callable, Generator
+from typing import Any, NamedTuple, Protocol
 
 from yieldgate._exceptions import CircuitOpenError, DeadlineExceededError
 from yieldgate.gate._attempt import Slot
 from yieldgate.gate._breaker import Breaker
 from yieldgate.gate._call import CallState
+from yieldgate.gate._quota import Claim, QuotaPacer
 from yieldgate.gate._ratecap import RateCap
 from yieldgate.gate._upstream import Upstream, choose
 from yieldgate.gate._window import Permit, Signal
 
 __all__ = [
+    "Pacer",
     "RateWait",
     "VerdictWait",
     "Wait",
@@ -53,12 +56,24 @@ class WindowWait(NamedTuple):
 
 
 class RateWait(NamedTuple):
-    """Wait for a start from ``rate``, in arrival order (sent back: ``None``)."""
+    """Wait for a start from ``rate`` (the rate cap, or a quota's pacer), in its
+    queue's order (sent back: ``None``)."""
 
-    rate: RateCap
+    rate: Pacer
+    while_: str = "waiting for the rate cap"
 
 
 Wait = VerdictWait | WindowWait | RateWait
+
+
+class Pacer(Protocol):
+    """A queue that paces starts: the rate cap, or one claim on a quota."""
+
+    def try_take(self, now: float) -> bool: ...
+    def join(self, wake: Callable[[], None]) -> Any: ...
+    def at_head(self, waiter: Any) -> bool: ...
+    def take_queued(self, waiter: Any, now: float) -> float | None: ...
+    def leave(self, waiter: Any) -> None: ...
 
 
 def steps(call: CallState) -> Generator[Wait, Any, Slot]:
@@ -66,6 +81,10 @@ def steps(call: CallState) -> Generator[Wait, Any, Slot]:
 
     A driver sends back what a wait got, or throws in what ended it (a
     deadline, a cancellation): nothing taken is then kept.
+
+    The quota comes first, before a window slot: its queue is the one that
+    orders callers by priority when a quota is what binds, and a caller
+    waiting for it holds no slot another could use.
     """
     core = call.core
     clock, lock = core.clock, core.lock
@@ -75,34 +94,77 @@ def steps(call: CallState) -> Generator[Wait, Any, Slot]:
             yield VerdictWait(target)
             continue
         up = target
+        quota_claim = call.claim()
         with lock:
-            permit = up.window.try_acquire(call.priority)
-        waited = permit is None
-        if permit is None:
-            now = clock()
-            latest = not_after(call, up, now)
-            with lock:
-                held = up.window.held_until(call.priority, now) > 0
+            # Taken while no bucket is known, a claim is provisional: if one is
+            # learnt while it waits for a window slot, it queues again.
+            provisional = not up.quota.active
+            if not provisional:
+                call.too_large(up.quota)
+            paced = up.quota.try_take(quota_claim, clock())
+        if not paced:
+            started = clock()
             try:
-                permit = yield WindowWait(up, latest)
+                yield RateWait(QuotaPacer(up.quota, quota_claim), "waiting for the quota")
             finally:
-                if held:  # waiting out a hint, as a retry's sleep would
-                    with lock:
-                        core.counters.waited_s += clock() - now
-        claimed = claim(call, up, permit, clock(), waited=waited)
-        if isinstance(claimed, RateCap):
-            try:
-                yield RateWait(claimed)
-            except BaseException:
                 with lock:
-                    up.window.release(permit, Signal.CANCELLED)
-                raise
-            claimed = claim(call, up, permit, clock(), waited=True, rated=True)
-        assert not isinstance(claimed, RateCap)  # claimed with the token in hand
-        if isinstance(claimed, Breaker):
-            yield VerdictWait(claimed)
+                    core.counters.waited_s += clock() - started
+        try:
+            slot = yield from _window_and_rest(
+                call, up, quota_claim, waited=not paced, provisional=provisional
+            )
+        except BaseException:
+            with lock:
+                up.quota.refund(quota_claim, clock())
+            raise
+        if slot is None:  # a probe's verdict was waited for, or a quota learnt: start over
+            with lock:
+                up.quota.refund(quota_claim, clock())
             continue
-        return claimed
+        return slot
+
+
+def _window_and_rest(
+    call: CallState, up: Upstream, quota_claim: Claim, *, waited: bool, provisional: bool
+) -> Generator[Wait, Any, Slot | None]:
+    """A window slot, the rate token and the breaker's ticket, on ``up``; ``None``
+    after waiting for a half-open probe's verdict, or when a quota was learnt
+    while a ``provisional`` claim waited (the caller starts over)."""
+    core = call.core
+    clock, lock = core.clock, core.lock
+    with lock:
+        permit = up.window.try_acquire(call.priority)
+    waited = waited or permit is None
+    if permit is None:
+        now = clock()
+        latest = not_after(call, up, now)
+        with lock:
+            held = up.window.held_until(call.priority, now) > 0
+        try:
+            permit = yield WindowWait(up, latest)
+        finally:
+            if held:  # waiting out a hint, as a retry's sleep would
+                with lock:
+                    core.counters.waited_s += clock() - now
+    if provisional:
+        with lock:
+            if up.quota.active:
+                up.window.release(permit, Signal.CANCELLED)
+                return None
+    claimed = claim(call, up, permit, quota_claim, clock(), waited=waited)
+    if isinstance(claimed, RateCap):
+        try:
+            yield RateWait(claimed)
+        except BaseException:
+            with lock:
+                up.window.release(permit, Signal.CANCELLED)
+            raise
+        claimed = claim(call, up, permit, quota_claim, clock(), waited=True, rated=True)
+    assert not isinstance(claimed, RateCap)  # claimed with the token in hand
+    if isinstance(claimed, Breaker):
+        yield VerdictWait(claimed)
+        return None
+    return claimed
 
 
 def admit_now(call: CallState) -> Slot | None:
@@ -113,14 +175,19 @@ def admit_now(call: CallState) -> Slot | None:
     if len(ups) != 1 or core.policy.rate is not None:
         return None
     up = ups[0]
+    quota = up.quota
     with core.lock:
+        if quota.active:  # a quota known: the general path paces by it
+            return None
         ticket = up.breaker.try_pass()
         if ticket is None:
             return None
         permit = up.window.try_acquire(call.priority)  # refuses while a hold is in force
         if permit is None:
             return None
-        return Slot(up, permit, ticket, False)
+        quota_claim = call.claim()
+        quota.take_free(quota_claim, core.clock())
+        return Slot(up, permit, ticket, False, quota_claim)
 
 
 def _order(call: CallState, now: float) -> list[Upstream]:
@@ -184,7 +251,14 @@ def not_after(call: CallState, up: Upstream, now: float) -> float | None:
 
 
 def claim(
-    call: CallState, up: Upstream, permit: Permit, now: float, *, waited: bool, rated: bool = False
+    call: CallState,
+    up: Upstream,
+    permit: Permit,
+    quota_claim: Claim,
+    now: float,
+    *,
+    waited: bool,
+    rated: bool = False,
 ) -> Slot | RateCap | Breaker:
     """With a window slot: take the rate token and the breaker ticket.
 
@@ -208,7 +282,7 @@ def claim(
             if up.breaker.probe_pending:
                 return up.breaker
             raise call.circuit_error(exc) from None
-        return Slot(up, permit, ticket, waited or rated)
+        return Slot(up, permit, ticket, waited or rated, quota_claim)
 
 
 def admit_hedge(call: CallState, now: float) -> Slot | None:
@@ -216,7 +290,7 @@ def admit_hedge(call: CallState, now: float) -> Slot | None:
 
     It needs an upstream with no hint hold and a closed breaker (a hedge
     never takes the half-open probe), a free window slot there, a rate
-    token at hand, and a withdrawal from the retry budget.
+    token at hand, room in its quota, and a withdrawal from the retry budget.
     """
     core = call.core
     if call.deadline is not None and now >= call.deadline:
@@ -231,12 +305,18 @@ def admit_hedge(call: CallState, now: float) -> Slot | None:
             if permit is None:
                 continue
             receipt = core.budget.withdraw()
-            if receipt is None or (rate is not None and not rate.try_take(now)):
+            quota_claim = call.claim()
+            if (
+                receipt is None
+                or not up.quota.try_take(quota_claim, now)
+                or (rate is not None and not rate.try_take(now))
+            ):
                 if receipt is not None:
                     core.budget.refund(receipt)
+                up.quota.refund(quota_claim, now)
                 up.window.release(permit, Signal.CANCELLED)
                 core.counters.hedges_denied += 1
                 return None
             core.counters.hedges += 1
-            return Slot(up, permit, up.breaker.acquire(), True)
+            return Slot(up, permit, up.breaker.acquire(), True, quota_claim)
         return None

@@ -28,7 +28,6 @@ from yieldgate.gate._breaker import Breaker
 from yieldgate.gate._call import CallState
 from yieldgate.gate._hedge import hedged_round
 from yieldgate.gate._outcome import Classifier, Outcome
-from yieldgate.gate._ratecap import RateCap
 from yieldgate.gate._retrying import Strategies, needs_retry
 from yieldgate.gate._window import Permit, Window
 from yieldgate.protocol import Priority
@@ -120,8 +119,8 @@ async def acquire(
         raise
 
 
-async def take_rate(rate: RateCap, lock: Any, clock: Callable[[], float]) -> None:
-    """Wait for a start from the rate cap, in arrival order."""
+async def take_rate(rate: admission.Pacer, lock: Any, clock: Callable[[], float]) -> None:
+    """Wait for a start from the rate cap (or a quota), in its queue's order."""
     signal = AsyncSignal()
     with lock:
         if rate.try_take(clock()):
@@ -214,7 +213,7 @@ class _Driver:
             )
             return await self.within_deadline(window_slot, "waiting for a window slot")
         start = functools.partial(take_rate, wait.rate, core.lock, core.clock)
-        return await self.within_deadline(start, "waiting for the rate cap")
+        return await self.within_deadline(start, wait.while_)
 
     async def send(self, slot: Slot) -> Outcome:
         """One attempt on ``slot``, bounded by its deadline."""

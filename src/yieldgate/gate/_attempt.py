@@ -16,6 +16,7 @@ from yieldgate.protocol import Priority
 if TYPE_CHECKING:
     from yieldgate.gate._breaker import BreakerTicket
     from yieldgate.gate._call import CallState
+    from yieldgate.gate._quota import Claim, Cost, QuotaReading
     from yieldgate.gate._upstream import Upstream
     from yieldgate.gate._window import Permit
 
@@ -46,6 +47,21 @@ class AttemptInfo:
     hedging: bool = False
     call_deadline: float | None = None
     clock: Callable[[], float] = field(default=time.monotonic, repr=False, compare=False)
+    attempt: Attempt | None = field(default=None, repr=False, compare=False)
+
+    def report_usage(self, used: Cost) -> None:
+        """Report what this attempt really used (its response's ``usage``), so that
+        budgets of the caller's own (``QuotaPolicy.tokens_per_minute``) are settled
+        against it rather than against the estimate. Safe to call after the attempt
+        ended (at the end of a stream), once; a no-op outside a Gate."""
+        if self.attempt is not None:
+            self.attempt.call.used(self.attempt, used)
+
+    def report_quota(self, readings: tuple[QuotaReading, ...]) -> None:
+        """Report a response's quota readings (rate-limit headers) for this attempt's
+        upstream. The HTTP dialects do it for every response they classify."""
+        if self.attempt is not None and readings:
+            self.attempt.call.observe(self.attempt, readings)
 
     def remaining_s(self) -> float | None:
         """Seconds left for this attempt (its timeout or the call's deadline), or None."""
@@ -68,19 +84,21 @@ class Slot(NamedTuple):
     """What an attempt needs before it is sent: an upstream, a window slot, a breaker ticket.
 
     ``waited``: it was not free at once (the attempt's time then starts when it is sent).
+    ``claim``: its cost, taken from the upstream's quota.
     """
 
     upstream: Upstream
     permit: Permit
     ticket: BreakerTicket
     waited: bool
+    claim: Claim
 
 
 class Attempt:
     """One attempt in flight: its call, number, slot and deadline, and the task (or
     thread) that runs it, so a call of the same Gate from there is seen as nested."""
 
-    __slots__ = ("call", "deadline", "number", "slot", "started", "task")
+    __slots__ = ("call", "deadline", "number", "settled", "slot", "started", "task")
 
     def __init__(
         self,
@@ -96,6 +114,7 @@ class Attempt:
         self.started = started
         self.deadline = deadline
         self.task: object = None
+        self.settled = False  # its quota claim settled against what it used
 
 
 def current_task() -> object:
@@ -138,4 +157,5 @@ def current_attempt() -> AttemptInfo | None:
         hedging=call.hedge is not None,
         call_deadline=call.deadline,
         clock=core.clock,
+        attempt=attempt,
     )

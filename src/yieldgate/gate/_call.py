@@ -19,6 +19,7 @@ from yieldgate._exceptions import (
     CallFailedError,
     CircuitOpenError,
     DeadlineExceededError,
+    RequestTooLargeError,
     RetriesExhaustedError,
     RetryBudgetExhaustedError,
     YieldExhaustedError,
@@ -28,6 +29,7 @@ from yieldgate.gate._attempt import Attempt, Slot
 from yieldgate.gate._breaker import Verdict
 from yieldgate.gate._core import GateCore
 from yieldgate.gate._outcome import Outcome, OutcomeKind
+from yieldgate.gate._quota import NOTHING, ONE_REQUEST, Claim, Cost, Quota, QuotaReading
 from yieldgate.gate._retry import backoff_floor_s, backoff_s, hinted_floor_s, hinted_wait_s
 from yieldgate.gate._telemetry import NULL_OBSERVER, AttemptDetails, CallObserver, WaitDetails
 from yieldgate.gate._upstream import Upstream
@@ -71,6 +73,9 @@ class CallState:
     shared_until: float | None = None
     # A retry taken from the budget and not sent yet: refunded if never sent.
     withdrawn: int | None = None
+    # What each attempt spends of the upstream's quota (given by the caller, or
+    # estimated by a transport from the request): one request, tokens unknown.
+    cost: Cost = ONE_REQUEST
 
     def __init__(
         self,
@@ -94,6 +99,42 @@ class CallState:
         self.attempts = 0
         # Upstreams this call's attempts are using now (tracked for a set or hedging only).
         self.running: list[Upstream] | None = [] if core.named or self.hedge is not None else None
+
+    # -- the quota ----------------------------------------------------------
+
+    def claim(self) -> Claim:
+        """This call's next attempt's claim on an upstream's quota."""
+        return Claim(self.cost, self.priority, self.started)
+
+    def too_large(self, quota: Quota) -> None:
+        """Raise ``RequestTooLargeError`` if no wait can make this call's cost fit."""
+        bucket = quota.too_large(self.cost)
+        if bucket is None:
+            return
+        amount = self.cost.amount(bucket.resource)
+        raise self.error(
+            RequestTooLargeError,
+            f"the request costs {amount} {bucket.resource.replace('_', ' ')}, more than the "
+            f"whole quota ({bucket.key}: {bucket.limit:g}): no wait makes it fit",
+            resource=bucket.resource,
+            cost=amount,
+            limit=bucket.limit,
+        )
+
+    def observe(self, attempt: Attempt, readings: tuple[QuotaReading, ...]) -> None:
+        """A response's quota readings, for the upstream ``attempt`` went to."""
+        core = self.core
+        with core.lock:
+            attempt.slot.upstream.quota.observe(readings, attempt.slot.claim, core.clock())
+
+    def used(self, attempt: Attempt, used: Cost) -> None:
+        """What ``attempt`` really used: the caller's own budgets are settled by it."""
+        core = self.core
+        with core.lock:
+            if attempt.settled:
+                return
+            attempt.settled = True
+            attempt.slot.upstream.quota.settle_own(attempt.slot.claim, used, core.clock())
 
     # -- errors -------------------------------------------------------------
 
@@ -160,6 +201,7 @@ class CallState:
                 raise self.deadline_error("before an attempt could start")
             self.attempts = number
             self.withdrawn = None  # the retry it paid for is being sent
+            up.quota.sent(slot.claim, now)  # the provider counts it from its arrival
             core.counters.attempts += 1
             if number == 1:
                 # A request, for the retry budget, is a call that sent something.
@@ -264,6 +306,10 @@ class CallState:
                 self.last_failed = None
         elif kind is OutcomeKind.YIELD:
             counters.yields += 1
+            if not attempt.settled:
+                # Refused at the door, before any work: it used nothing.
+                attempt.settled = True
+                up.quota.settle_own(attempt.slot.claim, NOTHING, now)
         elif kind is OutcomeKind.OVERLOADED:
             counters.overloads += 1
         else:

@@ -12,11 +12,12 @@ from __future__ import annotations
 from typing import Any
 
 from yieldgate._exceptions import GateClosedError
-from yieldgate.gate._attempt import CURRENT, current_task
+from yieldgate.gate._attempt import CURRENT, Attempt, current_task
 from yieldgate.gate._call import CallState
 from yieldgate.gate._core import GateCore
 from yieldgate.gate._outcome import Classifier, OutcomeKind, OutcomeSignal
 from yieldgate.gate._policy import GatePolicy, UsePolicy
+from yieldgate.gate._quota import Cost, as_cost
 from yieldgate.gate._telemetry import NULL_OBSERVER, CallDetails
 from yieldgate.gate._window import Permit, Signal, Window
 from yieldgate.protocol import Priority
@@ -31,15 +32,24 @@ class Lease:
 
     ``release`` gives it back and tells the window how the work that followed
     went (``Signal.SUCCESS`` by default). Only the first release counts; it is
-    safe from any thread.
+    safe from any thread. ``report_usage`` tells the Gate what the attempt
+    really used, once its body (a stream's last chunk) said so.
     """
 
-    __slots__ = ("_lock", "_permit", "_window")
+    __slots__ = ("_attempt", "_lock", "_permit", "_window")
 
-    def __init__(self, window: Window, permit: Permit | None, lock: Any) -> None:
+    def __init__(
+        self, window: Window, permit: Permit | None, lock: Any, attempt: Attempt | None = None
+    ) -> None:
         self._window = window
         self._permit = permit
         self._lock = lock
+        self._attempt = attempt
+
+    def report_usage(self, used: Cost) -> None:
+        """What the winning attempt really used (``AttemptInfo.report_usage``)."""
+        if self._attempt is not None:
+            self._attempt.call.used(self._attempt, used)
 
     @property
     def released(self) -> bool:
@@ -80,7 +90,9 @@ class GateBase:
             return outcome.value
         raise OutcomeSignal(outcome) from outcome.error
 
-    def _new_call(self, priority: Priority | str, timeout: Timeout, *, hold: bool) -> CallState:
+    def _new_call(
+        self, priority: Priority | str, timeout: Timeout, *, hold: bool, cost: Cost | int | None
+    ) -> CallState:
         core = self._core
         if core.closed:
             raise GateClosedError(f"gate {self.name!r} is closed")
@@ -93,9 +105,12 @@ class GateBase:
         observer = core.instr.start_call(self.name, prio)
         with core.lock:
             core.counters.calls += 1
-        return CallState(
+        call = CallState(
             core, prio, deadline, started, hold=hold, observer=observer, task=current_task()
         )
+        if cost is not None:
+            call.cost = as_cost(cost)
+        return call
 
     def _ended(self, call: CallState, error: BaseException | None) -> None:
         call.forget()
@@ -125,7 +140,7 @@ class GateBase:
     def _lease(self, call: CallState) -> Lease:
         held = call.held
         assert held is not None
-        return Lease(held[0].window, held[1], self._core.lock)
+        return Lease(held[0].window, held[1], self._core.lock, call.winner)
 
     def _map_limit(self, concurrency: int | None) -> int:
         limit = concurrency if concurrency is not None else self.policy.window.max

@@ -22,6 +22,7 @@ from yieldgate.gate._breaker import Breaker, BreakerState
 from yieldgate.gate._budget import RetryBudget
 from yieldgate.gate._outcome import Classifier
 from yieldgate.gate._policy import Counters, GatePolicy, GateStatistics
+from yieldgate.gate._quota import Quota
 from yieldgate.gate._ratecap import RateCap
 from yieldgate.gate._telemetry import BreakerChange, Instrumentation, WindowChange
 from yieldgate.gate._upstream import LatencyTracker, Upstream
@@ -90,7 +91,13 @@ class GateCore:
         breaker = Breaker(self.policy.breaker, self.clock, name=label, on_change=breaker_changed)
         if latency is None:
             latency = LatencyTracker(self.latency_size)
-        return Upstream(name, target, window, breaker, latency)
+        q = self.policy.quota
+        quota = Quota(
+            requests_per_minute=q.requests_per_minute,
+            tokens_per_minute=q.tokens_per_minute,
+            learn=q.learn,
+        )
+        return Upstream(name, target, window, breaker, latency, quota)
 
     def rate_cap(self) -> RateCap | None:
         # Built on first use: a ramp should start when traffic does, not when

@@ -18,6 +18,7 @@ from yieldgate.gate._call import CallState
 from yieldgate.gate._calls import GateBase, Lease, Timeout
 from yieldgate.gate._outcome import Classifier
 from yieldgate.gate._policy import USE_POLICY
+from yieldgate.gate._quota import Cost
 from yieldgate.gate._window import Signal
 from yieldgate.protocol import Priority
 
@@ -68,6 +69,7 @@ class AsyncCalls(GateBase):
         priority: Priority | str = ...,
         timeout: Timeout = ...,
         classify: Classifier | None = ...,
+        cost: Cost | int | None = ...,
     ) -> T: ...
 
     @overload
@@ -79,6 +81,7 @@ class AsyncCalls(GateBase):
         priority: Priority | str = ...,
         timeout: Timeout = ...,
         classify: Classifier | None = ...,
+        cost: Cost | int | None = ...,
     ) -> Any: ...
 
     async def call(
@@ -89,6 +92,7 @@ class AsyncCalls(GateBase):
         priority: Priority | str = Priority.NORMAL,
         timeout: Timeout = USE_POLICY,
         classify: Classifier | None = None,
+        cost: Cost | int | None = None,
     ) -> Any:
         """Call ``fn(*args)`` under the Gate and return its value.
 
@@ -108,7 +112,7 @@ class AsyncCalls(GateBase):
             except Exception as exc:
                 return self._classify_nested(classify, None, exc)
             return self._classify_nested(classify, value, None)
-        call = self._new_call(priority, timeout, hold=False)
+        call = self._new_call(priority, timeout, hold=False, cost=cost)
         return await self._run_async(fn, args, call, classify, None)
 
     @contextlib.asynccontextmanager
@@ -120,6 +124,7 @@ class AsyncCalls(GateBase):
         priority: Priority | str = Priority.NORMAL,
         timeout: Timeout = USE_POLICY,
         classify: Classifier | None = None,
+        cost: Cost | int | None = None,
         discard: Callable[[Any], Awaitable[None]] | None = None,
     ) -> AsyncIterator[Any]:
         """Like ``call``, but keep the window slot until the ``async with`` block exits.
@@ -133,7 +138,13 @@ class AsyncCalls(GateBase):
         succeed, the one that lost the race is handed to it (a stream to close).
         """
         value, lease = await self.call_and_hold(
-            fn, *args, priority=priority, timeout=timeout, classify=classify, discard=discard
+            fn,
+            *args,
+            priority=priority,
+            timeout=timeout,
+            classify=classify,
+            discard=discard,
+            cost=cost,
         )
         outcome = Signal.FAILURE
         try:
@@ -154,6 +165,7 @@ class AsyncCalls(GateBase):
         priority: Priority | str = Priority.NORMAL,
         timeout: Timeout = USE_POLICY,
         classify: Classifier | None = None,
+        cost: Cost | int | None = None,
         discard: Callable[[Any], Awaitable[None]] | None = None,
     ) -> tuple[Any, Lease]:
         """``call``, returning the value and a ``Lease`` on the window slot it used.
@@ -166,7 +178,7 @@ class AsyncCalls(GateBase):
         """
         if self._nested():
             return await self.call(fn, *args, classify=classify), self._nested_lease()
-        call = self._new_call(priority, timeout, hold=True)
+        call = self._new_call(priority, timeout, hold=True, cost=cost)
         value = await self._run_async(fn, args, call, classify, discard)
         return value, self._lease(call)
 
@@ -181,6 +193,7 @@ class AsyncCalls(GateBase):
         return_exceptions: bool = False,
         timeout: Timeout = USE_POLICY,
         classify: Classifier | None = None,
+        cost: Cost | int | None = None,
     ) -> list[R | BaseException]:
         """Call ``fn(item)`` for each item through the Gate; results in input order.
 
@@ -200,7 +213,7 @@ class AsyncCalls(GateBase):
             for index, item in pending:
                 try:
                     results[index] = await self.call(
-                        fn, item, priority=priority, timeout=timeout, classify=classify
+                        fn, item, priority=priority, timeout=timeout, classify=classify, cost=cost
                     )
                 except Exception as exc:
                     if not return_exceptions:

@@ -17,6 +17,7 @@ from yieldgate.gate._call import CallState
 from yieldgate.gate._calls import GateBase, Lease, Timeout
 from yieldgate.gate._outcome import Classifier
 from yieldgate.gate._policy import USE_POLICY
+from yieldgate.gate._quota import Cost
 from yieldgate.gate._telemetry import NULL_OBSERVER
 from yieldgate.gate._window import Signal
 from yieldgate.protocol import Priority
@@ -64,6 +65,7 @@ class SyncCalls(GateBase):
         priority: Priority | str = Priority.NORMAL,
         timeout: Timeout = USE_POLICY,
         classify: Classifier | None = None,
+        cost: Cost | int | None = None,
     ) -> Any:
         """``call`` for a plain function, in the calling thread (the sync driver).
 
@@ -78,7 +80,7 @@ class SyncCalls(GateBase):
             except Exception as exc:
                 return self._classify_nested(classify, None, exc)
             return self._classify_nested(classify, value, None)
-        call = self._new_call(priority, timeout, hold=False)
+        call = self._new_call(priority, timeout, hold=False, cost=cost)
         return self._run_sync(fn, args, call, classify, None)
 
     @contextlib.contextmanager
@@ -90,11 +92,18 @@ class SyncCalls(GateBase):
         priority: Priority | str = Priority.NORMAL,
         timeout: Timeout = USE_POLICY,
         classify: Classifier | None = None,
+        cost: Cost | int | None = None,
         discard: Callable[[Any], None] | None = None,
     ) -> Iterator[Any]:
         """``hold`` for a plain function: the slot is kept until the ``with`` block exits."""
         value, lease = self.call_and_hold_sync(
-            fn, *args, priority=priority, timeout=timeout, classify=classify, discard=discard
+            fn,
+            *args,
+            priority=priority,
+            timeout=timeout,
+            classify=classify,
+            discard=discard,
+            cost=cost,
         )
         outcome = Signal.FAILURE
         try:
@@ -111,12 +120,13 @@ class SyncCalls(GateBase):
         priority: Priority | str = Priority.NORMAL,
         timeout: Timeout = USE_POLICY,
         classify: Classifier | None = None,
+        cost: Cost | int | None = None,
         discard: Callable[[Any], None] | None = None,
     ) -> tuple[Any, Lease]:
         """``call_and_hold`` for a plain function, in the calling thread."""
         if self._nested():
             return self.call_sync(fn, *args, classify=classify), self._nested_lease()
-        call = self._new_call(priority, timeout, hold=True)
+        call = self._new_call(priority, timeout, hold=True, cost=cost)
         value = self._run_sync(fn, args, call, classify, discard)
         return value, self._lease(call)
 
@@ -131,6 +141,7 @@ class SyncCalls(GateBase):
         return_exceptions: bool = False,
         timeout: Timeout = USE_POLICY,
         classify: Classifier | None = None,
+        cost: Cost | int | None = None,
     ) -> list[R | BaseException]:
         """``map`` for a plain function, on ``concurrency`` worker threads.
 
@@ -147,7 +158,7 @@ class SyncCalls(GateBase):
                 return
             try:
                 results[index] = self.call_sync(
-                    fn, item, priority=priority, timeout=timeout, classify=classify
+                    fn, item, priority=priority, timeout=timeout, classify=classify, cost=cost
                 )
             except Exception as exc:
                 results[index] = exc

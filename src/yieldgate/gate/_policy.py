@@ -3,7 +3,7 @@
 Every knob is a field of a frozen dataclass, checked when it is built, so a
 bad setting fails at start-up with a clear message, never mid-burst. One
 ``GatePolicy`` gathers them: ``window``, ``retry``, ``budget``, ``breaker``,
-``timeout``, ``rate`` and ``hedge``. The mechanisms that follow them live in
+``timeout``, ``rate``, ``hedge`` and ``quota``. The mechanisms that follow them live in
 their own modules (``_window``, ``_retry``, ``_breaker``, ``_budget``,
 ``_ratecap``, ``_hedge``); docs/configuration.md lists every field.
 """
@@ -11,6 +11,7 @@ their own modules (``_window``, ``_retry``, ``_breaker``, ``_budget``,
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -22,6 +23,7 @@ __all__ = [
     "GatePolicy",
     "GateStatistics",
     "HedgePolicy",
+    "QuotaPolicy",
     "RatePolicy",
     "RetryBudgetPolicy",
     "RetryPolicy",
@@ -221,6 +223,54 @@ class RatePolicy:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class QuotaPolicy:
+    """A provider's quota: pace attempts so that they fit it, before the 429.
+
+    With ``learn`` (the default) the Gate reads each upstream's quota from
+    the rate-limit headers of its responses (OpenAI's and Azure's
+    ``x-ratelimit-*``, Anthropic's ``anthropic-ratelimit-*``, the IETF
+    ``RateLimit`` fields) and paces by them: nothing to configure.
+    ``requests_per_minute`` and ``tokens_per_minute`` set budgets of the
+    caller's own, for providers that say nothing (HF endpoints, a
+    self-hosted vLLM), or to keep a share of a key; both apply, with the
+    headers, when given. Those budgets are settled against the tokens an
+    attempt really used (its ``usage``).
+
+    A request's token cost is estimated before it is sent from what the
+    transport's dialect reads in its body: the prompt's tokens
+    (``count_tokens`` of its text; by default about one per four characters)
+    plus its output bound (``max_tokens`` and kin, else
+    ``default_output_tokens``). ``gate.call(..., cost=...)`` gives it
+    directly.
+    """
+
+    learn: bool = True
+    requests_per_minute: float | None = None
+    tokens_per_minute: float | None = None
+    default_output_tokens: int = 256
+    count_tokens: Callable[[str], int] | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("requests_per_minute", "tokens_per_minute"):
+            value = getattr(self, name)
+            if value is not None and not (value > 0 and math.isfinite(value)):
+                raise ValueError(f"quota {name} must be a positive number or None")
+        if self.default_output_tokens < 0:
+            raise ValueError("quota default_output_tokens must be >= 0")
+        if self.count_tokens is not None and not callable(self.count_tokens):
+            raise TypeError("quota count_tokens must be a callable taking a str")
+
+    @property
+    def active(self) -> bool:
+        """Whether the Gate paces by a quota at all."""
+        return (
+            self.learn
+            or self.requests_per_minute is not None
+            or (self.tokens_per_minute is not None)
+        )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class HedgePolicy:
     """When a Gate starts extra attempts for a call that has not answered yet.
 
@@ -267,8 +317,9 @@ class GatePolicy:
     """Everything a Gate does, in one frozen record. The defaults are safe:
     slow start from 8 up to 64 in flight, 4 attempts, a 20% retry budget, a
     breaker after 5 consecutive failures, 60 s per attempt and 300 s in all,
-    no rate cap and no hedging. With several upstreams, ``window`` and
-    ``breaker`` apply to each of them.
+    no rate cap, no hedging, and pacing by the quota each upstream's
+    rate-limit headers announce. With several upstreams, ``window``,
+    ``breaker`` and ``quota`` apply to each of them.
     """
 
     window: WindowPolicy = field(default_factory=WindowPolicy)
@@ -278,6 +329,7 @@ class GatePolicy:
     timeout: TimeoutPolicy = field(default_factory=TimeoutPolicy)
     rate: RatePolicy | None = None
     hedge: HedgePolicy | None = None
+    quota: QuotaPolicy = field(default_factory=QuotaPolicy)
 
     @classmethod
     def cold_start(cls, *, max_concurrency: int = 16, per_s: float | None = None) -> GatePolicy:

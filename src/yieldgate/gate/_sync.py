@@ -27,7 +27,6 @@ from yieldgate.gate._attempt import CURRENT, Slot
 from yieldgate.gate._breaker import Breaker
 from yieldgate.gate._call import CallState
 from yieldgate.gate._outcome import Classifier, Outcome
-from yieldgate.gate._ratecap import RateCap
 from yieldgate.gate._retrying import Strategies, needs_retry
 from yieldgate.gate._upstream import Upstream
 from yieldgate.gate._window import Permit
@@ -112,7 +111,7 @@ class _Driver:
                 window.abandon(waiter)
             raise
 
-    def take_rate(self, rate: RateCap) -> None:
+    def take_rate(self, rate: admission.Pacer, while_: str = "waiting for the rate cap") -> None:
         core = self.core
         event = threading.Event()
         with core.lock:
@@ -128,7 +127,7 @@ class _Driver:
                         if again is None:
                             return
                     event.clear()
-                self._block(event, again, "waiting for the rate cap")
+                self._block(event, again, while_)
         except BaseException:
             with core.lock:
                 rate.leave(waiter)
@@ -155,7 +154,7 @@ class _Driver:
             return self.verdict(wait.breaker)
         if isinstance(wait, admission.WindowWait):
             return self.acquire(wait.up, wait.not_after)
-        return self.take_rate(wait.rate)
+        return self.take_rate(wait.rate, wait.while_)
 
     def send(self, slot: Slot) -> Outcome:
         return _send(self.call, slot, self.fn, self.args, self.classify)

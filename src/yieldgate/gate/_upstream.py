@@ -16,6 +16,7 @@ from yieldgate._exceptions import CircuitOpenError
 from yieldgate._stats import percentile
 from yieldgate.gate._breaker import Breaker
 from yieldgate.gate._policy import UpstreamStatistics
+from yieldgate.gate._quota import Quota
 from yieldgate.gate._window import Window
 from yieldgate.protocol import Priority
 
@@ -68,6 +69,7 @@ class Upstream:
         "failures",
         "latency",
         "name",
+        "quota",
         "successes",
         "target",
         "window",
@@ -76,9 +78,16 @@ class Upstream:
     )
 
     def __init__(
-        self, name: str, target: Any, window: Window, breaker: Breaker, latency: LatencyTracker
+        self,
+        name: str,
+        target: Any,
+        window: Window,
+        breaker: Breaker,
+        latency: LatencyTracker,
+        quota: Quota,
     ) -> None:
         self.name = name
+        self.quota = quota
         self.target = target
         self.window = window
         self.breaker = breaker

@@ -43,6 +43,7 @@ class _AsyncGated(GatedCore):
                 timeout=self.call_timeout(request),
                 classify=self.dialect,
                 discard=_close_response,
+                cost=self.cost(request),
             )
         except YieldgateError as exc:
             return given_up(exc, request, self.lib)

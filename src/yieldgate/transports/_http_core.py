@@ -28,7 +28,17 @@ from yieldgate._headers import (
     TRANSFER_ENCODING_HEADER,
 )
 from yieldgate.dialects import HttpDialect
-from yieldgate.gate import AttemptInfo, Gate, Lease, Outcome, Signal, UsePolicy, current_attempt
+from yieldgate.dialects._cost import estimate_cost, usage_of
+from yieldgate.gate import (
+    AttemptInfo,
+    Cost,
+    Gate,
+    Lease,
+    Outcome,
+    Signal,
+    UsePolicy,
+    current_attempt,
+)
 from yieldgate.protocol import DEADLINE_HEADER, PRIORITY_HEADER, Priority, parse_priority
 
 __all__ = [
@@ -45,6 +55,7 @@ __all__ = [
 ]
 
 MAX_ERROR_BODY_BYTES = 1 << 20
+_USAGE_TAIL = 4096
 # Headers that describe the body as it was sent, not the (decoded, maybe cut) bytes kept.
 _BODY_HEADERS = (CONTENT_ENCODING_HEADER, CONTENT_LENGTH_HEADER, TRANSFER_ENCODING_HEADER)
 
@@ -92,6 +103,14 @@ class GatedCore:
             else (self.timeout)
         )
         return own if total is None else min(own, total)
+
+    def cost(self, request: Any) -> Cost | None:
+        """What ``request`` will cost of the upstream's quota (its body read), when
+        the Gate paces by one; ``None``: one request, tokens unknown."""
+        quota = self.gate.policy.quota
+        if not quota.active or request.method != "POST":
+            return None
+        return estimate_cost(request.content, quota)
 
     def start(self, request: Any) -> Priority:
         """The call's priority, read from the request; its headers set for every attempt."""
@@ -150,7 +169,12 @@ class GatedCore:
             # ``Response(content=...)`` is): nothing will close it again.
             lease.release()
         else:
-            response.stream = self.leased(response.stream, lease, _keeps_chunks(response.headers))
+            quota = self.gate.policy.quota
+            # Budgets of the caller's own are settled against the usage the body reports.
+            own = quota.requests_per_minute is not None or quota.tokens_per_minute is not None
+            response.stream = self.leased(
+                response.stream, lease, _keeps_chunks(response.headers), usage=own
+            )
         return response
 
 
@@ -306,19 +330,28 @@ class LeasedBody:
     is garbage collected. The async and sync bodies add only the iteration.
     """
 
-    def __init__(self, inner: Any, lease: Lease, keep: bool = False) -> None:
+    def __init__(
+        self, inner: Any, lease: Lease, keep: bool = False, *, usage: bool = False
+    ) -> None:
         self._inner = inner
         self._lease = lease
         self._signal = Signal.SUCCESS
         self._keep = keep
         self._received: list[bytes] = []
         self._delivered = 0
+        # The end of the body, where its usage is (a JSON body's, a stream's last chunk).
+        self._tail: bytearray | None = bytearray() if usage else None
         self._finalizer = weakref.finalize(self, _release_quietly, lease)
 
     def _passed(self, chunk: bytes) -> None:
         if self._keep:
             self._received.append(chunk)
         self._delivered += 1
+        tail = self._tail
+        if tail is not None:
+            tail += chunk
+            if len(tail) > _USAGE_TAIL:
+                del tail[: len(tail) - _USAGE_TAIL]
 
     def _cancelled(self) -> None:
         self._signal = Signal.CANCELLED
@@ -337,6 +370,10 @@ class LeasedBody:
 
     def _release(self) -> None:
         self._finalizer.detach()
+        if self._tail is not None and self._signal is Signal.SUCCESS:
+            used = usage_of(bytes(self._tail))
+            if used is not None:
+                self._lease.report_usage(used)
         self._lease.release(self._signal)
 
 

@@ -1,0 +1,423 @@
+"""A provider's quota, per upstream: pace attempts so they fit before the 429.
+
+Providers meter requests and tokens per key, in buckets that refill
+continuously and hold one window's limit (a minute's, usually), and say on
+every response how much is left. A ``Quota`` keeps one ``Bucket`` per
+thing metered, each learnt from those headers (a ``QuotaReading``: limit,
+remaining, time until full) or set by the caller's ``QuotaPolicy`` (requests
+and tokens per minute, for providers that say nothing), and paces each
+attempt by its ``Cost`` until every bucket holds it.
+
+Accounting, sans-IO: an attempt that may start takes its cost from every
+bucket (a ``Claim``), and is entered in a ledger in the order attempts are
+sent. A response's reading is the provider's count as of that attempt's
+arrival, so the bucket is set from it, refilled since the attempt was sent,
+less the costs of every claim sent after it or not sent yet (which the
+provider had not seen). A reading older than one already applied is stale and only updates
+the limit. Claims that never went out are refunded. The caller's own buckets
+(from the policy) are settled against what the attempt really used: the
+usage it reports, or nothing when the upstream refused it before work.
+
+Waiting: one queue per upstream, by priority and then arrival; only the
+head sleeps, until its cost fits (the time each bucket needs to refill the
+difference), re-reading the buckets when it wakes, as the rate cap does.
+A cost larger than a bucket's whole limit can never fit: ``too_large``
+says so before any wait.
+"""
+
+from __future__ import annotations
+
+import bisect
+import contextlib
+import itertools
+import math
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from yieldgate.protocol import Priority
+
+__all__ = [
+    "NOTHING",
+    "ONE_REQUEST",
+    "Bucket",
+    "Claim",
+    "Cost",
+    "Quota",
+    "QuotaPacer",
+    "QuotaReading",
+    "as_cost",
+]
+
+# The window a bucket is assumed to refill over when nothing says otherwise.
+DEFAULT_WINDOW_S = 60.0
+# A reading whose used share is below this says too little about the refill rate.
+_MIN_USED_SHARE = 0.02
+# Ledger entries kept at most (claims no reading covers yet: the newest ones).
+_LEDGER_MAX = 4096
+_MIN_SLEEP_S = 1e-6
+_RANK = {Priority.HIGH: 0, Priority.NORMAL: 1, Priority.LOW: 2}
+RESOURCES = ("requests", "tokens", "input_tokens", "output_tokens")
+
+
+class Cost(NamedTuple):
+    """What one attempt spends of a quota: one request and its tokens.
+
+    ``tokens`` is the total a provider meters (prompt plus the output it may
+    produce), ``input_tokens`` and ``output_tokens`` its parts, for providers
+    that meter them apart (Anthropic).
+    """
+
+    requests: int = 1
+    tokens: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+
+    @classmethod
+    def of(cls, input_tokens: int, output_tokens: int) -> Cost:
+        """One request of ``input_tokens`` and at most ``output_tokens``."""
+        return cls(1, input_tokens + output_tokens, input_tokens, output_tokens)
+
+    def amount(self, resource: str) -> int:
+        value: int = getattr(self, resource)
+        return value
+
+
+def as_cost(cost: Cost | int) -> Cost:
+    """A ``cost=`` argument as a ``Cost``: an int is a number of tokens, in one request."""
+    if isinstance(cost, Cost):
+        if any(type(v) is not int or v < 0 for v in cost):
+            raise ValueError(f"a cost's fields must be integers >= 0, got {cost!r}")
+        return cost
+    if type(cost) is not int or cost < 0:
+        raise ValueError(f"cost must be a Cost or a number of tokens >= 0, got {cost!r}")
+    return Cost(1, cost)
+
+
+ONE_REQUEST = Cost()
+"""The cost of an attempt nothing more is known of."""
+NOTHING = Cost(0)
+"""What an attempt refused before any work used."""
+
+
+@dataclass(frozen=True, slots=True)
+class QuotaReading:
+    """One bucket as a provider's headers describe it.
+
+    ``key`` names the bucket (``openai:tokens``), ``resource`` what it meters
+    (a ``Cost`` field). ``reset_s`` is the time until it is full again,
+    ``window_s`` the window its limit is for, when a header says (IETF's ``w``).
+    """
+
+    key: str
+    resource: str
+    limit: float
+    remaining: float
+    reset_s: float | None = None
+    window_s: float | None = None
+
+
+class Bucket:
+    """A continuously refilling bucket: ``limit`` at most, ``rate`` per second."""
+
+    __slots__ = ("applied", "key", "learnt", "level", "limit", "rate", "resource", "updated")
+
+    def __init__(
+        self, key: str, resource: str, limit: float, rate: float, now: float, *, learnt: bool
+    ) -> None:
+        self.key = key
+        self.resource = resource
+        self.limit = limit
+        self.rate = rate
+        self.level = limit
+        self.updated = now
+        self.learnt = learnt  # from headers (the provider's count), else the caller's own
+        self.applied = 0  # the ledger number of the newest reading applied
+
+    def level_at(self, now: float) -> float:
+        if now <= self.updated:
+            return self.level
+        return min(self.limit, self.level + (now - self.updated) * self.rate)
+
+    def settle(self, now: float) -> None:
+        self.level = self.level_at(now)
+        self.updated = max(self.updated, now)
+
+    def take(self, amount: float, now: float) -> None:
+        self.settle(now)
+        self.level -= amount
+
+    def give(self, amount: float, now: float) -> None:
+        self.settle(now)
+        self.level = min(self.limit, self.level + amount)
+
+    def wait_s(self, amount: float, now: float) -> float:
+        """How long until ``amount`` fits (0: now)."""
+        short = amount - self.level_at(now)
+        if short <= 0:
+            return 0.0
+        return short / self.rate
+
+
+class Claim:
+    """One attempt's cost, taken (or to be taken) from an upstream's quota."""
+
+    __slots__ = ("cost", "key", "number", "priority", "started", "taken", "wake")
+
+    def __init__(self, cost: Cost, priority: Priority, key: float) -> None:
+        self.cost = cost
+        self.priority = priority
+        self.key = key  # arrival: the call's start
+        self.number = 0  # its place in the ledger, once taken
+        self.started = 0.0  # when it was taken
+        self.taken = False
+        self.wake: Callable[[], None] | None = None
+
+
+class Quota:
+    """An upstream's buckets, their ledger and queue (see the module docstring)."""
+
+    def __init__(
+        self,
+        *,
+        requests_per_minute: float | None = None,
+        tokens_per_minute: float | None = None,
+        learn: bool = True,
+    ) -> None:
+        self.learn = learn
+        self.buckets: dict[str, Bucket] = {}
+        # Full since forever: built before any clock may be read (outside a loop).
+        now = -math.inf
+        for resource, per_minute in (
+            ("requests", requests_per_minute),
+            ("tokens", tokens_per_minute),
+        ):
+            if per_minute is not None:
+                self.buckets[f"policy:{resource}"] = Bucket(
+                    f"policy:{resource}",
+                    resource,
+                    per_minute,
+                    per_minute / DEFAULT_WINDOW_S,
+                    now,
+                    learnt=False,
+                )
+        self._numbers = itertools.count(1)
+        self._ledger: deque[Claim] = deque()  # sent, in the order they were
+        self._pending: set[Claim] = set()  # taken, not sent yet
+        self._queue: list[tuple[int, float, int, Claim]] = []
+        self._arrivals = itertools.count()
+        self.waits = 0  # claims that had to queue
+        self.readings = 0  # readings applied
+
+    @property
+    def active(self) -> bool:
+        """Whether any bucket is known: else every claim passes at once."""
+        return bool(self.buckets)
+
+    # -- claiming ----------------------------------------------------------------
+
+    def too_large(self, cost: Cost) -> Bucket | None:
+        """The bucket whose whole limit ``cost`` exceeds (no wait makes it fit)."""
+        for bucket in self.buckets.values():
+            if cost.amount(bucket.resource) > bucket.limit:
+                return bucket
+        return None
+
+    def _fits(self, cost: Cost, now: float) -> float:
+        """0 if ``cost`` fits every bucket now, else the longest refill it needs."""
+        return max(
+            (b.wait_s(cost.amount(b.resource), now) for b in self.buckets.values()),
+            default=0.0,
+        )
+
+    def _take(self, claim: Claim, now: float) -> None:
+        for bucket in self.buckets.values():
+            bucket.take(claim.cost.amount(bucket.resource), now)
+        claim.started = now
+        claim.taken = True
+        if self.learn:
+            self._pending.add(claim)
+
+    def sent(self, claim: Claim, now: float) -> None:
+        """``claim``'s attempt is being sent: the provider will count it from now, in
+        this order (readings are matched to sends, not to claims)."""
+        claim.started = now
+        if not self.learn or not claim.taken:
+            return
+        self._pending.discard(claim)
+        claim.number = next(self._numbers)
+        self._ledger.append(claim)
+        if len(self._ledger) > _LEDGER_MAX:
+            self._ledger.popleft()
+
+    def take_free(self, claim: Claim, now: float) -> None:
+        """Take ``claim`` while no bucket is known (``active`` false): it always fits."""
+        self._take(claim, now)
+
+    def try_take(self, claim: Claim, now: float) -> bool:
+        """Take ``claim`` now if nobody is queued and it fits; never waits."""
+        if self._queue:
+            return False
+        if self.buckets and self._fits(claim.cost, now) > 0:
+            return False
+        self._take(claim, now)
+        return True
+
+    def join(self, claim: Claim, wake: Callable[[], None]) -> None:
+        """Queue ``claim``, by priority then arrival; a new head is woken."""
+        claim.wake = wake
+        entry = (_RANK[claim.priority], claim.key, next(self._arrivals), claim)
+        bisect.insort(self._queue, entry)
+        self.waits += 1
+        if self._queue[0][3] is claim and len(self._queue) > 1:
+            # The old head sleeps towards its own start: it must stand back.
+            old = self._queue[1][3].wake
+            if old is not None:
+                old()
+
+    def at_head(self, claim: Claim) -> bool:
+        return bool(self._queue) and self._queue[0][3] is claim
+
+    def take_queued(self, claim: Claim, now: float) -> float | None:
+        """For the claim at the head: take it (``None``) or say when to look again."""
+        wait = self._fits(claim.cost, now) if self.buckets else 0.0
+        if wait <= 0:
+            self._take(claim, now)
+            self.leave(claim)
+            return None
+        return now + max(wait, _MIN_SLEEP_S)
+
+    def leave(self, claim: Claim) -> None:
+        """Leave the queue (taken, or gave up); the next at the head is woken."""
+        for i, entry in enumerate(self._queue):
+            if entry[3] is claim:
+                del self._queue[i]
+                if i == 0 and self._queue:
+                    self._wake_head()
+                return
+
+    def _wake_head(self) -> None:
+        if self._queue:
+            wake = self._queue[0][3].wake
+            if wake is not None:
+                wake()
+
+    def refund(self, claim: Claim, now: float) -> None:
+        """Give back a claim that never went out."""
+        if not claim.taken:
+            return
+        claim.taken = False
+        # Every bucket counts it: taken from it, or (one learnt since) among the
+        # claims a reading's level was set without.
+        for bucket in self.buckets.values():
+            bucket.give(claim.cost.amount(bucket.resource), now)
+        self._pending.discard(claim)
+        if claim.number:
+            with contextlib.suppress(ValueError):
+                self._ledger.remove(claim)
+        self._wake_head()
+
+    # -- learning ------------------------------------------------------------------
+
+    def settle_own(self, claim: Claim, used: Cost, now: float) -> None:
+        """Settle the caller's own buckets against what the attempt really used."""
+        changed = False
+        for bucket in self.buckets.values():
+            if bucket.learnt:
+                continue
+            over = claim.cost.amount(bucket.resource) - used.amount(bucket.resource)
+            if over > 0:
+                bucket.give(over, now)
+                changed = True
+            elif over < 0:
+                bucket.take(-over, now)
+        if changed:
+            self._wake_head()
+
+    def observe(self, readings: Iterable[QuotaReading], claim: Claim | None, now: float) -> None:
+        """Apply a response's readings: the response of ``claim``'s attempt."""
+        if not self.learn:
+            return
+        number = claim.number if claim is not None and claim.number else None
+        since = claim.started if claim is not None and claim.number else now
+        for reading in readings:
+            bucket = self.buckets.get(reading.key)
+            rate = _rate(reading, bucket)
+            if bucket is None:
+                bucket = Bucket(
+                    reading.key, reading.resource, reading.limit, rate, now, learnt=True
+                )
+                self.buckets[reading.key] = bucket
+            else:
+                bucket.limit = reading.limit
+                bucket.rate = rate
+            self.readings += 1
+            if number is not None and number <= bucket.applied:
+                continue  # older than what the bucket already knows
+            # Not yet counted by the provider: claims sent after this one, and
+            # claims taken but not sent.
+            resource = bucket.resource
+            later = sum(
+                c.cost.amount(resource) for c in self._ledger if number is None or c.number > number
+            ) + sum(c.cost.amount(resource) for c in self._pending)
+            level = min(reading.limit, reading.remaining + max(0.0, now - since) * rate)
+            bucket.level = level - later
+            bucket.updated = now
+            if number is not None:
+                bucket.applied = number
+        self._trim()
+        self._wake_head()
+
+    def _trim(self) -> None:
+        """Drop the claims every learnt bucket's reading already covers."""
+        applied = [b.applied for b in self.buckets.values() if b.learnt]
+        if applied:
+            covered = min(applied)
+            while self._ledger and self._ledger[0].number <= covered:
+                self._ledger.popleft()
+
+
+def _rate(reading: QuotaReading, bucket: Bucket | None) -> float:
+    """The refill rate a reading implies: its window's, the used share over the
+    time to full, or what the bucket had (a minute's limit, first)."""
+    if reading.window_s is not None:
+        return reading.limit / reading.window_s
+    used = reading.limit - reading.remaining
+    if (
+        reading.reset_s is not None
+        and reading.reset_s > 0
+        and used >= _MIN_USED_SHARE * reading.limit
+    ):
+        rate = used / reading.reset_s
+        if math.isfinite(rate) and rate > 0:
+            return rate
+    if bucket is not None and bucket.limit == reading.limit:
+        return bucket.rate
+    return reading.limit / DEFAULT_WINDOW_S
+
+
+class QuotaPacer:
+    """One claim's wait on a quota, in the shape the drivers wait on a rate cap."""
+
+    __slots__ = ("claim", "quota")
+
+    def __init__(self, quota: Quota, claim: Claim) -> None:
+        self.quota = quota
+        self.claim = claim
+
+    def try_take(self, now: float) -> bool:
+        return self.quota.try_take(self.claim, now)
+
+    def join(self, wake: Callable[[], None]) -> Claim:
+        self.quota.join(self.claim, wake)
+        return self.claim
+
+    def at_head(self, waiter: Claim) -> bool:
+        return self.quota.at_head(waiter)
+
+    def take_queued(self, waiter: Claim, now: float) -> float | None:
+        return self.quota.take_queued(waiter, now)
+
+    def leave(self, waiter: Claim) -> None:
+        self.quota.leave(waiter)
