@@ -22,7 +22,9 @@ from tests.conftest import RawClient
 from yieldgate.protocol import submit_frame
 from yieldgate.server import ServerProcess, ServerStartError, spawn
 
-pytest.importorskip("torch")
+torch = pytest.importorskip("torch")
+
+from yieldgate.harness.model import ModelConfig, TinyTransformer  # noqa: E402 - needs torch
 
 pytestmark = [pytest.mark.anyio, pytest.mark.e2e]
 
@@ -148,9 +150,140 @@ async def test_openai_finish_reason_stop_and_one_token_per_event(server: ServerP
         assert stopped.choices[0].finish_reason == "stop"
         assert stopped.usage is not None
         assert stopped.usage.completion_tokens < 24
+
+
+def openai_client(server: ServerProcess) -> openai.AsyncOpenAI:
+    assert server.http_url is not None
+    return openai.AsyncOpenAI(base_url=f"{server.http_url}/v1", api_key="unused", max_retries=0)
+
+
+def reference_logprobs(prompt: str, output: list[int]) -> torch.Tensor:
+    """``log_softmax`` of the served model's logits at each output position (greedy: T = 1)."""
+    model = TinyTransformer(ModelConfig())  # the server's: the default seeded weights
+    tokens = list(prompt.encode()) + output
+    logits = model.forward_full(torch.tensor(tokens[:-1]))
+    return torch.log_softmax(logits[-len(output) :].float(), dim=-1)
+
+
+def token_text(token_id: int) -> str:
+    return chr(token_id) if token_id < 0x80 else f"bytes:\\x{token_id:02x}"
+
+
+async def test_openai_chat_logprobs_whole_and_streamed(server: ServerProcess) -> None:
+    await (await wait_warm(server)).aclose()
+    messages: Any = [{"role": "user", "content": "Logprobs, s'il vous plaît: café"}]
+    async with openai_client(server) as client:
+        whole = await client.chat.completions.create(
+            model="tiny", messages=messages, max_tokens=16, logprobs=True, top_logprobs=3
+        )
+        events = await client.chat.completions.create(
+            model="tiny",
+            messages=messages,
+            max_tokens=16,
+            logprobs=True,
+            top_logprobs=3,
+            stream=True,
+        )
+        chunks = [event async for event in events if event.choices]
+    choice = whole.choices[0]
+    assert choice.logprobs is not None
+    assert choice.logprobs.refusal is None
+    content = choice.logprobs.content
+    assert content is not None
+    assert len(content) == 16
+    ids = [entry.bytes[0] for entry in content if entry.bytes]
+    assert [entry.bytes for entry in content] == [[i] for i in ids]
+    assert [entry.token for entry in content] == [token_text(i) for i in ids]
+    # This prompt's greedy text has a byte that is no whole character.
+    assert any(entry.token.startswith("bytes:\\x") for entry in content)
+    assert bytes(ids).decode("utf-8", errors="replace") == choice.message.content
+    expected = reference_logprobs("user: " + messages[0]["content"], ids)
+    for row, entry in zip(expected, content, strict=True):
+        assert entry.logprob == pytest.approx(float(row[entry.bytes[0]]), abs=1e-3)
+        top = row.topk(3)
+        assert [alt.bytes for alt in entry.top_logprobs] == [[i] for i in top.indices.tolist()]
+        assert [alt.token for alt in entry.top_logprobs] == [
+            token_text(i) for i in top.indices.tolist()
+        ]
+        assert [alt.logprob for alt in entry.top_logprobs] == pytest.approx(
+            top.values.tolist(), abs=1e-3
+        )
+    # Streamed: each token's event carries its own entry, the last event none.
+    streamed = [c.choices[0].logprobs for c in chunks]
+    assert streamed[-1] is None
+    assert all(
+        lp is not None and lp.content is not None and len(lp.content) == 1 for lp in streamed[:-1]
+    )
+    assert [lp.content[0].token for lp in streamed[:-1] if lp and lp.content] == [
+        entry.token for entry in content
+    ]
+
+
+async def test_openai_completions_logprobs_whole_and_streamed(server: ServerProcess) -> None:
+    await (await wait_warm(server)).aclose()
+    prompt = "The byte-level model says"
+    async with openai_client(server) as client:
+        whole = await client.completions.create(
+            model="tiny", prompt=prompt, max_tokens=20, logprobs=2
+        )
+        events = await client.completions.create(
+            model="tiny", prompt=prompt, max_tokens=20, logprobs=2, stream=True
+        )
+        chunks = [event async for event in events if event.choices]
+    choice = whole.choices[0]
+    logprobs = choice.logprobs
+    assert logprobs is not None
+    assert logprobs.tokens is not None
+    assert logprobs.token_logprobs is not None
+    assert logprobs.top_logprobs is not None
+    assert logprobs.text_offset is not None
+    assert len(logprobs.tokens) == 20
+    for token, logprob, top in zip(
+        logprobs.tokens, logprobs.token_logprobs, logprobs.top_logprobs, strict=True
+    ):
+        # The two most likely, and the sampled token (greedy: one of them).
+        assert len(top) == 2
+        assert top[token] == logprob
+        assert logprob == max(top.values())
+    offsets = logprobs.text_offset
+    assert offsets[0] == 0
+    assert offsets == sorted(offsets)
+    assert all(offset <= len(choice.text) for offset in offsets)
+    # Streamed: the same tokens, one per event, their offsets into the text so far.
+    pieces = chunks[:-1]
+    sent = 0
+    for chunk, token, offset in zip(pieces, logprobs.tokens, offsets, strict=True):
+        lp = chunk.choices[0].logprobs
+        assert lp is not None
+        assert lp.tokens == [token]
+        assert lp.text_offset == [sent] == [offset]
+        sent += len(chunk.choices[0].text)
+    assert chunks[-1].choices[0].logprobs is None
+
+
+async def test_openai_top_p_samples_repeatably_with_a_seed(server: ServerProcess) -> None:
+    await (await wait_warm(server)).aclose()
+    async with openai_client(server) as client:
+
+        async def sample(top_p: float, seed: int) -> str:
+            reply = await client.completions.create(
+                model="tiny",
+                prompt="Sample me",
+                max_tokens=24,
+                temperature=1.5,
+                top_p=top_p,
+                seed=seed,
+            )
+            return reply.choices[0].text
+
+        first = await sample(0.8, 1)
+        assert await sample(0.8, 1) == first
+        # A nucleus this small holds only the most likely token: greedy.
+        greedy = await client.completions.create(model="tiny", prompt="Sample me", max_tokens=24)
+        assert await sample(1e-9, 2) == greedy.choices[0].text
         with pytest.raises(openai.BadRequestError) as caught:
-            await client.completions.create(model="tiny", prompt=prompt, logprobs=2)
-        assert caught.value.param == "logprobs"
+            await sample(1.5, 1)
+        assert caught.value.param == "top_p"
 
 
 async def test_tgi_details_carry_the_byte_vocabulary(server: ServerProcess) -> None:

@@ -299,6 +299,8 @@ async def test_openai_stop_fingerprint_and_models_retrieve(server: ServerProcess
     ("param", "kwargs"),
     [
         ("logprobs", {"logprobs": True, "top_logprobs": 2}),
+        ("logprobs", {"logprobs": True}),
+        ("top_p", {"top_p": 0.5}),
         ("response_format", {"response_format": {"type": "json_object"}}),
         (
             "tools",
@@ -328,6 +330,25 @@ async def test_openai_what_the_server_cannot_honour_is_a_bad_request(
             top_p=1.0,
         )
     assert reply.choices[0].message.content == "user: hi"
+
+
+@pytest.mark.parametrize(
+    ("param", "kwargs"), [("logprobs", {"logprobs": 0}), ("top_p", {"top_p": 0.2})]
+)
+async def test_openai_completions_refuse_what_the_simulated_backend_cannot_honour(
+    server: ServerProcess, param: str, kwargs: dict[str, Any]
+) -> None:
+    async with plain_openai(server) as client:
+        with pytest.raises(openai.BadRequestError) as caught:
+            await client.completions.create(model="yieldgate-sim", prompt="hi", **kwargs)
+        assert caught.value.param == param
+        assert caught.value.type == "invalid_request_error"
+        assert "not supported" in caught.value.message
+        with pytest.raises(openai.BadRequestError) as caught:
+            await client.completions.create(
+                model="yieldgate-sim", prompt="hi", stream=True, **kwargs
+            )
+        assert caught.value.param == param
 
 
 async def test_huggingface_text_generation_details(server: ServerProcess) -> None:

@@ -65,6 +65,29 @@ async def test_a_stream_sends_the_text_in_pieces(backend: HarnessBackend) -> Non
     assert sum(len(chunk["token_ids"]) for chunk in chunks) <= 10
 
 
+async def test_logprobs_come_with_the_result_and_with_each_chunk(
+    backend: HarnessBackend,
+) -> None:
+    chunks: list[Any] = []
+
+    async def emit(data: Any) -> None:
+        chunks.append(data)
+
+    params = {"max_tokens": 8, "logprobs": 2}
+    streamed = await backend.execute(Work(id="s", body="Hi", params=params, stream=True), emit)
+    whole = await backend.execute(work("Hi", **params), None)
+    entries = whole["logprobs"]
+    assert [entry["id"] for entry in entries] == whole["token_ids"]
+    assert all(len(entry["top"]) == 2 for entry in entries)
+    # Greedy: the chosen token is the most likely one.
+    assert all(entry["top"][0]["id"] == entry["id"] for entry in entries)
+    assert streamed["logprobs"] == entries
+    assert [chunk["logprobs"] for chunk in chunks] == [[entry] for entry in entries]
+    assert backend.features == {"logprobs", "top_p"}
+    plain = await backend.execute(work("Hi", max_tokens=8), None)
+    assert "logprobs" not in plain
+
+
 async def test_concurrent_requests_share_decode_steps(backend: HarnessBackend) -> None:
     results: list[Any] = []
 
@@ -111,6 +134,10 @@ async def test_a_cancelled_request_frees_its_sequence(backend: HarnessBackend) -
         ({"temperature": True}, "temperature"),
         ({"seed": 1.5}, "seed"),
         ({"max_tokens": 5000}, "positions"),
+        ({"top_p": 0}, "top_p"),
+        ({"top_p": "0.5"}, "top_p"),
+        ({"logprobs": 21}, "logprobs"),
+        ({"logprobs": True}, "logprobs"),
     ],
 )
 async def test_bad_parameters_are_refused_before_admission(

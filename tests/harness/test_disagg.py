@@ -13,6 +13,7 @@ from typing import Any
 
 import anyio
 import pytest
+import torch
 
 from yieldgate.harness.backend import HarnessBackend, HarnessConfig
 from yieldgate.harness.engine import EngineConfig
@@ -90,6 +91,25 @@ async def test_greedy_outputs_are_identical_on_every_path(backend: HarnessBacken
     assert all(w["checksum_failures"] == 0 for w in workers)
     assert after["transfer_bytes_total"] > 0
     assert after["kv_blocks_used"] == 0
+
+
+async def test_a_remote_prefill_gives_the_first_token_its_logprob_too(
+    backend: HarnessBackend,
+) -> None:
+    prompt = "a long prompt that no other test sends, so no cache holds any of it. " * 3
+    before = backend.stats()["remote_prefills"]
+    params = {"max_tokens": 4, "logprobs": 1}
+    with anyio.fail_after(60):
+        remote = await backend.execute(Work(id="r", body=prompt, params=params), None)
+    assert backend.stats()["remote_prefills"] == before + 1
+    assert backend.engine is not None
+    # The decode worker computes the prompt's last position, so the first token's
+    # log-probability is its own, and equals a full forward pass's.
+    tokens = list(prompt.encode()) + remote["token_ids"]
+    logits = backend.engine.model.forward_full(torch.tensor(tokens[:-1]))
+    expected = torch.log_softmax(logits[-4:].float(), dim=-1)
+    for row, entry in zip(expected, remote["logprobs"], strict=True):
+        assert entry["logprob"] == pytest.approx(float(row[entry["id"]]), abs=1e-4)
 
 
 async def test_routing_decisions_show_in_stats(backend: HarnessBackend) -> None:

@@ -5,11 +5,12 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+import torch
 
 from yieldgate.harness.engine import Engine, EngineConfig
 from yieldgate.harness.model import ModelConfig
 from yieldgate.harness.scheduler import SchedulerConfig
-from yieldgate.harness.sequence import SamplingParams
+from yieldgate.harness.sequence import SamplingParams, Sequence
 
 PROMPTS = [
     list(b"Hi"),
@@ -164,3 +165,83 @@ def test_stats_count_the_work() -> None:
     assert stats["decode_steps"] == 4
     assert stats["kv_blocks_used"] == 0
     assert engine.estimate_ms(100, 10) is not None
+
+
+def reference_logprobs(engine: Engine, seq: Sequence, temperature: float) -> torch.Tensor:
+    """``log_softmax(logits / T)`` at every output position, by one full forward pass."""
+    logits = engine.model.forward_full(torch.tensor(seq.tokens[:-1]))
+    return torch.log_softmax(logits[seq.num_prompt - 1 :].float() / temperature, dim=-1)
+
+
+def assert_logprobs_match(engine: Engine, seq: Sequence, temperature: float, top: int) -> None:
+    expected = reference_logprobs(engine, seq, temperature)
+    assert [entry.token for entry in seq.logprobs] == seq.output
+    for position, entry in enumerate(seq.logprobs):
+        row = expected[position]
+        assert entry.logprob == pytest.approx(float(row[entry.token]), abs=1e-4)
+        values, ids = row.topk(top)
+        assert [token for token, _ in entry.top] == ids.tolist()
+        assert [value for _, value in entry.top] == pytest.approx(values.tolist(), abs=1e-4)
+
+
+def test_greedy_logprobs_equal_a_full_forward_pass_in_a_batch_with_others() -> None:
+    engine = make_engine()
+    asking = engine.add(PROMPTS[1], SamplingParams(max_tokens=12, logprobs=5))
+    silent = [engine.add(p, SamplingParams(max_tokens=12)) for p in (PROMPTS[0], PROMPTS[3])]
+    no_top = engine.add(PROMPTS[2], SamplingParams(max_tokens=12, logprobs=0))
+    engine.run_until_done([asking, no_top, *silent])
+    assert_logprobs_match(engine, asking, 1.0, 5)
+    assert_logprobs_match(engine, no_top, 1.0, 0)
+    # Greedy picks the most likely token: it heads its own alternatives.
+    assert all(entry.top[0][0] == entry.token for entry in asking.logprobs)
+    assert all(seq.logprobs == [] for seq in silent)
+    # Asking for log-probabilities changes no token.
+    alone = make_engine().generate([PROMPTS[1]], SamplingParams(max_tokens=12))[0]
+    assert asking.output == alone
+
+
+def test_sampled_logprobs_are_of_the_tempered_distribution() -> None:
+    engine = make_engine()
+    params = SamplingParams(max_tokens=16, temperature=0.8, seed=7, logprobs=3)
+    asking = engine.add(PROMPTS[3], params)
+    other = engine.add(PROMPTS[0], SamplingParams(max_tokens=16, temperature=1.3, seed=1))
+    engine.run_until_done([asking, other])
+    assert_logprobs_match(engine, asking, 0.8, 3)
+    assert other.logprobs == []
+    quiet = SamplingParams(max_tokens=16, temperature=0.8, seed=7)
+    assert make_engine().generate([PROMPTS[3]], quiet)[0] == asking.output
+
+
+def test_top_p_samples_from_the_nucleus_and_repeats_with_a_seed() -> None:
+    params = SamplingParams(max_tokens=24, temperature=1.5, seed=11, top_p=0.5, logprobs=0)
+    engine = make_engine()
+    seq = engine.add(PROMPTS[1], params)
+    engine.run_until_done([seq])
+    probs = reference_logprobs(engine, seq, 1.5).exp()
+    for position, token in enumerate(seq.output):
+        row = probs[position]
+        more_likely = float(row[row > row[token]].sum())
+        assert more_likely < 0.5  # inside the smallest set of mass 0.5
+    assert make_engine().generate([PROMPTS[1]], params) == [seq.output]
+    # A tiny top_p leaves only the most likely token: greedy.
+    tiny = SamplingParams(max_tokens=24, temperature=1.5, seed=3, top_p=1e-6)
+    assert (
+        make_engine().generate([PROMPTS[1]], tiny)[0]
+        == make_engine().generate([PROMPTS[1]], SamplingParams(max_tokens=24))[0]
+    )
+
+
+@pytest.mark.parametrize(
+    ("overrides", "match"),
+    [
+        ({"top_p": 0.0}, "top_p"),
+        ({"top_p": 1.5}, "top_p"),
+        ({"logprobs": -1}, "logprobs"),
+        ({"logprobs": 21}, "logprobs"),
+    ],
+)
+def test_sampling_params_refuse_bad_top_p_and_logprobs(
+    overrides: dict[str, Any], match: str
+) -> None:
+    with pytest.raises(ValueError, match=match):
+        SamplingParams(**overrides)

@@ -15,14 +15,22 @@ inside the engine.
 
 A request's body is its prompt, in bytes (UTF-8). ``params``: ``max_tokens``
 (default ``HarnessConfig.default_max_tokens``), ``temperature`` (0, the
-default, is greedy), ``seed`` and ``stop`` (stop sequences, which end the
-generation and are cut from its text). Streams get one chunk per token:
-``{"text": ..., "token_ids": [id]}`` (a byte's id is its value; the text is
-empty while a character is incomplete). The result: ``text``,
+default, is greedy), ``seed``, ``stop`` (stop sequences, which end the
+generation and are cut from its text), ``top_p`` (nucleus sampling, a
+number in (0, 1]) and ``logprobs`` (an integer in [0, 20]: each token's
+log-probability and that many most likely alternatives). Streams get one
+chunk per token: ``{"text": ..., "token_ids": [id]}`` (a byte's id is its
+value; the text is empty while a character is incomplete), plus
+``"logprobs": [entry]`` when asked. The result: ``text``,
 ``prompt_tokens``, ``completion_tokens``, ``prompt_token_ids``,
 ``token_ids``, ``cached_tokens`` (prompt tokens
 found in the prefix cache), ``ttft_ms``, ``tpot_ms``, ``e2e_ms``,
-``preemptions`` and ``finish_reason`` (``"length"``, or ``"stop_sequence"``).
+``preemptions`` and ``finish_reason`` (``"length"``, or ``"stop_sequence"``),
+and when asked ``logprobs``: one entry per token, ``{"id", "logprob",
+"top": [{"id", "logprob"}, ...]}`` (see ``TokenLogprob`` for which
+distribution), computed by the engine where the logits are: with prefill
+workers too, since the decode worker always computes a prompt's last
+position itself and samples the first token there.
 
 Here: ``HarnessConfig``, and ``HarnessBackend``'s loop side (start-up and
 warm-up, the SLO check, parsing, executing and answering requests, stats).
@@ -53,7 +61,7 @@ from yieldgate.harness.metrics import ServingMetrics
 from yieldgate.harness.prefill_worker import WorkerSpec
 from yieldgate.harness.qos import QosPolicy, SloConfig, TtftEstimator
 from yieldgate.harness.router import Router, RouterConfig, RouterConfigFile
-from yieldgate.harness.sequence import SamplingParams
+from yieldgate.harness.sequence import MAX_TOP_LOGPROBS, SamplingParams, TokenLogprob
 from yieldgate.server.backends import BackendError, Emit, StopText, Work, stop_sequences
 from yieldgate.server.governor import AdmissionHook, AdmissionRequest, Governor, Rejection
 
@@ -121,6 +129,8 @@ class HarnessBackend(EngineThread):
     """Serves ``TinyTransformer`` with continuous batching behind the Governor."""
 
     name = "harness"
+    # The optional params it honours (``yieldgate.server.backends.features_of``).
+    features = frozenset({"logprobs", "top_p"})
 
     def __init__(self, config: HarnessConfig | None = None) -> None:
         self.config = config or HarnessConfig()
@@ -241,11 +251,29 @@ class HarnessBackend(EngineThread):
         seed = params.get("seed")
         if seed is not None and (type(seed) is not int or not 0 <= seed < 2**63):
             raise BackendError("params.seed must be an integer in [0, 2**63)", retryable=False)
+        top_p = params.get("top_p", 1.0)
+        if top_p is None:
+            top_p = 1.0
+        if isinstance(top_p, bool) or not isinstance(top_p, int | float) or not 0 < top_p <= 1:
+            raise BackendError("params.top_p must be a number in (0, 1]", retryable=False)
+        logprobs = params.get("logprobs")
+        if logprobs is not None and (
+            type(logprobs) is not int or not 0 <= logprobs <= MAX_TOP_LOGPROBS
+        ):
+            raise BackendError(
+                f"params.logprobs must be an integer in [0, {MAX_TOP_LOGPROBS}]", retryable=False
+            )
         stop_sequences(work.params)
         prompt = list(work.body.encode("utf-8"))
         if not prompt:
             raise BackendError("the prompt (the request body) is empty", retryable=False)
-        sampling = SamplingParams(max_tokens=max_tokens, temperature=float(temperature), seed=seed)
+        sampling = SamplingParams(
+            max_tokens=max_tokens,
+            temperature=float(temperature),
+            seed=seed,
+            top_p=float(top_p),
+            logprobs=logprobs,
+        )
         engine = self.engine
         if engine is not None:
             try:
@@ -270,6 +298,7 @@ class HarnessBackend(EngineThread):
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         pieces: list[str] = []
         tokens: list[int] = []
+        logprobs: list[dict[str, Any]] = []
         self._tokens_sent += len(prompt)
         self._inbox.put(("add", request))
         try:
@@ -288,8 +317,12 @@ class HarnessBackend(EngineThread):
                     if last:
                         text += stop.flush()
                     pieces.append(text)
+                    chunk: dict[str, Any] = {"text": text, "token_ids": [token]}
+                    if sampling.logprobs is not None:
+                        logprobs.append(_logprob_entry(request, len(tokens) - 1))
+                        chunk["logprobs"] = logprobs[-1:]
                     if emit is not None:
-                        await emit({"text": text, "token_ids": [token]})
+                        await emit(chunk)
                     if stop.stopped:
                         break
                 if request.finished or stop.stopped:
@@ -300,6 +333,8 @@ class HarnessBackend(EngineThread):
         # A byte-level model without an end-of-sequence token runs to max_tokens.
         finish_reason = "stop_sequence" if stop.stopped else "length"
         result = self._result(request, "".join(pieces), tokens, finish_reason)
+        if sampling.logprobs is not None:
+            result["logprobs"] = logprobs
         times = request.token_times
         with self._metrics_lock:
             self.metrics.record_request(
@@ -345,6 +380,21 @@ class HarnessBackend(EngineThread):
         if self.qos is not None:
             stats["qos"] = self.qos.stats()
         return stats
+
+
+def _logprob_entry(request: Request, index: int) -> dict[str, Any]:
+    """The ``index``-th output token's log-probability, as the result and chunks carry it.
+
+    Read from the sequence, where the engine thread appended it before it
+    posted the token (so it is there by the time the token is).
+    """
+    assert request.seq is not None
+    entry: TokenLogprob = request.seq.logprobs[index]
+    return {
+        "id": entry.token,
+        "logprob": entry.logprob,
+        "top": [{"id": token, "logprob": logprob} for token, logprob in entry.top],
+    }
 
 
 def _chain(first: AdmissionHook | None, second: AdmissionHook) -> AdmissionHook:

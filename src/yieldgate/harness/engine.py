@@ -19,7 +19,7 @@ from yieldgate.harness.block_manager import BlockManager
 from yieldgate.harness.model import KVCache, ModelConfig, TinyTransformer, load_checkpoint
 from yieldgate.harness.runner import ModelRunner
 from yieldgate.harness.scheduler import Batch, Scheduler, SchedulerConfig
-from yieldgate.harness.sequence import SamplingParams, Sequence
+from yieldgate.harness.sequence import SamplingParams, Sequence, TokenLogprob
 
 __all__ = ["Engine", "EngineConfig", "StepResult", "pick_device"]
 
@@ -59,7 +59,11 @@ class EngineConfig:
 
 @dataclass(frozen=True, slots=True)
 class StepResult:
-    """One step: which sequences got a token, which of them finished, how long it took."""
+    """One step: which sequences got a token, which of them finished, how long it took.
+
+    ``logprobs`` has one entry per token: its log-probability where its
+    sequence asked for them (also appended to ``Sequence.logprobs``), else ``None``.
+    """
 
     is_prefill: bool
     seqs: list[Sequence]
@@ -67,6 +71,7 @@ class StepResult:
     finished: list[Sequence]
     duration_ms: float
     num_new_tokens: int
+    logprobs: list[TokenLogprob | None] = field(default_factory=list)
 
 
 class Engine:
@@ -193,8 +198,13 @@ class Engine:
         new_tokens = batch.num_new_tokens
         cached = sum(seq.num_cached for seq in batch.seqs) if batch.is_prefill else 0
         started = time.perf_counter()
+        self.runner.logprobs = []
         tokens = self.runner.run(batch)
         duration_ms = (time.perf_counter() - started) * 1000.0
+        logprobs = self.runner.logprobs or [None] * len(tokens)
+        for seq, logprob in zip(batch.seqs, logprobs, strict=True):
+            if logprob is not None:
+                seq.logprobs.append(logprob)
         finished = self.scheduler.finish_step(batch, tokens)
         for seq in finished:
             self.runner.forget(seq)
@@ -206,6 +216,7 @@ class Engine:
             finished=finished,
             duration_ms=duration_ms,
             num_new_tokens=new_tokens,
+            logprobs=logprobs,
         )
 
     def _account(self, batch: Batch, new_tokens: int, cached: int, duration_ms: float) -> None:

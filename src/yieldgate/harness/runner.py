@@ -1,4 +1,11 @@
-"""Turns a scheduled batch into tensors, runs the model and samples one token per sequence."""
+"""Turns a scheduled batch into tensors, runs the model and samples one token per sequence.
+
+Sampling: greedy at temperature 0, else a draw from ``softmax(logits / T)``
+(cut to its nucleus when ``top_p`` < 1) with the sequence's own generator,
+seeded when it asks. Where sequences ask for log-probabilities, their rows'
+``log_softmax`` is taken in one batched call, gathered at the sampled tokens
+and cut to the top alternatives; rows that did not ask cost nothing.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +14,7 @@ from torch import Tensor
 
 from yieldgate.harness.model import AttentionBatch, KVCache, TinyTransformer
 from yieldgate.harness.scheduler import Batch
-from yieldgate.harness.sequence import Sequence
+from yieldgate.harness.sequence import Sequence, TokenLogprob
 
 __all__ = ["ModelRunner"]
 
@@ -22,15 +29,23 @@ class ModelRunner:
         self.block_size = cache.block_size
         self._offsets = torch.arange(self.block_size, device=self.device)
         self._generators: dict[int, torch.Generator] = {}
+        # The last run's log-probabilities, one per sequence (``None`` where not asked).
+        self.logprobs: list[TokenLogprob | None] = []
 
     def run(self, batch: Batch) -> list[int]:
-        """Compute ``batch`` and return the next token of each of its sequences."""
+        """Compute ``batch`` and return the next token of each of its sequences.
+
+        Their log-probabilities, where asked for, are in ``logprobs`` until the next run.
+        """
+        self.logprobs = []
         if batch.is_prefill:
             tokens, positions, attention, last = self._prepare_prefill(batch.seqs)
         else:
             tokens, positions, attention, last = self._prepare_decode(batch.seqs)
         logits = self.model.forward_paged(tokens, positions, self.cache, attention, last)
-        return self._sample(batch.seqs, logits)
+        chosen = self._sample(batch.seqs, logits)
+        self.logprobs = self._logprobs(batch.seqs, logits, chosen)
+        return chosen
 
     def forget(self, seq: Sequence) -> None:
         """Drop per-sequence state (its sampling generator) once it has finished."""
@@ -118,5 +133,47 @@ class ModelRunner:
                     gen.manual_seed(seq.params.seed)
                 self._generators[seq.id] = gen
             probs = torch.softmax(logits[row].float() / temperature, dim=-1)
+            if seq.params.top_p < 1:
+                probs = _nucleus(probs, seq.params.top_p)
             chosen[row] = int(torch.multinomial(probs, 1, generator=gen))
         return chosen
+
+    def _logprobs(
+        self, seqs: list[Sequence], logits: Tensor, chosen: list[int]
+    ) -> list[TokenLogprob | None]:
+        rows = [row for row, seq in enumerate(seqs) if seq.params.logprobs is not None]
+        out: list[TokenLogprob | None] = [None] * len(seqs)
+        if not rows:
+            return out
+        device = logits.device
+        index = torch.tensor(rows, device=device)
+        # The distribution each token was drawn from: greedy reports the model's own (T = 1).
+        temperatures = torch.tensor(
+            [seqs[row].params.temperature or 1.0 for row in rows], device=device
+        )
+        logp = torch.log_softmax(logits.index_select(0, index).float() / temperatures[:, None], -1)
+        sampled = torch.tensor([chosen[row] for row in rows], device=device)
+        picked: list[float] = logp.gather(1, sampled[:, None]).squeeze(1).tolist()
+        k = max(seqs[row].params.logprobs or 0 for row in rows)
+        top_values: list[list[float]] = [[] for _ in rows]
+        top_ids: list[list[int]] = [[] for _ in rows]
+        if k:
+            values, ids = logp.topk(k, dim=-1)
+            top_values, top_ids = values.tolist(), ids.tolist()
+        for i, row in enumerate(rows):
+            n = seqs[row].params.logprobs or 0
+            top = tuple(zip(top_ids[i][:n], top_values[i][:n], strict=True))
+            out[row] = TokenLogprob(chosen[row], picked[i], top)
+        return out
+
+
+def _nucleus(probs: Tensor, top_p: float) -> Tensor:
+    """``probs`` with every token outside the smallest most-likely set of mass ``top_p`` zeroed.
+
+    The most likely token always stays; ties are ordered by token id (a
+    stable sort), so a seeded draw repeats.
+    """
+    ordered, order = probs.sort(descending=True, stable=True)
+    before = ordered.cumsum(0) - ordered  # the mass of the more likely tokens
+    ordered = ordered.masked_fill(before >= top_p, 0.0)
+    return torch.zeros_like(probs).scatter_(0, order, ordered)

@@ -6,22 +6,55 @@ import enum
 import math
 from dataclasses import dataclass
 
-__all__ = ["SamplingParams", "Sequence", "SequenceStatus"]
+__all__ = ["MAX_TOP_LOGPROBS", "SamplingParams", "Sequence", "SequenceStatus", "TokenLogprob"]
+
+# The most alternatives a token's log-probability comes with (OpenAI's limit).
+MAX_TOP_LOGPROBS = 20
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SamplingParams:
-    """How to pick tokens: ``temperature`` 0 is greedy; ``seed`` makes sampling repeat."""
+    """How to pick tokens: ``temperature`` 0 is greedy; ``seed`` makes sampling repeat.
+
+    ``top_p`` below 1 samples from the nucleus: the most likely tokens whose
+    probabilities (after temperature) add up to at least ``top_p`` (greedy
+    ignores it). ``logprobs`` asks for each new token's log-probability and
+    that many most likely alternatives (``0`` to ``MAX_TOP_LOGPROBS``);
+    ``None``, the default, computes none.
+    """
 
     max_tokens: int = 16
     temperature: float = 0.0
     seed: int | None = None
+    top_p: float = 1.0
+    logprobs: int | None = None
 
     def __post_init__(self) -> None:
         if type(self.max_tokens) is not int or self.max_tokens < 1:
             raise ValueError("max_tokens must be an integer >= 1")
         if not (self.temperature >= 0 and math.isfinite(self.temperature)):
             raise ValueError("temperature must be a finite number >= 0")
+        if not 0 < self.top_p <= 1:
+            raise ValueError("top_p must be a number in (0, 1]")
+        if self.logprobs is not None and (
+            type(self.logprobs) is not int or not 0 <= self.logprobs <= MAX_TOP_LOGPROBS
+        ):
+            raise ValueError(f"logprobs must be an integer in [0, {MAX_TOP_LOGPROBS}]")
+
+
+@dataclass(frozen=True, slots=True)
+class TokenLogprob:
+    """A sampled token's log-probability and its ``top`` alternatives, ``(token, logprob)``
+    from the most likely down.
+
+    The distribution is the one the token was drawn from: the model's
+    logits divided by the temperature (by 1 for greedy), before ``top_p``
+    cut it (a cut-off token would have no finite log-probability).
+    """
+
+    token: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
 
 
 class SequenceStatus(enum.Enum):
@@ -45,6 +78,7 @@ class Sequence:
         "block_table",
         "id",
         "last_hash",
+        "logprobs",
         "num_cached",
         "num_committed",
         "num_computed",
@@ -76,6 +110,8 @@ class Sequence:
         # Totals over the sequence's life, preemptions included.
         self.prefix_hit_tokens = 0
         self.prefill_tokens = 0
+        # One per output token, when the params ask for them.
+        self.logprobs: list[TokenLogprob] = []
 
     def __len__(self) -> int:
         return len(self.tokens)

@@ -28,6 +28,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from yieldgate.server._http_logprobs import TokenLogprob
 from yieldgate.server.backends import BackendError
 from yieldgate.server.governor import Yield
 
@@ -117,6 +118,8 @@ class Generated:
     finish_reason: str
     token_ids: tuple[int, ...] | None = None
     prompt_token_ids: tuple[int, ...] | None = None
+    # One per token where the backend computed them (``_http_logprobs``).
+    logprobs: tuple[TokenLogprob, ...] | None = None
 
 
 def _ids(value: Any) -> tuple[int, ...] | None:
@@ -295,6 +298,8 @@ class Job:
     prefill_details: bool = False
     created: int = field(default_factory=lambda: int(time.time()))
     id: str = ""
+    # Characters of text streamed so far (where a dialect counts them: text offsets).
+    sent_chars: int = 0
 
 
 class Dialect:
@@ -337,3 +342,8 @@ class Dialect:
     def cold_start(self, job: Job, refusal: Yield) -> dict[str, Any] | None:
         """A 503 body that replaces the 429 while the backend is cold, if this dialect has one."""
         return None
+
+    def piece_of(self, job: Job, index: int, data: Any) -> bytes:
+        """The event for the backend's ``index``-th stream chunk: ``piece`` of its text and
+        ids, unless a dialect reads more of it (OpenAI's log-probabilities)."""
+        return self.piece(job, index, chunk_text(data), chunk_token_ids(data))

@@ -3,7 +3,9 @@
 An ``Inference`` app speaks one dialect (``_http_dialects``) over the
 shared ``Admission``. It reads the body (at most ``max_body_bytes``, within
 ``body_timeout_s``, else 413 or 408) and the priority and deadline headers,
-and asks for admission: a yield is a 429 with ``retry-after-ms`` and
+refuses an optional param the backend's ``features`` do not name (a 400
+naming it: ``logprobs``, ``top_p``), and asks for admission: a yield is a
+429 with ``retry-after-ms`` and
 ``retry-after`` (or the dialect's cold-start 503), a failure the dialect's
 error with its status, and an admitted request runs through the front
 (``Front.run_admitted``, which cancels it if the client leaves), answered
@@ -12,6 +14,7 @@ whole or streamed as server-sent events that hold the slot until the last.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import re
 from collections.abc import Iterator
@@ -36,16 +39,17 @@ from yieldgate.protocol import MAX_DEADLINE_MS, ErrorCode, Priority, parse_prior
 from yieldgate.server._http_dialects import (
     BadRequest,
     Dialect,
+    Generated,
     Job,
-    chunk_text,
-    chunk_token_ids,
     dumps,
     generated,
     loads,
     retry_after_s,
 )
+from yieldgate.server._http_logprobs import read_logprobs
 from yieldgate.server._http_responses import NO_RETRY, RETRY, send_json
 from yieldgate.server.admission import Admitted, Failure
+from yieldgate.server.backends import FEATURES, Backend, features_of
 from yieldgate.server.governor import Slot, Yield
 
 if TYPE_CHECKING:
@@ -116,6 +120,21 @@ async def _read_body(request: Request, limit: int) -> bytes:
     return bytes(body)
 
 
+def _refuse_unhonoured(job: Job, backend: Backend) -> None:
+    """A 400 naming the first optional param the job asks for and the backend does not honour."""
+    features = features_of(backend)
+    for key in sorted(FEATURES - features):
+        if job.params.get(key) is not None:
+            raise BadRequest(f"'{key}' is not supported by this server's backend", key)
+
+
+def _generated(job: Job, result: Any) -> Generated:
+    """The backend's result read, with its per-token log-probabilities where it sent them."""
+    done = generated(job, result)
+    logprobs = read_logprobs(result)
+    return done if logprobs is None else dataclasses.replace(done, logprobs=logprobs)
+
+
 class Inference:
     """One inference route: an ASGI app that speaks ``dialect`` over the shared Admission."""
 
@@ -164,6 +183,7 @@ class Inference:
             deadline_ms = _deadline_ms(request)
             model_id = scope.get("path_params", {}).get("model_id")
             job = dialect.parse(loads(raw), model_id, front.config.model_name)
+            _refuse_unhonoured(job, front.backend)
         except BadRequest as exc:
             await self._fail(
                 send,
@@ -255,7 +275,7 @@ class Inference:
         dialect = self.dialect
 
         async def finish(result: Any, slot: Slot) -> bytes:
-            return dumps(dialect.ok(job, generated(job, result)))
+            return dumps(dialect.ok(job, _generated(job, result)))
 
         outcome = await self.front.run_admitted(admitted, receive, None, finish)
         if outcome is None:
@@ -278,13 +298,13 @@ class Inference:
 
         async def emit(data: Any) -> None:
             nonlocal index
-            event = dialect.piece(job, index, chunk_text(data), chunk_token_ids(data))
+            event = dialect.piece_of(job, index, data)
             index += 1
             await start()
             await send({"type": "http.response.body", "body": event, "more_body": True})
 
         async def finish(result: Any, slot: Slot) -> str:
-            done = generated(job, result)
+            done = _generated(job, result)
             events = dialect.end(job, index, done)
             await start()
             await send({"type": "http.response.body", "body": events, "more_body": False})

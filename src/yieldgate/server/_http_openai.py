@@ -6,13 +6,26 @@ asks for one. A yield is an error of type ``yield`` whose code is the reason.
 
 ``finish_reason`` is ``"length"`` when ``max_tokens`` ended the generation,
 ``"stop"`` otherwise; ``stop`` sequences are the backend's to honour (both
-backends do); a field asking for what no backend here does (``logprobs``,
-``tools``, a ``response_format`` other than text, penalties, ...) is a 400
+backends do). ``logprobs`` (chat: ``true`` with ``top_logprobs`` 0..20;
+completions: 0..5) and ``top_p`` become ``params["logprobs"]`` (how many
+alternatives) and ``params["top_p"]``, honoured by a backend whose
+``features`` name them (the harness) and refused with a 400 naming them
+otherwise (the app checks, before admission). Log-probabilities come back
+in OpenAI's shapes, a stream's in each chunk: chat ``{"content": [{"token",
+"logprob", "bytes", "top_logprobs"}], "refusal": null}``; completions
+``{"tokens", "token_logprobs", "top_logprobs", "text_offset"}``, where each
+``top_logprobs`` map also holds the sampled token (up to N + 1 entries, as
+OpenAI says) and offsets count characters of the completion. A byte token
+that is not whole UTF-8 is spelt ``bytes:\\xNN``, its ``bytes`` the byte.
+A field asking for what no backend here does (``tools``, a
+``response_format`` other than text, penalties, ...) is a 400
 ``invalid_request_error`` naming it, never silently ignored.
 """
 
 from __future__ import annotations
 
+import codecs
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
 from yieldgate.server._http_dialect_base import (
@@ -22,6 +35,7 @@ from yieldgate.server._http_dialect_base import (
     Job,
     backend_params,
     bool_field,
+    chunk_text,
     int_field,
     number_field,
     object_field,
@@ -29,6 +43,7 @@ from yieldgate.server._http_dialect_base import (
     sse,
     stop_field,
 )
+from yieldgate.server._http_logprobs import TokenLogprob, read_logprobs, token_text
 from yieldgate.server.governor import Yield
 
 __all__ = ["ChatCompletions", "Completions"]
@@ -36,8 +51,6 @@ __all__ = ["ChatCompletions", "Completions"]
 # Fields this server cannot honour, each with the values that ask for nothing
 # (what some clients send by default): anything else is refused.
 _UNSUPPORTED: tuple[tuple[str, tuple[Any, ...]], ...] = (
-    ("logprobs", (False, 0)),
-    ("top_logprobs", (0,)),
     ("response_format", ({"type": "text"},)),
     ("tools", ([],)),
     ("tool_choice", ("none", "auto")),
@@ -46,7 +59,6 @@ _UNSUPPORTED: tuple[tuple[str, tuple[Any, ...]], ...] = (
     ("logit_bias", ({},)),
     ("presence_penalty", (0,)),
     ("frequency_penalty", (0,)),
-    ("top_p", (1,)),
     ("best_of", (1,)),
     ("echo", (False,)),
     ("suffix", ("",)),
@@ -67,6 +79,20 @@ def _same_number(value: Any, neutral: Any) -> bool:
     return type(value) in numbers and type(neutral) in numbers and value == neutral
 
 
+_MAX_TOP_LOGPROBS = 20  # chat's top_logprobs
+_MAX_LOGPROBS = 5  # completions' logprobs
+
+
+def _top_p(body: dict[str, Any]) -> float | None:
+    """``top_p`` below 1, or ``None`` (1 asks for nothing)."""
+    value = number_field(body, "top_p")
+    if value is None or value == 1:
+        return None
+    if not 0 < value < 1:
+        raise BadRequest("'top_p' must be a number in (0, 1]", "top_p")
+    return value
+
+
 def _finish_reason(done: Generated) -> str:
     return "length" if done.finish_reason == "length" else "stop"
 
@@ -76,6 +102,10 @@ class _OpenAI(Dialect):
 
     def __init__(self, system_fingerprint: str = "yieldgate") -> None:
         self.system_fingerprint = system_fingerprint
+
+    def _logprobs(self, body: dict[str, Any]) -> int | None:
+        """How many alternatives each token's log-probability comes with; ``None``: none asked."""
+        raise NotImplementedError
 
     def _job(self, body: dict[str, Any], prompt: str, default_model: str) -> Job:
         """The job for ``prompt``, from the fields both OpenAI routes share."""
@@ -96,6 +126,12 @@ class _OpenAI(Dialect):
             object_field(body, "backend_params"),
             stop_field(body, "stop"),
         )
+        # As for the other fields, what backend_params says wins.
+        logprobs, top_p = self._logprobs(body), _top_p(body)
+        if logprobs is not None:
+            params.setdefault("logprobs", logprobs)
+        if top_p is not None:
+            params.setdefault("top_p", top_p)
         return Job(
             prompt=prompt,
             params=params,
@@ -154,6 +190,19 @@ class ChatCompletions(_OpenAI):
     id_prefix = "chatcmpl-"
     chunk_object = "chat.completion.chunk"
 
+    def _logprobs(self, body: dict[str, Any]) -> int | None:
+        asked = bool_field(body, "logprobs")
+        top = body.get("top_logprobs")
+        if top is not None and (type(top) is not int or not 0 <= top <= _MAX_TOP_LOGPROBS):
+            raise BadRequest(
+                f"'top_logprobs' must be an integer in [0, {_MAX_TOP_LOGPROBS}]", "top_logprobs"
+            )
+        if not asked:
+            if top:
+                raise BadRequest("'top_logprobs' needs 'logprobs': true", "top_logprobs")
+            return None
+        return top or 0
+
     def parse(self, body: dict[str, Any], model_id: str | None, default_model: str) -> Job:
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
@@ -171,7 +220,7 @@ class ChatCompletions(_OpenAI):
                 {
                     "index": 0,
                     "message": {"role": "assistant", "content": done.text, "refusal": None},
-                    "logprobs": None,
+                    "logprobs": _chat_logprobs(done.logprobs),
                     "finish_reason": _finish_reason(done),
                 }
             ],
@@ -180,13 +229,45 @@ class ChatCompletions(_OpenAI):
         }
 
     def piece(self, job: Job, index: int, text: str, token_ids: tuple[int, ...] | None) -> bytes:
+        return self._piece(job, index, text, None)
+
+    def piece_of(self, job: Job, index: int, data: Any) -> bytes:
+        return self._piece(job, index, chunk_text(data), read_logprobs(data))
+
+    def _piece(
+        self, job: Job, index: int, text: str, logprobs: Sequence[TokenLogprob] | None
+    ) -> bytes:
         delta = {"role": "assistant", "content": text} if index == 0 else {"content": text}
-        return sse(
-            self._chunk(job, {"index": 0, "delta": delta, "logprobs": None, "finish_reason": None})
-        )
+        choice = {
+            "index": 0,
+            "delta": delta,
+            "logprobs": _chat_logprobs(logprobs),
+            "finish_reason": None,
+        }
+        return sse(self._chunk(job, choice))
 
     def _last_choice(self, finish_reason: str) -> dict[str, Any]:
         return {"index": 0, "delta": {}, "logprobs": None, "finish_reason": finish_reason}
+
+
+def _chat_logprobs(logprobs: Sequence[TokenLogprob] | None) -> dict[str, Any] | None:
+    if logprobs is None:
+        return None
+    return {
+        "content": [
+            {
+                "token": token_text(entry.token_id),
+                "logprob": entry.logprob,
+                "bytes": [entry.token_id],
+                "top_logprobs": [
+                    {"token": token_text(token_id), "logprob": logprob, "bytes": [token_id]}
+                    for token_id, logprob in entry.top
+                ],
+            }
+            for entry in logprobs
+        ],
+        "refusal": None,
+    }
 
 
 def _message_line(i: int, message: Any) -> str:
@@ -221,6 +302,14 @@ class Completions(_OpenAI):
     id_prefix = "cmpl-"
     chunk_object = "text_completion"
 
+    def _logprobs(self, body: dict[str, Any]) -> int | None:
+        value = body.get("logprobs")
+        if value is None or value is False:
+            return None
+        if type(value) is not int or not 0 <= value <= _MAX_LOGPROBS:
+            raise BadRequest(f"'logprobs' must be an integer in [0, {_MAX_LOGPROBS}]", "logprobs")
+        return value
+
     def parse(self, body: dict[str, Any], model_id: str | None, default_model: str) -> Job:
         prompt = body.get("prompt")
         if isinstance(prompt, list) and len(prompt) == 1:
@@ -233,7 +322,7 @@ class Completions(_OpenAI):
         choice = {
             "index": 0,
             "text": done.text,
-            "logprobs": None,
+            "logprobs": _completion_logprobs(done.logprobs, 0, done.text),
             "finish_reason": _finish_reason(done),
         }
         return {
@@ -247,9 +336,46 @@ class Completions(_OpenAI):
         }
 
     def piece(self, job: Job, index: int, text: str, token_ids: tuple[int, ...] | None) -> bytes:
-        return sse(
-            self._chunk(job, {"index": 0, "text": text, "logprobs": None, "finish_reason": None})
-        )
+        return self._piece(job, text, None)
+
+    def piece_of(self, job: Job, index: int, data: Any) -> bytes:
+        return self._piece(job, chunk_text(data), read_logprobs(data))
+
+    def _piece(self, job: Job, text: str, logprobs: Sequence[TokenLogprob] | None) -> bytes:
+        choice = {
+            "index": 0,
+            "text": text,
+            "logprobs": _completion_logprobs(logprobs, job.sent_chars, text),
+            "finish_reason": None,
+        }
+        job.sent_chars += len(text)
+        return sse(self._chunk(job, choice))
 
     def _last_choice(self, finish_reason: str) -> dict[str, Any]:
         return {"index": 0, "text": "", "logprobs": None, "finish_reason": finish_reason}
+
+
+def _completion_logprobs(
+    logprobs: Sequence[TokenLogprob] | None, start: int, text: str
+) -> dict[str, Any] | None:
+    """The legacy shape, ``text_offset`` counting from ``start`` (the characters before
+    ``text``); a token whose character is not complete yet sits where that character will."""
+    if logprobs is None:
+        return None
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    offsets = []
+    decoded = 0
+    for entry in logprobs:
+        offsets.append(start + min(decoded, len(text)))
+        decoded += len(decoder.decode(bytes([entry.token_id])))
+    top_logprobs = []
+    for entry in logprobs:
+        top = {token_text(token_id): logprob for token_id, logprob in entry.top}
+        top.setdefault(token_text(entry.token_id), entry.logprob)
+        top_logprobs.append(top)
+    return {
+        "tokens": [token_text(entry.token_id) for entry in logprobs],
+        "token_logprobs": [entry.logprob for entry in logprobs],
+        "top_logprobs": top_logprobs,
+        "text_offset": offsets,
+    }

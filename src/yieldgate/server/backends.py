@@ -14,6 +14,12 @@ and say why a generation ended in their result's ``finish_reason``:
 ``"length"`` (``max_tokens`` reached), ``"stop_sequence"`` or ``"eos"``
 (the model's own end, also what an absent one means: the simulated echo
 ends so, and says nothing unless a stop sequence cut it).
+
+Optional params (``FEATURES``: ``logprobs``, ``top_p``) are honoured only
+by a backend that names them in a ``features`` attribute (a frozenset; the
+harness does); ``features_of`` reads it, with none for a backend that
+declares nothing (the simulated one), and the HTTP fronts refuse such a
+param with a 400 naming it rather than let it be ignored.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ from yieldgate.protocol import Priority
 from yieldgate.server.governor import Governor
 
 __all__ = [
+    "FEATURES",
     "Backend",
     "BackendError",
     "Emit",
@@ -37,11 +44,15 @@ __all__ = [
     "SimulatedConfig",
     "StopText",
     "Work",
+    "features_of",
     "parse_mix",
     "stop_sequences",
 ]
 
 _MAX_STOPS = 4
+
+# The optional params: a backend honours one only where its ``features`` name it.
+FEATURES = frozenset({"logprobs", "top_p"})
 
 Emit = Callable[[Any], Awaitable[None]]
 
@@ -309,3 +320,13 @@ def _split(text: str, parts: int) -> list[str]:
         pieces.append(text[start:end])
         start = end
     return pieces
+
+
+def features_of(backend: object) -> frozenset[str]:
+    """The optional params (of ``FEATURES``) that ``backend`` declares it honours.
+
+    A plain attribute rather than a ``Backend`` protocol member, so that a
+    backend written before it (or one that honours none) needs no change.
+    """
+    declared: frozenset[str] = getattr(backend, "features", frozenset())
+    return FEATURES & frozenset(declared)
