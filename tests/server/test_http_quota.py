@@ -18,6 +18,7 @@ import httpx
 import openai
 import pytest
 
+from yieldgate.dialects._hints import message_hint_s
 from yieldgate.server import ServerProcess
 
 pytestmark = pytest.mark.e2e
@@ -97,6 +98,7 @@ def test_the_openai_client_reads_the_headers_and_a_token_429_and_its_hint(serve:
         assert hint is not None
         wait_s = seconds(hint.group(1))
         assert 0 < wait_s <= (2 + _MAX_TOKENS) / (_TPM / _WINDOW_S)
+        assert message_hint_s(exc.body["message"]) == pytest.approx(wait_s)  # the SDK reads it
 
         # Nothing else charges this quota: once the hint has passed, the request fits.
         time.sleep(wait_s)
@@ -152,3 +154,6 @@ def test_other_dialects_answer_the_quota_in_their_own_shape(serve: Any) -> None:
     )
     assert ok.status_code == 200
     assert ok.headers["x-ratelimit-remaining-tokens"] == "0"
+    metrics = httpx.get(f"{server.http_url}/metrics").text.splitlines()
+    assert "yieldgate_quota_too_large_total 1.0" in metrics
+    assert "yieldgate_quota_tokens_charged_total 10.0" in metrics
