@@ -29,6 +29,12 @@ __all__ = [
     "LLM_D_DROPPED_REASON_HEADER",
     "LOADING_MESSAGE",
     "PRIORITY_HEADER",
+    "RATELIMIT_LIMIT_REQUESTS_HEADER",
+    "RATELIMIT_LIMIT_TOKENS_HEADER",
+    "RATELIMIT_REMAINING_REQUESTS_HEADER",
+    "RATELIMIT_REMAINING_TOKENS_HEADER",
+    "RATELIMIT_RESET_REQUESTS_HEADER",
+    "RATELIMIT_RESET_TOKENS_HEADER",
     "RETRY_AFTER_HEADER",
     "RETRY_AFTER_MS_HEADER",
     "SHOULD_RETRY_HEADER",
@@ -50,6 +56,15 @@ SHOULD_RETRY_HEADER: Final = "x-should-retry"
 """``true`` or ``false``: the server's verdict on whether sending again may succeed."""
 IDEMPOTENCY_KEY_HEADER: Final = "Idempotency-Key"
 """One key per call, the same on every attempt, so that the server may drop a repeat."""
+
+# OpenAI's quota headers, on every response: the bucket's size (one minute's
+# limit), what is left of it, and the time until it is full again (``6m0s``).
+RATELIMIT_LIMIT_REQUESTS_HEADER: Final = "x-ratelimit-limit-requests"
+RATELIMIT_LIMIT_TOKENS_HEADER: Final = "x-ratelimit-limit-tokens"
+RATELIMIT_REMAINING_REQUESTS_HEADER: Final = "x-ratelimit-remaining-requests"
+RATELIMIT_REMAINING_TOKENS_HEADER: Final = "x-ratelimit-remaining-tokens"
+RATELIMIT_RESET_REQUESTS_HEADER: Final = "x-ratelimit-reset-requests"
+RATELIMIT_RESET_TOKENS_HEADER: Final = "x-ratelimit-reset-tokens"
 
 LLM_D_DROPPED_REASON_HEADER: Final = "x-llm-d-request-dropped-reason"
 """Why llm-d's endpoint picker dropped a request: ``rejected-*`` (before dispatch), ``evicted*``."""

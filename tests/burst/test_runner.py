@@ -187,3 +187,38 @@ def test_a_programming_error_is_logged_not_only_counted(
     assert len(logged) == 1
     assert logged[0].exc_info is not None
     assert "_breaker" in str(logged[0].exc_info[1])
+
+
+def test_the_quota_preset_costs_one_and_a_half_times_the_limit_as_the_server_counts() -> None:
+    from yieldgate.burst import PRESETS
+    from yieldgate.burst._presets import quota_cost
+    from yieldgate.server import ProviderQuota, QuotaConfig
+    from yieldgate.server._http_dialects import ChatCompletions
+
+    preset = PRESETS["quota"]
+    args = list(preset["serve_args"])
+    tpm = int(args[args.index("--quota-tpm") + 1])
+    workload: Workload = preset["workload"]
+    total = quota_cost(workload, preset["requests"])
+    assert abs(total - 1.5 * tpm) <= 1
+    server = ProviderQuota(QuotaConfig(tpm=tpm))
+    dialect = ChatCompletions()
+    counted = 0
+    for prompt in workload.prompts(preset["requests"], seed=0):
+        body = {"messages": [{"role": "user", "content": prompt}], "max_tokens": 64}
+        job = dialect.parse(body, None, "m")
+        counted += server.cost(job.prompt, job.params["max_tokens"])
+    assert counted == total
+    assert max(len(p) for p in workload.prompts(preset["requests"], seed=0)) / 4 < tpm
+
+
+def test_the_quota_preset_is_rehearsed() -> None:
+    from yieldgate.burst import PRESETS
+
+    settings = {**PRESETS["quota"], "strategies": ALL[:2], "sample_interval_s": 0.05}
+    report = run_burst(BurstConfig(**settings))
+    yieldgate_run, naive = report.results
+    assert yieldgate_run.success_rate == 1.0
+    assert naive.succeeded + naive.failed == naive.requests == 120
+    assert set(naive.errors_by_kind) <= {"YieldExhaustedError"}
+    assert_valid_json(report)

@@ -113,6 +113,11 @@ def test_listening_line_reports_the_real_port() -> None:
         (["--http-port", "0", "--http-body-timeout-s", "nan"], "body_timeout_s"),
         (["--http-port", "0", "--http-max-connections", "0"], "max_connections"),
         (["--http-port", "0", "--http-parser", "picohttp"], "--http-parser"),
+        (["--http-port", "0", "--quota-tpm", "0"], "--quota-tpm: must be a positive integer"),
+        (["--http-port", "0", "--quota-rpm", "1.5"], "--quota-rpm: must be a positive integer"),
+        (["--http-port", "0", "--quota-tpm", "9", "--quota-window-s", "0"], "window_s"),
+        (["--quota-tpm", "100"], "add --http-port"),
+        (["--http-port", "0", "--quota-window-s", "5"], "--quota-window-s needs"),
     ],
 )
 def test_bad_flags_are_one_clear_line_and_exit_2(args: list[str], message: str) -> None:

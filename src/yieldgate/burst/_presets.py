@@ -1,7 +1,8 @@
-"""Named scenarios: the seed's cold start, the saturated burst, the demo."""
+"""Named scenarios: the seed's cold start, the saturated burst, a provider quota, the demo."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
@@ -12,7 +13,7 @@ from yieldgate.burst._results import Goal, Slo
 from yieldgate.burst._strategies import STRATEGY_NAMES, Strategy
 from yieldgate.burst._targets import Workload
 
-__all__ = ["COLD_START_RAMP", "PRESETS", "demo_settings"]
+__all__ = ["COLD_START_RAMP", "PRESETS", "demo_settings", "quota_cost"]
 
 _ALL = tuple(Strategy(name=name) for name in STRATEGY_NAMES)
 
@@ -27,6 +28,28 @@ COLD_START_RAMP = Strategy(
     ),
     policy_label="cold_start + rate ramp",
 )
+
+
+def quota_cost(workload: Workload, requests: int, seed: int = 0) -> int:
+    """The tokens a burst costs against ``yieldgate serve --quota-tpm`` as chat completions.
+
+    Each request costs its prompt as the server reads it (``"user: "`` and the
+    content: about 4 characters a token, rounded up) plus its ``max_tokens``
+    (the server's default of 16 when the workload names none).
+    """
+    output = 16 if workload.max_tokens is None else workload.max_tokens
+    prompts = workload.prompts(requests, seed)
+    return sum(math.ceil(len(f"user: {prompt}") / 4) + output for prompt in prompts)
+
+
+# The quota preset: 120 chat requests of mixed sizes at once, costing 1.5 times
+# the tokens per window, over a 4 s "minute" so that a rehearsal takes seconds.
+_QUOTA_REQUESTS = 120
+_QUOTA_WINDOW_S = 4
+_QUOTA_WORKLOAD = Workload(
+    prompt_tokens=((200, 0.5), (800, 0.3), (2400, 0.2)), max_tokens=64, model="gpt-4o"
+)
+_QUOTA_TPM = round(quota_cost(_QUOTA_WORKLOAD, _QUOTA_REQUESTS) / 1.5)
 
 #: ``BurstConfig`` keyword arguments per scenario; command-line flags override them.
 PRESETS: Mapping[str, Mapping[str, Any]] = {
@@ -60,6 +83,30 @@ PRESETS: Mapping[str, Mapping[str, Any]] = {
         "profile": ArrivalProfile.all_at_once(),
         "strategies": _ALL,
         "goal": Goal(min_success_rate=1.0, max_attempts_per_request=2.0, max_makespan_ratio=1.25),
+    },
+    # A provider's quota (issue 19): OpenAI's tokens-per-minute bucket, emulated
+    # by `yieldgate serve --quota-tpm` with a 4 s window, meets a burst of chat
+    # completions that costs 1.5 times the limit: a third of it must wait for
+    # the bucket to refill. Token 429s carry no retry-after, only the message's
+    # "Please try again in ...".
+    "quota": {
+        "scenario": "quota",
+        "target": "openai+http://",
+        "serve_args": (
+            "--quota-tpm",
+            str(_QUOTA_TPM),
+            "--quota-window-s",
+            str(_QUOTA_WINDOW_S),
+            "--max-inflight",
+            "64",
+            "--exec-ms",
+            "20",
+        ),
+        "requests": _QUOTA_REQUESTS,
+        "profile": ArrivalProfile.all_at_once(),
+        "strategies": _ALL,
+        "workload": _QUOTA_WORKLOAD,
+        "goal": Goal(min_success_rate=1.0),
     },
 }
 

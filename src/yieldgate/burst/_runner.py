@@ -9,7 +9,6 @@ import logging
 import math
 import os
 import platform
-import random
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -147,8 +146,7 @@ def run_burst(config: BurstConfig, *, progress: Progress | None = None) -> Burst
     progress = progress or _Silent()
     target = Target.parse(config.target)
     offsets = config.profile.offsets(config.requests, seed=config.seed)
-    draws = random.Random(config.seed)  # noqa: S311 - prompt lengths, not secrets
-    prompts = [config.workload.prompt(i, draws.random()) for i in range(config.requests)]
+    prompts = config.workload.prompts(config.requests, config.seed)
     results: list[StrategyResult] = []
     for n, strategy in enumerate(config.strategies):
         with _live_target(config, target) as live:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import random
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field, replace
@@ -116,6 +117,11 @@ class Workload:
                 raise ValueError("prompt_tokens needs lengths >= 1 and weights > 0")
         if self.max_tokens is not None and self.max_tokens < 1:
             raise ValueError("max_tokens must be >= 1")
+
+    def prompts(self, requests: int, seed: int) -> list[str]:
+        """The prompts of a burst of ``requests``, their lengths drawn from ``seed``."""
+        draws = random.Random(seed)  # noqa: S311 - prompt lengths, not secrets
+        return [self.prompt(i, draws.random()) for i in range(requests)]
 
     def prompt(self, index: int, draw: float) -> str:
         """The prompt of request ``index``; ``draw`` in [0, 1) picks its length from the mix."""

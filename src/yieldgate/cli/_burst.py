@@ -44,7 +44,7 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument(
         "--preset",
-        choices=["cold-start", "saturated"],
+        choices=["cold-start", "saturated", "quota"],
         help="a named scenario; other flags override its settings (docs/burst.md)",
     )
     p.add_argument("--requests", "-n", type=int, help="requests per strategy (default 100)")

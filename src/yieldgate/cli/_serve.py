@@ -120,6 +120,29 @@ def add_parser(sub: Any) -> None:
         help="on SIGINT/SIGTERM, how long admitted work may run before it is cancelled",
     )
 
+    quota = p.add_argument_group(
+        "provider quota (HTTP inference routes; a request costs ceil(prompt chars / 4) + "
+        "max_tokens tokens, --default-max-tokens when it names none)"
+    )
+    quota.add_argument(
+        "--quota-rpm",
+        type=_positive_int,
+        metavar="N",
+        help="answer as OpenAI does past N requests per window: x-ratelimit-* headers, 429s",
+    )
+    quota.add_argument(
+        "--quota-tpm",
+        type=_positive_int,
+        metavar="N",
+        help="answer as OpenAI does past N tokens per window: x-ratelimit-* headers, 429s",
+    )
+    quota.add_argument(
+        "--quota-window-s",
+        type=float,
+        metavar="S",
+        help="the quota's window in seconds (default 60: per minute; shorter to rehearse)",
+    )
+
     gov = p.add_argument_group("governor")
     gov.add_argument("--max-inflight", type=int, default=4, help="hard cap on executing submits")
     gov.add_argument(
@@ -188,7 +211,10 @@ def add_parser(sub: Any) -> None:
         "--default-max-tokens",
         type=int,
         default=16,
-        help="tokens generated when a request does not say (default 16)",
+        help=(
+            "tokens generated when a request does not say (default 16); also what such a "
+            "request's output costs against --quota-tpm"
+        ),
     )
     har.add_argument("--checkpoint", type=Path, help="load the model from this checkpoint file")
     har.add_argument(
@@ -231,6 +257,34 @@ def add_parser(sub: Any) -> None:
         help="logging level (default: warning)",
     )
     p.set_defaults(run=run)
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
+    return value
+
+
+def _quota(args: argparse.Namespace) -> Any:
+    """The ``QuotaConfig`` the --quota-* flags ask for, or ``None``."""
+    from yieldgate.server import QuotaConfig
+
+    if args.quota_rpm is None and args.quota_tpm is None:
+        if args.quota_window_s is not None:
+            raise CliError("--quota-window-s needs --quota-rpm or --quota-tpm")
+        return None
+    if args.http_port is None:
+        raise CliError("--quota-rpm and --quota-tpm apply to the HTTP front: add --http-port")
+    return QuotaConfig(
+        rpm=args.quota_rpm,
+        tpm=args.quota_tpm,
+        window_s=60.0 if args.quota_window_s is None else args.quota_window_s,
+        default_max_tokens=args.default_max_tokens,
+    )
 
 
 def _read_secret(path: Path | None) -> str | None:
@@ -366,6 +420,7 @@ def build_server(args: argparse.Namespace) -> Any:
             )
         )
         secret = _read_secret(args.secret_file)
+        quota = _quota(args)
         tcp = TcpConfig(
             host=args.host,
             port=args.port,
@@ -388,6 +443,7 @@ def build_server(args: argparse.Namespace) -> Any:
                 write_timeout_s=args.write_timeout_s,
                 max_connections=args.http_max_connections,
                 parser=args.http_parser,
+                quota=quota,
             )
         return Server(governor, backend, tcp=tcp, http=http, grace_s=args.grace_s)
     except ValueError as exc:

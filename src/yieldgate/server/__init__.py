@@ -7,6 +7,9 @@ execute what it admits. The ``server`` extra adds msgspec (a fast path for
 decoding submits) and starlette, uvicorn and prometheus_client for the HTTP
 fronts, which are imported only when an HTTP front starts serving.
 
+With a ``QuotaConfig``, the HTTP fronts emulate a provider's quota (OpenAI's
+requests and tokens per minute, their headers and 429s) before the Governor.
+
 ``spawn`` runs ``yieldgate serve`` in a child process instead, and returns a
 ``ServerProcess`` handle that knows where it listens and stops it.
 """
@@ -32,6 +35,7 @@ from yieldgate.server.governor import (
     Yield,
 )
 from yieldgate.server.http import HttpConfig, HttpFront
+from yieldgate.server.quota import ProviderQuota, QuotaConfig
 from yieldgate.server.tcp import TcpConfig, TcpFront
 
 __all__ = [
@@ -45,6 +49,8 @@ __all__ = [
     "HttpConfig",
     "HttpFront",
     "PriorityPolicy",
+    "ProviderQuota",
+    "QuotaConfig",
     "Rejection",
     "Server",
     "ServerProcess",

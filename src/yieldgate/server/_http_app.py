@@ -62,6 +62,7 @@ from yieldgate.server._http_uvicorn import guarded_protocol, make_uvicorn
 from yieldgate.server.admission import Admission, Admitted, Failure, Finish, R
 from yieldgate.server.backends import Backend, Emit
 from yieldgate.server.governor import Governor
+from yieldgate.server.quota import ProviderQuota
 
 __all__ = ["Front", "build_app", "guarded_protocol", "make_uvicorn"]
 
@@ -77,6 +78,7 @@ class Front(Protocol):
     governor: Governor
     backend: Backend
     admission: Admission
+    quota: ProviderQuota | None
     requests: Counter[tuple[str, str]]  # (route, status) -> count
     body_timeouts: int
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from yieldgate.protocol import DEFAULT_MAX_FRAME_BYTES
+from yieldgate.server.quota import QuotaConfig
 
 __all__ = ["HttpConfig"]
 
@@ -24,6 +25,8 @@ class HttpConfig:
     ``model_name`` is what ``GET /v1/models`` lists. With a ``secret``, every
     route but ``GET /health`` requires ``Authorization: Bearer <secret>``;
     without one, bind loopback (the default) unless a proxy guards the port.
+    With a ``quota``, the inference routes answer as a provider over its
+    quota would (``yieldgate.server.quota``).
     """
 
     host: str = "127.0.0.1"
@@ -45,6 +48,9 @@ class HttpConfig:
     # Python, about 2.5x fewer replies per second); "auto" is httptools when it
     # is installed. Every connection guard works with both.
     parser: Literal["auto", "httptools", "h11"] = "auto"
+    # A provider's quota to emulate on the inference routes (OpenAI's RPM and
+    # TPM, their headers and 429s), checked before the Governor; None: no quota.
+    quota: QuotaConfig | None = None
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:

@@ -47,6 +47,7 @@ from yieldgate.server._http_dialects import (
     retry_after_s,
 )
 from yieldgate.server._http_logprobs import read_logprobs
+from yieldgate.server._http_quota import charge_quota
 from yieldgate.server._http_responses import NO_RETRY, RETRY, send_json
 from yieldgate.server.admission import Admitted, Failure
 from yieldgate.server.backends import FEATURES, Backend, features_of
@@ -194,6 +195,10 @@ class Inference:
                 param=exc.param,
             )
             return
+        quota_send = await charge_quota(front, dialect, job, send)
+        if quota_send is None:
+            return  # over the provider's quota: answered 429, no slot taken
+        send = quota_send
         decision = front.admission.admit(
             f"http-{next(self._ids)}",
             job.prompt,

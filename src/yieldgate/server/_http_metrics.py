@@ -92,7 +92,9 @@ class _ConnectionCollector(Collector):
         for name, value in sorted(self._counters().items()):
             if name == "http_requests_total":
                 continue  # yieldgate_http_requests, by route and status, says it all
-            if name.endswith("_total"):
+            if name.startswith("quota_"):
+                yield CounterMetricFamily(f"yieldgate_{name[:-6]}", "Provider quota.", value)
+            elif name.endswith("_total"):
                 yield CounterMetricFamily(f"yieldgate_{name[:-6]}", "Connections.", value)
             else:
                 yield GaugeMetricFamily(f"yieldgate_{name}", "Connections.", value)

@@ -39,6 +39,7 @@ from yieldgate.server._http_config import HttpConfig
 from yieldgate.server.admission import Admission, Admitted, Failure, Finish, Outstanding, R
 from yieldgate.server.backends import Backend, Emit
 from yieldgate.server.governor import Governor
+from yieldgate.server.quota import ProviderQuota
 
 if TYPE_CHECKING:
     from starlette.types import Receive
@@ -109,6 +110,8 @@ class HttpFront:
         self.backend = backend
         self.admission = admission or Admission(governor, backend)
         self.config = config or HttpConfig()
+        quota = self.config.quota
+        self.quota = None if quota is None else ProviderQuota(quota)
         self.address: tuple[str, int] | None = None
         # (route, status) -> count, read by /metrics.
         self.requests: Counter[tuple[str, str]] = Counter()
@@ -243,6 +246,7 @@ class HttpFront:
             "http_connections_write_timeout_total": 0 if guard is None else guard.write_timeouts,
             "http_body_timeouts_total": self.body_timeouts,
             "http_requests_total": sum(self.requests.values()),
+            **({} if self.quota is None else self.quota.statistics().as_dict()),
         }
 
     def all_connection_stats(self) -> dict[str, int]:

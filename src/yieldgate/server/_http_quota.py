@@ -1,0 +1,75 @@
+"""The provider quota at the HTTP front: charge a parsed request, or answer OpenAI's 429.
+
+``charge_quota`` is asked once per parsed inference request, before the
+Governor. Within the quota it returns a ``send`` that adds the
+``x-ratelimit-*`` headers (as of the charge) to whatever response follows:
+the success, a stream, a yield or an error. Over it, it answers 429 itself
+(the request takes no slot) and returns ``None``.
+
+The 429 is OpenAI's: code ``rate_limit_exceeded``, type ``requests`` or
+``tokens``, the message ending "Please try again in 1.234s." (or, for a
+request larger than the whole token bucket, "Request too large ..."). A
+token-limit 429 carries no ``retry-after``, as OpenAI sends none; a
+request-limit 429 carries ``retry-after`` in whole seconds (rounded up).
+Routes of other dialects answer the same message in their own error shape.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+from starlette.types import Message, Send
+
+from yieldgate._headers import RETRY_AFTER_HEADER
+from yieldgate.server._http_dialects import Dialect, Job, dumps
+from yieldgate.server._http_responses import send_json
+from yieldgate.server.quota import QuotaRefusal
+
+if TYPE_CHECKING:
+    from yieldgate.server._http_app import Front
+
+__all__ = ["RATE_LIMIT_EXCEEDED", "charge_quota"]
+
+RATE_LIMIT_EXCEEDED = "rate_limit_exceeded"
+
+
+def _max_tokens(job: Job) -> int | None:
+    value = job.params.get("max_tokens")
+    return value if type(value) is int and value > 0 else None
+
+
+def _body(dialect: Dialect, refusal: QuotaRefusal) -> bytes:
+    if dialect.family == "openai":
+        error = {
+            "message": refusal.message,
+            "type": refusal.resource,
+            "param": None,
+            "code": RATE_LIMIT_EXCEEDED,
+        }
+        return dumps({"error": error})
+    return dumps(dialect.error(429, RATE_LIMIT_EXCEEDED, refusal.message))
+
+
+async def charge_quota(front: Front, dialect: Dialect, job: Job, send: Send) -> Send | None:
+    """Charge ``job`` to the front's quota: the ``send`` to answer it with, or ``None``
+    once it was answered 429. Without a quota, ``send`` as it is."""
+    quota = front.quota
+    if quota is None:
+        return send
+    decision = quota.charge(quota.cost(job.prompt, _max_tokens(job)), model=job.model)
+    headers = [(name.encode(), value.encode()) for name, value in decision.headers]
+    refusal = decision.refusal
+    if refusal is not None:
+        if refusal.resource == "requests" and refusal.retry_after_s is not None:
+            retry_after = str(math.ceil(refusal.retry_after_s))
+            headers.append((RETRY_AFTER_HEADER.encode(), retry_after.encode()))
+        await send_json(send, 429, _body(dialect, refusal), headers)
+        return None
+
+    async def with_quota_headers(message: Message) -> None:
+        if message["type"] == "http.response.start":
+            message = {**message, "headers": [*message.get("headers", ()), *headers]}
+        await send(message)
+
+    return with_quota_headers
