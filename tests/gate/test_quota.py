@@ -56,26 +56,30 @@ def test_a_policy_bucket_paces_to_its_rate() -> None:
     assert quota.take_queued(big, 10.0) is None
 
 
-def test_a_reading_sets_the_level_less_the_claims_sent_after_it() -> None:
+def test_a_reading_sets_the_level_less_what_is_still_in_flight() -> None:
     quota = Quota()
     first, second, third, unsent = claim(100), claim(50), claim(30), claim(7)
     for c in (first, second, third, unsent):
         assert quota.try_take(c, 0.0)
-    for c in (second, first, third):  # sent in this order: readings follow sends
+    for c in (first, second, third):
         quota.sent(c, 0.0)
-    # The provider answered the first: 500 left of 600 after it, full in 10 s.
+    # The provider answered the first: 500 left of 600 after it, full in 10 s. The
+    # others may have overtaken it or not: both are counted as not seen yet.
     quota.observe([reading(remaining=500, reset_s=10.0)], first, 0.0)
     bucket = quota.buckets["openai:tokens"]
     assert bucket.rate == pytest.approx(10.0)
-    assert bucket.level_at(0.0) == pytest.approx(500 - 30 - 7)
-    # A reading of the third, later, supersedes it; then the first's again is stale.
+    assert bucket.level_at(0.0) == pytest.approx(500 - 50 - 30 - 7)
+    # The newest send's reading sets the level, as of its answer.
     quota.observe([reading(remaining=400, reset_s=20.0)], third, 1.0)
-    assert bucket.level_at(1.0) == pytest.approx(400 + 10 * 1.0 - 7)
-    quota.observe([reading(remaining=600, reset_s=0.0)], first, 1.0)
-    assert bucket.level_at(1.0) == pytest.approx(400 + 10 * 1.0 - 7)
+    assert bucket.level_at(1.0) == pytest.approx(400 - 50 - 7)
+    # An older send's reading, answered late, may only lower it.
+    quota.observe([reading(remaining=600, reset_s=0.0)], second, 1.0)
+    assert bucket.level_at(1.0) == pytest.approx(400 - 50 - 7)
+    quota.observe([reading(remaining=300, reset_s=30.0)], second, 1.0)
+    assert bucket.level_at(1.0) == pytest.approx(300 - 7)
     # The unsent claim given back: it was counted against the bucket.
     quota.refund(unsent, 1.0)
-    assert bucket.level_at(1.0) == pytest.approx(400 + 10 * 1.0)
+    assert bucket.level_at(1.0) == pytest.approx(300)
 
 
 def test_a_window_from_the_headers_gives_the_rate_exactly() -> None:

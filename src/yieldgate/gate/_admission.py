@@ -186,7 +186,7 @@ def admit_now(call: CallState) -> Slot | None:
         if permit is None:
             return None
         quota_claim = call.claim()
-        quota.take_free(quota_claim, core.clock())
+        quota.take_free(quota_claim)
         return Slot(up, permit, ticket, False, quota_claim)
 
 

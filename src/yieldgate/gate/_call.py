@@ -251,6 +251,7 @@ class CallState:
                 self._hold_from(outcome, up, now)
             if self.running is not None:
                 self.running.remove(up)
+            up.quota.finished(slot.claim)
             won = signal is Signal.SUCCESS and self.winner is None
             if won:
                 self.winner = attempt

@@ -28,10 +28,8 @@ says so before any wait.
 from __future__ import annotations
 
 import bisect
-import contextlib
 import itertools
 import math
-from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -54,8 +52,6 @@ __all__ = [
 DEFAULT_WINDOW_S = 60.0
 # A reading whose used share is below this says too little about the refill rate.
 _MIN_USED_SHARE = 0.02
-# Ledger entries kept at most (claims no reading covers yet: the newest ones).
-_LEDGER_MAX = 4096
 _MIN_SLEEP_S = 1e-6
 _RANK = {Priority.HIGH: 0, Priority.NORMAL: 1, Priority.LOW: 2}
 RESOURCES = ("requests", "tokens", "input_tokens", "output_tokens")
@@ -203,7 +199,7 @@ class Quota:
                     learnt=False,
                 )
         self._numbers = itertools.count(1)
-        self._ledger: deque[Claim] = deque()  # sent, in the order they were
+        self._inflight: dict[Claim, None] = {}  # sent, not answered yet, in sending order
         self._pending: set[Claim] = set()  # taken, not sent yet
         self._queue: list[tuple[int, float, int, Claim]] = []
         self._arrivals = itertools.count()
@@ -247,13 +243,12 @@ class Quota:
             return
         self._pending.discard(claim)
         claim.number = next(self._numbers)
-        self._ledger.append(claim)
-        if len(self._ledger) > _LEDGER_MAX:
-            self._ledger.popleft()
+        self._inflight[claim] = None
 
-    def take_free(self, claim: Claim, now: float) -> None:
-        """Take ``claim`` while no bucket is known (``active`` false): it always fits."""
-        self._take(claim, now)
+    def take_free(self, claim: Claim) -> None:
+        """Take ``claim`` while no bucket is known (``active`` false), to be sent at
+        once: it always fits, and nothing is taken from any bucket."""
+        claim.taken = True
 
     def try_take(self, claim: Claim, now: float) -> bool:
         """Take ``claim`` now if nobody is queued and it fits; never waits."""
@@ -313,9 +308,6 @@ class Quota:
         for bucket in self.buckets.values():
             bucket.give(claim.cost.amount(bucket.resource), now)
         self._pending.discard(claim)
-        if claim.number:
-            with contextlib.suppress(ValueError):
-                self._ledger.remove(claim)
         self._wake_head()
 
     # -- learning ------------------------------------------------------------------
@@ -337,45 +329,45 @@ class Quota:
 
     def observe(self, readings: Iterable[QuotaReading], claim: Claim | None, now: float) -> None:
         """Apply a response's readings: the response of ``claim``'s attempt."""
+        if claim is not None:
+            self._inflight.pop(claim, None)  # answered: counted, and in this reading
         if not self.learn:
             return
-        number = claim.number if claim is not None and claim.number else None
-        since = claim.started if claim is not None and claim.number else now
+        number = claim.number if claim is not None else 0
         for reading in readings:
             bucket = self.buckets.get(reading.key)
             rate = _rate(reading, bucket)
             if bucket is None:
-                bucket = Bucket(
-                    reading.key, reading.resource, reading.limit, rate, now, learnt=True
-                )
+                key, resource = reading.key, reading.resource
+                bucket = Bucket(key, resource, reading.limit, rate, now, learnt=True)
                 self.buckets[reading.key] = bucket
+                fresh = True
             else:
                 bucket.limit = reading.limit
                 bucket.rate = rate
+                fresh = False
             self.readings += 1
-            if number is not None and number <= bucket.applied:
-                continue  # older than what the bucket already knows
-            # Not yet counted by the provider: claims sent after this one, and
-            # claims taken but not sent.
+            # What the provider may not have counted yet: every claim still in
+            # flight (requests overtake each other on the way), and those not sent.
             resource = bucket.resource
-            later = sum(
-                c.cost.amount(resource) for c in self._ledger if number is None or c.number > number
-            ) + sum(c.cost.amount(resource) for c in self._pending)
-            level = min(reading.limit, reading.remaining + max(0.0, now - since) * rate)
-            bucket.level = level - later
-            bucket.updated = now
-            if number is not None:
+            unseen = sum(c.cost.amount(resource) for c in self._inflight) + sum(
+                c.cost.amount(resource) for c in self._pending
+            )
+            # As of now: the provider counted it somewhere between the send and now,
+            # and refill credited for that time could be refill it has not yet had.
+            level = reading.remaining - unseen
+            if fresh or number > bucket.applied:
+                bucket.level = level  # the newest send's reading: up or down
                 bucket.applied = number
-        self._trim()
+            else:
+                # An older send's reading, answered late: it may only lower the level.
+                bucket.level = min(bucket.level_at(now), level)
+            bucket.updated = now
         self._wake_head()
 
-    def _trim(self) -> None:
-        """Drop the claims every learnt bucket's reading already covers."""
-        applied = [b.applied for b in self.buckets.values() if b.learnt]
-        if applied:
-            covered = min(applied)
-            while self._ledger and self._ledger[0].number <= covered:
-                self._ledger.popleft()
+    def finished(self, claim: Claim) -> None:
+        """``claim``'s attempt is over, answered or not: no longer in flight."""
+        self._inflight.pop(claim, None)
 
 
 def _rate(reading: QuotaReading, bucket: Bucket | None) -> float:

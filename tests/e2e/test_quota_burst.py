@@ -1,0 +1,82 @@
+"""A burst past a provider's quota, through the official client on a Gate configured with nothing.
+
+The reference server emulates OpenAI's quota (``--quota-tpm``, a short
+window): buckets that refill continuously, a request charged its prompt
+(characters / 4) plus ``max_tokens`` at the door, the ``x-ratelimit-*``
+headers on every answer, and a 429 whose message says when to try again.
+Chat requests of mixed sizes, costing the token quota and a half, go at once
+through ``AsyncOpenAI`` on ``yieldgate.openai_client(Gate())``. The Gate
+learns the quota from the first answers and paces the rest: every call
+succeeds, hardly any is refused, and the burst ends about when the quota's
+refill allows it to.
+
+The bound is the server's refill time (what the burst costs beyond the first
+full bucket, at the refill rate), not the machine's speed; the client's work
+runs while it waits for the refill.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import random
+import time
+from typing import Any
+
+import httpx
+import pytest
+
+import yieldgate
+from yieldgate import Gate
+from yieldgate.server import ServerProcess
+
+pytestmark = pytest.mark.e2e
+
+REQUESTS = 200
+WINDOW_S = 12.0
+
+
+def stats(server: ServerProcess) -> dict[str, Any]:
+    response = httpx.get(f"{server.http_url}/stats", timeout=10)
+    response.raise_for_status()
+    body: dict[str, Any] = response.json()
+    return body
+
+
+def test_the_default_gate_paces_a_burst_by_the_quota_it_learns(serve: Any) -> None:
+    rng = random.Random(19)
+    jobs = [("x" * rng.choice((20, 200, 800)), rng.choice((16, 64, 128))) for _ in range(REQUESTS)]
+    # The server's cost rule: the prompt as it reads it ("user: ..."), 4 characters a token.
+    cost = sum(math.ceil(len(f"user: {text}") / 4) + max_tokens for text, max_tokens in jobs)
+    tpm = math.ceil(cost / 1.5)
+    server: ServerProcess = serve(
+        "--http-port", "0", "--exec-ms", "20", "--max-inflight", "64",
+        "--quota-tpm", str(tpm), "--quota-rpm", "100000", "--quota-window-s", str(WINDOW_S),
+    )  # fmt: skip
+    bound_s = (cost - tpm) / (tpm / WINDOW_S)
+
+    async def burst() -> tuple[list[Any], float]:
+        gate = Gate(name="provider")
+        client = yieldgate.openai_client(gate, base_url=f"{server.http_url}/v1", api_key="unused")
+
+        async def one(text: str, max_tokens: int) -> Any:
+            return await client.chat.completions.create(
+                model="gpt-4o",
+                messages=[{"role": "user", "content": text}],
+                max_tokens=max_tokens,
+            )
+
+        start = time.monotonic()
+        results = await asyncio.gather(*(one(*job) for job in jobs), return_exceptions=True)
+        elapsed = time.monotonic() - start
+        await client.close()
+        return results, elapsed
+
+    results, makespan = asyncio.run(burst())
+    failures = [r for r in results if isinstance(r, BaseException)]
+    assert failures == []
+    counters = stats(server)
+    refused = counters["quota_refused_tokens_total"] + counters["quota_refused_requests_total"]
+    assert counters["quota_requests_charged_total"] == REQUESTS
+    assert refused <= 0.02 * REQUESTS, counters
+    assert makespan <= 1.15 * bound_s, (makespan, bound_s)
