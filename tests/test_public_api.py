@@ -25,6 +25,8 @@ SURFACE = {
         "TimeoutPolicy",
         "RatePolicy",
         "HedgePolicy",
+        "QuotaPolicy",
+        "Cost",
         "Priority",
         "current_attempt",
     ],
@@ -50,6 +52,7 @@ SURFACE = {
         "TransportError",
         "StreamInterruptedError",
         "RemoteError",
+        "RequestTooLargeError",
     ],
 }
 
