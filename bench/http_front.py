@@ -8,15 +8,27 @@ same 429 (its status, headers and body, taken from the front's reply): what
 the front costs on top of uvicorn. Both with uvicorn's h11 parser (pure
 Python) and with httptools (C).
 
+Like with like: the bare app reads the whole body, as the front must (the
+front also parses it, as JSON in its dialect, and asks its Governor: that
+is the front's own work, measured); uvicorn runs it without its
+proxy-headers middleware, as the front does, and behind uvicorn's own
+listener (the front accepts and guards its connections itself: that is
+measured too).
+
 A load process keeps ``--connections`` keep-alive connections busy, one
 request in flight on each, for ``--seconds`` after a second of warm-up, and
-counts whole replies. Each (parser, server) pair is measured ``--rounds``
-times, interleaved so that the rest of the machine disturbs all alike; the
-best round counts. Ratios are of numbers taken in this run: the front over
-the bare app per parser (goal >= 0.9), and httptools over h11.
+counts whole replies; on Linux it also reads the server process's CPU time
+over the same window, for the server's CPU per reply. Each (parser, server)
+pair is measured ``--rounds`` times, interleaved so that the rest of the
+machine disturbs all alike; every round is shown, and the best counts (the
+most replies/s, the least CPU per reply). Ratios are of numbers taken in
+this run: the front over the bare app per parser (goal >= 0.9), and
+httptools over h11.
 
 The load process shares the machine with the server: on few cores, replies
-per second are bounded by both, and only the ratios compare across machines.
+per second are bounded by both (when the load process is the bottleneck,
+front and bare app both reach its rate, and the CPU per reply still tells
+their costs apart), and only the ratios compare across machines.
 
 Run it (from the repository root)::
 
@@ -31,6 +43,7 @@ import asyncio
 import contextlib
 import importlib.util
 import json
+import math
 import os
 import platform
 import socket
@@ -96,7 +109,18 @@ class _Client(asyncio.Protocol):
         self.counts[1] += 1
 
 
-async def _load(port: int, connections: int, seconds: float) -> float:
+def cpu_seconds(pid: int) -> float | None:
+    """The CPU time (user and system) process ``pid`` has used; ``None`` off Linux."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            fields = stat.read().rpartition(")")[2].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def _load(port: int, pid: int, connections: int, seconds: float) -> tuple[float, float]:
+    """Replies per second, and the server's CPU microseconds per reply (nan if unknown)."""
     loop = asyncio.get_running_loop()
     counts = [0, 0]  # replies, connections lost
     transports = []
@@ -104,36 +128,44 @@ async def _load(port: int, connections: int, seconds: float) -> float:
         transport, _ = await loop.create_connection(lambda: _Client(counts), "127.0.0.1", port)
         transports.append(transport)
     await asyncio.sleep(1.0)  # warm-up
-    start, before = time.perf_counter(), counts[0]
+    start, before, cpu_before = time.perf_counter(), counts[0], cpu_seconds(pid)
     await asyncio.sleep(seconds)
-    rate = (counts[0] - before) / (time.perf_counter() - start)
+    replies = counts[0] - before
+    rate = replies / (time.perf_counter() - start)
+    cpu_after = cpu_seconds(pid)
+    cpu_us = math.nan
+    if cpu_before is not None and cpu_after is not None and replies:
+        cpu_us = (cpu_after - cpu_before) / replies * 1e6
     for transport in transports:
         transport.abort()
     if not rate:
         raise RuntimeError("no reply: see the errors above")
     if counts[1]:
         raise RuntimeError(f"the server closed {counts[1]} connections")
-    return rate
+    return rate, cpu_us
 
 
-def run_load(port: int, connections: int, seconds: float) -> float:
-    """Replies per second from a fresh load process (its own interpreter and core)."""
-    load = ["--load-port", str(port), "--connections", str(connections), "--seconds", str(seconds)]
+def run_load(port: int, pid: int, connections: int, seconds: float) -> tuple[float, float]:
+    """Replies per second and the server's CPU µs per reply, from a fresh load
+    process (its own interpreter and core)."""
+    load = ["--load-port", str(port), "--load-pid", str(pid)]
+    load += ["--connections", str(connections), "--seconds", str(seconds)]
     out = subprocess.run(
         [sys.executable, __file__, *load],
         check=True,
         capture_output=True,
         text=True,
     ).stdout
-    return float(out)
+    rate, cpu_us = out.split()
+    return float(rate), float(cpu_us)
 
 
 # -- the servers -----------------------------------------------------------------
 
 
 @contextlib.contextmanager
-def saturated_front(parser: str) -> Iterator[tuple[int, dict[str, Any]]]:
-    """A front whose one slot is held: its HTTP port and its 429 reply."""
+def saturated_front(parser: str) -> Iterator[tuple[int, int, dict[str, Any]]]:
+    """A front whose one slot is held: its HTTP port, its process id and its 429 reply."""
     server: ServerProcess = spawn(
         "--port", "0", "--http-port", "0", "--max-inflight", "1", "--exec-ms", "3600000",
         "--http-parser", parser, ready_timeout=30.0,
@@ -145,7 +177,7 @@ def saturated_front(parser: str) -> Iterator[tuple[int, dict[str, Any]]]:
             assert server.http_address is not None
             port = server.http_address[1]
             reply = _wait_for_429(port)
-            yield port, reply
+            yield port, server.pid, reply
     finally:
         server.stop(timeout=10.0)
 
@@ -182,8 +214,8 @@ def _wait_for_429(port: int) -> dict[str, Any]:
 
 
 @contextlib.contextmanager
-def bare_app(parser: str, reply: dict[str, Any]) -> Iterator[int]:
-    """A bare starlette app on uvicorn answering ``reply`` with a 429: its port."""
+def bare_app(parser: str, reply: dict[str, Any]) -> Iterator[tuple[int, int]]:
+    """A bare starlette app on uvicorn answering ``reply`` with a 429: its port and process id."""
     proc = subprocess.Popen(
         [sys.executable, __file__, "--bare-parser", parser, "--bare-reply", json.dumps(reply)],
         stdout=subprocess.PIPE,
@@ -191,7 +223,7 @@ def bare_app(parser: str, reply: dict[str, Any]) -> Iterator[int]:
     )
     try:
         assert proc.stdout is not None
-        yield int(proc.stdout.readline())
+        yield int(proc.stdout.readline()), proc.pid
     finally:
         proc.terminate()
         proc.wait(timeout=10)
@@ -219,7 +251,7 @@ def serve_bare(parser: str, reply: dict[str, Any]) -> None:
     loop = "uvloop" if importlib.util.find_spec("uvloop") is not None else "asyncio"
     config = uvicorn.Config(
         app, http=parser, loop=loop, lifespan="off", access_log=False, log_config=None,
-        server_header=False, ws="none",
+        server_header=False, ws="none", proxy_headers=False,  # as the front's
     )  # fmt: skip
     print(sock.getsockname()[1], flush=True)
     uvicorn.Server(config).run(sockets=[sock])
@@ -234,6 +266,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--seconds", type=float, default=5.0)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--load-port", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--load-pid", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--bare-parser", help=argparse.SUPPRESS)
     ap.add_argument("--bare-reply", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -243,7 +276,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             import uvloop
 
             runner = uvloop.run
-        print(runner(_load(args.load_port, args.connections, args.seconds)))
+        rate, cpu_us = runner(_load(args.load_port, args.load_pid, args.connections, args.seconds))
+        print(rate, cpu_us)
         return 0
     if args.bare_parser is not None:
         serve_bare(args.bare_parser, json.loads(args.bare_reply))
@@ -257,25 +291,34 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"
     )
     print(f"{args.connections} keep-alive connections, one request in flight on each\n")
-    best: dict[tuple[str, str], float] = {}
+    rounds: dict[tuple[str, str], list[tuple[float, float]]] = {}
     with contextlib.ExitStack() as stack:
-        ports: dict[tuple[str, str], int] = {}
+        servers: dict[tuple[str, str], tuple[int, int]] = {}
         for parser in parsers():
-            port, reply = stack.enter_context(saturated_front(parser))
-            ports[parser, "yieldgate front"] = port
-            ports[parser, "bare app"] = stack.enter_context(bare_app(parser, reply))
+            port, pid, reply = stack.enter_context(saturated_front(parser))
+            servers[parser, "yieldgate front"] = port, pid
+            servers[parser, "bare app"] = stack.enter_context(bare_app(parser, reply))
         for _ in range(args.rounds):
-            for key, port in ports.items():
-                rate = run_load(port, args.connections, args.seconds)
-                best[key] = max(best.get(key, 0.0), rate)
-    print(f"{'parser':<10} {'server':<16} {'replies/s':>10}")
-    for (parser, server), rate in best.items():
-        print(f"{parser:<10} {server:<16} {rate:>10,.0f}")
+            for key, (port, pid) in servers.items():
+                rounds.setdefault(key, []).append(
+                    run_load(port, pid, args.connections, args.seconds)
+                )
+    best = {key: max(rate for rate, _ in results) for key, results in rounds.items()}
+    cpu = {key: min(cpu_us for _, cpu_us in results) for key, results in rounds.items()}
+    print(f"{'parser':<10} {'server':<16} {'replies/s':>10} {'CPU µs/reply':>13}  rounds")
+    for (parser, server), results in rounds.items():
+        each = ", ".join(f"{rate:,.0f} ({cpu_us:.0f} µs)" for rate, cpu_us in results)
+        print(
+            f"{parser:<10} {server:<16} {best[parser, server]:>10,.0f} "
+            f"{cpu[parser, server]:>13.1f}  {each}"
+        )
     print()
     for parser in parsers():
         ratio = best[parser, "yieldgate front"] / best[parser, "bare app"]
         verdict = "met" if ratio >= GOAL else "missed"
         print(f"front / bare app, {parser}: {ratio:.2f}x (goal >= {GOAL}: {verdict})")
+        cost = cpu[parser, "yieldgate front"] / cpu[parser, "bare app"]
+        print(f"front / bare app CPU per reply, {parser}: {cost:.2f}x")
     if "httptools" in parsers():
         for server in ("yieldgate front", "bare app"):
             ratio = best["httptools", server] / best["h11", server]

@@ -727,6 +727,61 @@ async def test_metrics(start: Start) -> None:
     assert samples[(http, (("route", "/generate"), ("status", "429")))] == 1
 
 
+async def test_every_route_is_counted_under_its_route(start: Start) -> None:
+    live = await start()
+    chat = {"model": "m", "messages": [{"role": "user", "content": "x"}]}
+    requests: list[tuple[str, str, Any]] = [
+        ("POST", "/models/org/m", {"inputs": "x"}),
+        ("POST", "/models/org/m/v1/chat/completions", chat),
+        ("POST", "/generate", {"inputs": "x"}),
+        ("GET", "/generate", None),
+        ("GET", "/models/org/m", None),
+        ("POST", "/generate/", {"inputs": "x"}),
+    ]
+    for method, path, body in requests:
+        await live.http.request(method, path, json=body)
+    stats = await live.stats()
+    response = await live.http.get("/metrics")
+    counted = {
+        (s.labels["route"], s.labels["status"]): s.value
+        for family in text_string_to_metric_families(response.text)
+        for s in family.samples
+        if s.name == "yieldgate_http_requests_total"
+    }
+    assert counted == {
+        ("/models/{model_id}", "200"): 1,
+        ("/models/{model_id}/v1/chat/completions", "200"): 1,
+        ("/generate", "200"): 1,
+        ("/generate", "405"): 1,
+        ("/models/{model_id}", "405"): 1,
+        ("unmatched", "404"): 1,
+        ("/stats", "200"): 1,
+    }
+    assert stats["http_requests_total"] == len(requests)
+
+
+async def test_each_yield_is_answered_with_its_own_hints(start: Start) -> None:
+    # The 429 is encoded once per Yield: a new one (here, one more slot taken) is a new reply.
+    live = await start(max_inflight=2, exec_ms=10_000, reserve_high=1)
+    tcp = await live.tcp()
+    try:
+        replies = []
+        for held in (1, 2):
+            await tcp.send(submit(f"hold-{held}", priority="high"))
+            await live.wait_for(lambda s, held=held: s["inflight"] == held)
+            for _ in range(2):
+                response = await live.http.post("/generate", json={"inputs": "x"})
+                assert response.status_code == 429
+                replies.append(response)
+    finally:
+        await tcp.aclose()
+    for response in replies:
+        reply = response.json()
+        assert response.headers["retry-after-ms"] == str(reply["retry_hint_ms"])
+        assert response.headers["content-length"] == str(len(response.content))
+    assert [r.json()["inflight"] for r in replies] == [1, 1, 2, 2]
+
+
 # -- shutdown -----------------------------------------------------------------
 
 
@@ -904,6 +959,28 @@ async def test_a_body_that_stalls_gets_408(start: Start, parser: str) -> None:
     stats = await live.stats()
     assert (stats["http_body_timeouts_total"], stats["admitted_total"]) == (1, 0)
     assert stats["errors_by_code"] == {"bad_frame": 1}
+
+
+@BOTH_PARSERS
+async def test_a_pipelined_body_that_stalls_gets_408(start: Start, parser: str) -> None:
+    # The second request's head arrives with the first (h11 parses it only once the
+    # first is answered, httptools at once): its body is timed all the same.
+    live = await start(body_timeout_s=0.3, parser=parser)
+    stream = await raw_http(live)
+    try:
+        await stream.send(
+            b"GET /health HTTP/1.1\r\nhost: x\r\n\r\n"
+            b"POST /generate HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+            b"content-length: 100\r\n\r\n" + b'{"inputs": "x'
+        )
+        reply = await read_until_closed(stream)
+    finally:
+        await stream.aclose()
+    first, _, second = reply.partition(b"\r\n\r\n")
+    assert first.startswith(b"HTTP/1.1 200 ")
+    assert b"HTTP/1.1 408 " in second
+    stats = await live.stats()
+    assert (stats["http_body_timeouts_total"], stats["admitted_total"]) == (1, 0)
 
 
 @BOTH_PARSERS

@@ -22,10 +22,12 @@ with a guarded protocol (``_http_guard``).
 
 Here: ``Front`` (what the app needs of the front) and ``build_app``, which
 puts the routes together. The parts: an inference route is
-``_http_inference``, the secret check and the request counts
-``_http_middleware``, the JSON answers they share ``_http_responses``, and
-the uvicorn server (``make_uvicorn``, ``guarded_protocol``, re-exported here)
-``_http_uvicorn``.
+``_http_inference`` (its own secret check and request count), reached
+without starlette through ``_http_router``; the other routes are
+starlette's, behind the secret check and the request counts of
+``_http_middleware``; the JSON answers they share are ``_http_responses``,
+and the uvicorn server (``make_uvicorn``, ``guarded_protocol``, re-exported
+here) ``_http_uvicorn``.
 """
 
 from __future__ import annotations
@@ -57,6 +59,7 @@ from yieldgate.server._http_inference import Inference
 from yieldgate.server._http_metrics import CONTENT_TYPE, MetricsExporter
 from yieldgate.server._http_middleware import Counted, RequireSecret, Secret
 from yieldgate.server._http_responses import route_error
+from yieldgate.server._http_router import InferenceRouter
 from yieldgate.server._http_uvicorn import _Uvicorn as _Uvicorn
 from yieldgate.server._http_uvicorn import guarded_protocol, make_uvicorn
 from yieldgate.server.admission import Admission, Admitted, Failure, Finish, R
@@ -109,14 +112,21 @@ def build_app(front: Front) -> ASGIApp:
         """The route's endpoint, behind the secret when there is one."""
         if secret is None:
             return endpoint
-        app = endpoint if isinstance(endpoint, Inference) else request_response(endpoint)
-        return RequireSecret(app, secret)
+        return RequireSecret(request_response(endpoint), secret)
 
     # What OpenAI's system_fingerprint stands for: the serving configuration.
     fingerprint = f"yieldgate-{__version__}-{front.backend.name}"
 
-    def inference(dialect: Dialect) -> Any:
-        return guarded(Inference(front, dialect, ids))
+    inference_routes: list[tuple[Route, Inference]] = []
+
+    def inference(path: str, dialect: Dialect) -> Route:
+        """An inference route: the router answers it (``_http_router``), counted by
+        its ``Inference``; starlette only answers its other methods (405)."""
+        route = Route(path, _not_routed, methods=["POST"])
+        inference_routes.append(
+            (route, Inference(front, dialect, ids, route=route.path_format, secret=secret))
+        )
+        return route
 
     def json_response(status: int, body: Any) -> Response:
         return Response(dumps(body), status_code=status, media_type="application/json")
@@ -179,25 +189,25 @@ def build_app(front: Front) -> ASGIApp:
         response.headers.update(exc.headers or {})
         return response
 
-    post = ["POST"]
     routes = [
-        Route("/v1/chat/completions", inference(ChatCompletions(fingerprint)), methods=post),
-        Route("/v1/completions", inference(Completions(fingerprint)), methods=post),
+        inference("/v1/chat/completions", ChatCompletions(fingerprint)),
+        inference("/v1/completions", Completions(fingerprint)),
         Route("/v1/models", guarded(models), methods=["GET"]),
         Route("/v1/models/{model_id:path}", guarded(model), methods=["GET"]),
-        Route(
-            "/models/{model_id:path}/v1/chat/completions",
-            inference(ChatCompletions(fingerprint)),
-            methods=post,
-        ),
-        Route("/models/{model_id:path}", inference(HfModels()), methods=post),
-        Route("/generate", inference(TgiGenerate(stream=False)), methods=post),
-        Route("/generate_stream", inference(TgiGenerate(stream=True)), methods=post),
-        Route("/", inference(TgiGenerate(stream=None)), methods=post),
+        inference("/models/{model_id:path}/v1/chat/completions", ChatCompletions(fingerprint)),
+        inference("/models/{model_id:path}", HfModels()),
+        inference("/generate", TgiGenerate(stream=False)),
+        inference("/generate_stream", TgiGenerate(stream=True)),
+        inference("/", TgiGenerate(stream=None)),
         Route("/health", health, methods=["GET"]),  # open: probes carry no secret
         Route("/stats", guarded(stats), methods=["GET"]),
         Route("/metrics", guarded(prometheus), methods=["GET"]),
     ]
     app = Starlette(routes=routes, exception_handlers={HTTPException: unknown})
     app.router.redirect_slashes = False
-    return Counted(app, front.requests)
+    return InferenceRouter(inference_routes, Counted(app, front.requests))
+
+
+async def _not_routed(request: Request) -> Response:
+    # InferenceRouter takes every request an inference route matches.
+    raise RuntimeError(f"{request.url.path} should have been answered by its Inference")

@@ -12,20 +12,25 @@ protocol class:
   connections for 100 ms while open ones are served, as the TCP front does.
   (uvicorn's own listener on uvloop would accept and drop every pending
   connection at EMFILE, and close the listener for good if that fails.)
-- ``GuardedProtocol`` adds a head timer: a request head must arrive whole
+- ``GuardedProtocol`` adds a head deadline: a request head must arrive whole
   within ``head_timeout_s`` of the connection's start, and of the end of each
   response, or the connection is closed (counted; uvicorn's 5 s keep-alive
   timer may close a silent one first). It must also fit in ``MAX_HEAD_BYTES``
   (h11's limit in uvicorn; httptools has none, and would keep growing a head
   sent fast): past it the connection is answered 431 and closed (counted).
+  Then a body deadline: a request's body must arrive whole within
+  ``body_timeout_s`` of its head, or the request's scope is marked
+  ``BODY_TIMED_OUT`` and the app, woken from its ``receive``, answers 408 in
+  the route's dialect (``_http_inference``). Both deadlines share one timer
+  per connection that is not set again for each request: a deadline is a
+  number moved on as requests come, and the timer, when it fires early,
+  waits again for the deadline that is due now (a busy connection costs a
+  timer every ``head_timeout_s``, not two timer operations a request).
   And a write watch: while
   the transport's buffer is past its high-water mark, the peer must keep
   taking bytes (see ``_flow``); after ``write_timeout_s`` without progress
   the connection is aborted (counted), uvicorn tells the app the client left,
   and the app cancels the request's work, which frees its slot.
-
-The body's own timeout is the app's (``_http_inference``), so that it can answer
-408 in the route's dialect.
 
 ``GuardedProtocol`` is written against what uvicorn's h11 and httptools
 protocols share: ``connection_made`` / ``connection_lost``,
@@ -55,6 +60,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 from yieldgate.server._flow import WriteProgress, check_interval_s
 
 __all__ = [
+    "BODY_TIMED_OUT",
     "ConnectionGuard",
     "GuardedH11Protocol",
     "GuardedProtocol",
@@ -69,6 +75,10 @@ log = logging.getLogger("yieldgate.server")
 
 _ACCEPT_BACKOFF_S = 0.1  # as the TCP front
 MAX_HEAD_BYTES = 16 * 1024  # uvicorn's h11_max_incomplete_event_size default
+# The scope key the guard sets on a request whose body did not arrive in time.
+BODY_TIMED_OUT = "yieldgate.body_timed_out"
+# What the connection's deadline is for.
+_NOTHING, _HEAD, _BODY = 0, 1, 2
 _HEAD_TOO_LARGE = (
     b"HTTP/1.1 431 Request Header Fields Too Large\r\n"
     b"content-length: 0\r\nconnection: close\r\n\r\n"
@@ -80,6 +90,7 @@ class ConnectionGuard:
 
     __slots__ = (
         "accepted",
+        "body_timeout_s",
         "head_timeout_s",
         "head_timeouts",
         "heads_too_large",
@@ -90,9 +101,15 @@ class ConnectionGuard:
     )
 
     def __init__(
-        self, *, head_timeout_s: float, write_timeout_s: float, max_connections: int
+        self,
+        *,
+        head_timeout_s: float,
+        body_timeout_s: float,
+        write_timeout_s: float,
+        max_connections: int,
     ) -> None:
         self.head_timeout_s = head_timeout_s
+        self.body_timeout_s = body_timeout_s
         self.write_timeout_s = write_timeout_s
         self.max_connections = max_connections
         self.accepted = 0
@@ -115,7 +132,10 @@ class GuardedProtocol(_Base):
     def __init__(self, *args: Any, guard: ConnectionGuard, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.guard = guard
-        self._head_timer: asyncio.TimerHandle | None = None
+        self._due_for = _NOTHING  # what the deadline is for
+        self._due = 0.0  # the deadline, on the loop's clock
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = 0.0
         self._write_timer: asyncio.TimerHandle | None = None
         self._head_of: object = None  # the request whose head arrived last
         self._head_bytes = 0  # received since, once that request's body ended
@@ -126,33 +146,40 @@ class GuardedProtocol(_Base):
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         self._progress = WriteProgress(transport.get_extra_info("socket"))
-        self._start_head_timer()  # uvicorn times nothing before a first response
+        self._set_due(_HEAD, self.guard.head_timeout_s)  # uvicorn times nothing before a response
 
     def connection_lost(self, exc: Exception | None) -> None:
-        for timer in (self._head_timer, self._write_timer):
+        for timer in (self._timer, self._write_timer):
             if timer is not None:
                 timer.cancel()
-        self._head_timer = self._write_timer = None
+        self._timer = self._write_timer = None
+        self._due_for = _NOTHING
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
         # Judged before parsing: the bytes that end a body may begin the next head.
         next_head = self.cycle is None or not self.cycle.more_body
         super().data_received(data)
-        if self.cycle is not self._head_of:
-            self._head_of = self.cycle  # a request head arrived whole
+        cycle = self.cycle
+        if cycle is not self._head_of:
+            self._head_of = cycle  # a request head arrived whole
             self._head_bytes = 0
-            self._stop_head_timer()
+            self._time_body()
         elif next_head:
             self._head_bytes += len(data)
             if self._head_bytes > MAX_HEAD_BYTES and not self.transport.is_closing():
                 self.guard.heads_too_large += 1
                 self.transport.write(_HEAD_TOO_LARGE)
                 self.transport.close()
+        elif self._due_for == _BODY and not cycle.more_body:
+            self._due_for = _NOTHING  # the body arrived whole
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
-        self._head_of = self.cycle  # a pipelined head may have been parsed meanwhile
+        if self.cycle is not self._head_of:
+            # h11 parses a pipelined request only now that the previous one is answered.
+            self._head_of = self.cycle
+            self._time_body()
         self._head_bytes = 0
         if self.transport.is_closing():
             if self.transport.get_write_buffer_size():
@@ -163,8 +190,7 @@ class GuardedProtocol(_Base):
             return
         # The next head is due. uvicorn's keep-alive timer stops at its first
         # byte, and the rest of it (or of this request's body) might never come.
-        self._stop_head_timer()
-        self._start_head_timer()
+        self._set_due(_HEAD, self.guard.head_timeout_s)
 
     def pause_writing(self) -> None:
         super().pause_writing()
@@ -178,21 +204,43 @@ class GuardedProtocol(_Base):
             self._write_timer.cancel()
             self._write_timer = None
 
-    # -- the timers -------------------------------------------------------------
+    # -- the deadlines ------------------------------------------------------------
 
-    def _start_head_timer(self) -> None:
-        self._head_timer = self.loop.call_later(self.guard.head_timeout_s, self._head_timed_out)
+    def _time_body(self) -> None:
+        """A head arrived: its body, if some of it is still to come, is due."""
+        if self.cycle.more_body:
+            self._set_due(_BODY, self.guard.body_timeout_s)
+        else:
+            self._due_for = _NOTHING
 
-    def _stop_head_timer(self) -> None:
-        if self._head_timer is not None:
-            self._head_timer.cancel()
-            self._head_timer = None
+    def _set_due(self, due_for: int, timeout_s: float) -> None:
+        self._due_for = due_for
+        self._due = self.loop.time() + timeout_s
+        if self._timer is not None and self._timer_at <= self._due:
+            return  # it fires first, and waits again for this deadline
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer = self.loop.call_at(self._due, self._check_due)
+        self._timer_at = self._due
 
-    def _head_timed_out(self) -> None:
-        self._head_timer = None
-        self.guard.head_timeouts += 1
-        # Not close(): it would wait for unsent bytes a silent peer may never take.
-        self.transport.abort()
+    def _check_due(self) -> None:
+        self._timer = None
+        if self._due_for == _NOTHING:
+            return
+        if self.loop.time() < self._due:
+            self._timer = self.loop.call_at(self._due, self._check_due)
+            self._timer_at = self._due
+            return
+        if self._due_for == _HEAD:
+            self._due_for = _NOTHING
+            self.guard.head_timeouts += 1
+            # Not close(): it would wait for unsent bytes a silent peer may never take.
+            self.transport.abort()
+            return
+        # The app answers (408, in its dialect) once woken from its receive().
+        self._due_for = _NOTHING
+        self.cycle.scope[BODY_TIMED_OUT] = True  # type: ignore[literal-required]
+        self.cycle.message_event.set()
 
     def _watch_write(self) -> None:
         if self._progress is None or self._write_timer is not None:

@@ -1,15 +1,25 @@
 """One inference route of the HTTP app: read the body, parse it, admit, answer.
 
-An ``Inference`` app speaks one dialect (``_http_dialects``) over the
-shared ``Admission``. It reads the body (at most ``max_body_bytes``, within
-``body_timeout_s``, else 413 or 408) and the priority and deadline headers,
-refuses an optional param the backend's ``features`` do not name (a 400
-naming it: ``logprobs``, ``top_p``), and asks for admission: a yield is a
-429 with ``retry-after-ms`` and
+An ``Inference`` speaks one dialect (``_http_dialects``) over the shared
+``Admission``. With a secret, it first checks the bearer token (401). It
+reads the body (at most ``max_body_bytes``, else 413; a body that does not
+arrive within ``body_timeout_s`` of its head is a 408: the connection guard
+times it and marks the scope, see ``_http_guard``) and the priority and
+deadline headers, refuses an optional param the backend's ``features`` do
+not name (a 400 naming it: ``logprobs``, ``top_p``), charges the provider
+quota when one is emulated (``_http_quota``: a 429 before any slot), and
+asks for admission: a yield is a 429 with ``retry-after-ms`` and
 ``retry-after`` (or the dialect's cold-start 503), a failure the dialect's
 error with its status, and an admitted request runs through the front
 (``Front.run_admitted``, which cancels it if the client leaves), answered
 whole or streamed as server-sent events that hold the slot until the last.
+Every request it answers is counted by route and status.
+
+A saturated server answers most requests with a yield, so that path is
+plain ASGI: no starlette ``Request``, no cancel scope per body read (the
+guard's deadline instead), and the 429's body and headers encoded once for
+each ``Yield`` the Governor hands out (it hands back the same one while its
+fields do not change).
 """
 
 from __future__ import annotations
@@ -20,8 +30,6 @@ import re
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-import anyio
-from starlette.requests import ClientDisconnect, Request
 from starlette.types import Message, Receive, Scope, Send
 
 from yieldgate._headers import (
@@ -46,15 +54,17 @@ from yieldgate.server._http_dialects import (
     loads,
     retry_after_s,
 )
+from yieldgate.server._http_guard import BODY_TIMED_OUT
 from yieldgate.server._http_logprobs import read_logprobs
 from yieldgate.server._http_quota import charge_quota
-from yieldgate.server._http_responses import NO_RETRY, RETRY, send_json
+from yieldgate.server._http_responses import JSON, NO_RETRY, RETRY, send_json
 from yieldgate.server.admission import Admitted, Failure
 from yieldgate.server.backends import FEATURES, Backend, features_of
 from yieldgate.server.governor import Slot, Yield
 
 if TYPE_CHECKING:
     from yieldgate.server._http_app import Front
+    from yieldgate.server._http_middleware import Secret
 
 __all__ = ["Inference"]
 
@@ -72,53 +82,83 @@ _SSE_HEADERS = [
 _CLOSE = (CONNECTION_HEADER.encode(), b"close")
 _RETRY_AFTER_MS = RETRY_AFTER_MS_HEADER.encode()
 _RETRY_AFTER = RETRY_AFTER_HEADER.encode()
+_CONTENT_LENGTH = CONTENT_LENGTH_HEADER.encode()
+_PRIORITY = PRIORITY_HEADER.lower().encode()
+_DEADLINE = DEADLINE_HEADER.lower().encode()
 
 
 class _TooLarge(Exception):
     pass
 
 
-def _priority(request: Request) -> Priority:
-    value = request.headers.get(PRIORITY_HEADER)
-    if value is None:
+class _TimedOut(Exception):
+    pass
+
+
+def _headers(scope: Scope) -> tuple[bytes | None, bytes | None, bytes | None]:
+    """The request's content-length, priority and deadline headers (the first of each)."""
+    length = priority = deadline = None
+    for name, value in scope["headers"]:
+        if name == _CONTENT_LENGTH:
+            length = value if length is None else length
+        elif name == _PRIORITY:
+            priority = value if priority is None else priority
+        elif name == _DEADLINE:
+            deadline = value if deadline is None else deadline
+    return length, priority, deadline
+
+
+def _priority(raw: bytes | None) -> Priority:
+    if raw is None:
         return Priority.NORMAL
-    priority = parse_priority(value)  # any case: a header is not a frame
+    priority = parse_priority(raw.decode("latin-1"))  # any case: a header is not a frame
     if priority is None:
         raise BadRequest(f"header {PRIORITY_HEADER} must be high, normal or low")
     return priority
 
 
-def _deadline_ms(request: Request) -> int | None:
-    value = request.headers.get(DEADLINE_HEADER)
-    if value is None:
+def _deadline_ms(raw: bytes | None) -> int | None:
+    if raw is None:
         return None
-    value = value.strip()
+    value = raw.decode("latin-1").strip()
     if not _INTEGER.fullmatch(value) or abs(int(value)) > MAX_DEADLINE_MS:
         raise BadRequest(f"header {DEADLINE_HEADER} must be an integer number of milliseconds")
     return int(value)
 
 
-async def _read_body(request: Request, limit: int) -> bytes:
-    """The whole body, or ``_TooLarge`` once past ``limit``.
+async def _read_body(
+    scope: Scope, receive: Receive, length: bytes | None, limit: int
+) -> bytes | None:
+    """The whole body; ``None`` if the client left; ``_TooLarge`` once past
+    ``limit``; ``_TimedOut`` once the guard marked the scope.
 
     The rest of a body that is too large is still read and dropped (up to
     ``_DRAIN_FACTOR`` times the limit), so that a client still sending it
     gets to read the 413 instead of a reset connection.
     """
-    length = request.headers.get(CONTENT_LENGTH_HEADER, "")
-    if length.isdigit() and int(length) > limit * _DRAIN_FACTOR:
+    if length is not None and length.isdigit() and int(length) > limit * _DRAIN_FACTOR:
         raise _TooLarge
-    body = bytearray()
+    chunks = []
     total = 0
-    async for chunk in request.stream():
-        total += len(chunk)
-        if total <= limit:
-            body += chunk
-        elif total > limit * _DRAIN_FACTOR:
-            break
+    while True:
+        message = await receive()
+        kind = message["type"]
+        if kind == "http.request":
+            chunk = message.get("body", b"")
+            total += len(chunk)
+            if total <= limit:
+                chunks.append(chunk)
+            elif total > limit * _DRAIN_FACTOR:
+                break
+            if not message.get("more_body", False):
+                break
+            if scope.get(BODY_TIMED_OUT):
+                raise _TimedOut
+        elif kind == "http.disconnect":
+            return None
     if total > limit:
         raise _TooLarge
-    return bytes(body)
+    return b"".join(chunks)
 
 
 def _refuse_unhonoured(job: Job, backend: Backend) -> None:
@@ -137,52 +177,78 @@ def _generated(job: Job, result: Any) -> Generated:
 
 
 class Inference:
-    """One inference route: an ASGI app that speaks ``dialect`` over the shared Admission."""
+    """One inference route: it speaks ``dialect`` over the shared Admission.
 
-    def __init__(self, front: Front, dialect: Dialect, ids: Iterator[int]) -> None:
+    ``route`` is what its requests are counted as (``Front.requests``);
+    with a ``secret``, a request without it is answered 401.
+    """
+
+    def __init__(
+        self,
+        front: Front,
+        dialect: Dialect,
+        ids: Iterator[int],
+        *,
+        route: str,
+        secret: Secret | None = None,
+    ) -> None:
         self.front = front
         self.dialect = dialect
+        self.route = route
         self._ids = ids
+        self._secret = secret
+        # The last yield answered, and its reply encoded.
+        self._yield_of: Yield | None = None
+        self._yield_headers: list[tuple[bytes, bytes]] = []
+        self._yield_body = b""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        started = False
+        status = "499"  # nginx's "client closed request": no response was started
 
         async def tracked(message: Message) -> None:
-            nonlocal started
-            started = started or message["type"] == "http.response.start"
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = str(message["status"])
             await send(message)
 
         try:
+            if self._secret is not None and not self._secret.admits(scope):
+                body, headers = self._secret.refusal(scope["path"])
+                await send_json(tracked, 401, body, headers)
+                return
             await self._handle(scope, receive, tracked)
         except Exception:
             # Everything expected is answered in _handle; this is a bug, not a crash.
             log.exception("handling %s %s failed", scope["method"], scope["path"])
-            if not started:
-                await self._fail(send, 500, ErrorCode.BACKEND_ERROR, "internal error", False)
+            if status == "499":
+                await self._fail(tracked, 500, ErrorCode.BACKEND_ERROR, "internal error", False)
+        finally:
+            self.front.requests[(self.route, status)] += 1
 
     async def _handle(self, scope: Scope, receive: Receive, send: Send) -> None:
         front, dialect = self.front, self.dialect
-        request = Request(scope, receive)
+        length, priority_header, deadline_header = _headers(scope)
+        limit = front.config.max_body_bytes
         try:
-            with anyio.fail_after(front.config.body_timeout_s):
-                raw = await _read_body(request, front.config.max_body_bytes)
-        except ClientDisconnect:
-            return
+            raw = await _read_body(scope, receive, length, limit)
         except _TooLarge:
-            message = f"request body exceeds max_body_bytes={front.config.max_body_bytes}"
+            message = f"request body exceeds max_body_bytes={limit}"
             await self._fail(send, 413, ErrorCode.FRAME_TOO_LARGE, message, False, close=True)
             return
-        except TimeoutError:
+        except _TimedOut:
             # A body that stalls must not hold the connection (and its descriptor)
             # for ever; nothing was admitted, so sending it again may succeed.
             front.body_timeouts += 1
             message = f"request body did not arrive within {front.config.body_timeout_s:g} s"
             await self._fail(send, 408, ErrorCode.BAD_FRAME, message, True, close=True)
             return
+        if raw is None:
+            return  # the client left
         try:
-            priority = _priority(request)
-            deadline_ms = _deadline_ms(request)
-            model_id = scope.get("path_params", {}).get("model_id")
+            priority = _priority(priority_header)
+            deadline_ms = _deadline_ms(deadline_header)
+            path_params = scope.get("path_params")
+            model_id = None if path_params is None else path_params.get("model_id")
             job = dialect.parse(loads(raw), model_id, front.config.model_name)
             _refuse_unhonoured(job, front.backend)
         except BadRequest as exc:
@@ -259,20 +325,27 @@ class Inference:
         if cold is not None:
             await send_json(send, 503, dumps(cold))
             return
-        body = {
-            **self.dialect.yield_fields(refusal),
-            "status": "yield",
-            "retry_hint_ms": refusal.retry_hint_ms,
-            "inflight": refusal.inflight,
-            "max_inflight": refusal.max_inflight,
-            "reason": str(refusal.reason),
-        }
-        headers = [
-            (_RETRY_AFTER_MS, str(refusal.retry_hint_ms).encode()),
-            (_RETRY_AFTER, str(retry_after_s(refusal.retry_hint_ms)).encode()),
-            RETRY,
-        ]
-        await send_json(send, 429, dumps(body), headers)
+        if refusal is not self._yield_of:
+            self._yield_body = dumps(
+                {
+                    **self.dialect.yield_fields(refusal),
+                    "status": "yield",
+                    "retry_hint_ms": refusal.retry_hint_ms,
+                    "inflight": refusal.inflight,
+                    "max_inflight": refusal.max_inflight,
+                    "reason": str(refusal.reason),
+                }
+            )
+            self._yield_headers = [
+                JSON,
+                (_CONTENT_LENGTH, str(len(self._yield_body)).encode()),
+                (_RETRY_AFTER_MS, str(refusal.retry_hint_ms).encode()),
+                (_RETRY_AFTER, str(retry_after_s(refusal.retry_hint_ms)).encode()),
+                RETRY,
+            ]
+            self._yield_of = refusal
+        await send({"type": "http.response.start", "status": 429, "headers": self._yield_headers})
+        await send({"type": "http.response.body", "body": self._yield_body, "more_body": False})
 
     # -- admitted work ----------------------------------------------------------
 

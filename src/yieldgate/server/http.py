@@ -8,11 +8,11 @@ Starlette, uvicorn and prometheus_client are imported only when the front
 starts serving: this module is light, so ``yieldgate.server`` stays light.
 
 The front accepts connections itself and guards them (``_http_guard``): a
-cap on open connections, a timeout and a size cap for each request head, the TCP front's
+cap on open connections, a timeout and a size cap for each request head, a
+timeout for each request body (the app answers it 408), the TCP front's
 pause when descriptors run out, and a write timeout that cancels the work of
-a reader that stopped reading. The app times each request body (408) and,
-with a ``secret``, requires ``Authorization: Bearer <secret>`` on every route
-but ``/health``.
+a reader that stopped reading. With a ``secret``, the app requires
+``Authorization: Bearer <secret>`` on every route but ``/health``.
 
 Lifecycle, driven by ``Server``: ``stop_accepting`` closes the listening
 sockets (requests on connections already open are answered
@@ -143,6 +143,7 @@ class HttpFront:
         cfg = self.config
         self._guard = ConnectionGuard(
             head_timeout_s=cfg.head_timeout_s,
+            body_timeout_s=cfg.body_timeout_s,
             write_timeout_s=cfg.write_timeout_s,
             max_connections=cfg.max_connections,
         )
