@@ -18,7 +18,7 @@ A request's body is its prompt, in bytes (UTF-8). ``params``: ``max_tokens``
 default, is greedy), ``seed`` and ``stop`` (stop sequences, which end the
 generation and are cut from its text). Streams get one chunk per token:
 ``{"text": ..., "token_ids": [id]}`` (a byte's id is its value; the text is
-empty while a character is incomplete). The result: ``text``,
+empty while a character is incomplete), the last with ``"last": true``. The result: ``text``,
 ``prompt_tokens``, ``completion_tokens``, ``prompt_token_ids``,
 ``token_ids``, ``cached_tokens`` (prompt tokens
 found in the prefix cache), ``ttft_ms``, ``tpot_ms``, ``e2e_ms``,
@@ -289,7 +289,10 @@ class HarnessBackend(EngineThread):
                         text += stop.flush()
                     pieces.append(text)
                     if emit is not None:
-                        await emit({"text": text, "token_ids": [token]})
+                        chunk: dict[str, Any] = {"text": text, "token_ids": [token]}
+                        if last or stop.stopped:
+                            chunk["last"] = True
+                        await emit(chunk)
                     if stop.stopped:
                         break
                 if request.finished or stop.stopped:

@@ -37,6 +37,7 @@ from yieldgate.server._http_dialects import (
     BadRequest,
     Dialect,
     Job,
+    chunk_is_last,
     chunk_text,
     chunk_token_ids,
     dumps,
@@ -276,16 +277,32 @@ class Inference:
                 started = True
                 await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS})
 
-        async def emit(data: Any) -> None:
+        held: tuple[str, tuple[int, ...] | None] | None = None
+
+        async def send_piece(text: str, token_ids: tuple[int, ...] | None) -> None:
             nonlocal index
-            event = dialect.piece(job, index, chunk_text(data), chunk_token_ids(data))
+            event = dialect.piece(job, index, text, token_ids)
             index += 1
             await start()
             await send({"type": "http.response.body", "body": event, "more_body": True})
 
+        async def emit(data: Any) -> None:
+            nonlocal held
+            text, token_ids = chunk_text(data), chunk_token_ids(data)
+            if held is not None:  # a chunk after one marked last: the mark was wrong
+                await send_piece(*held)
+                held = None
+            if dialect.last_piece_ends and chunk_is_last(data):
+                held = (text, token_ids)
+            else:
+                await send_piece(text, token_ids)
+
         async def finish(result: Any, slot: Slot) -> str:
             done = generated(job, result)
-            events = dialect.end(job, index, done)
+            if held is None:
+                events = dialect.end(job, index, done)
+            else:
+                events = dialect.end_with(job, index, *held, done)
             await start()
             await send({"type": "http.response.body", "body": events, "more_body": False})
             return done.text
