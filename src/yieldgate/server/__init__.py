@@ -9,6 +9,8 @@ fronts, which are imported only when an HTTP front starts serving.
 
 ``spawn`` runs ``yieldgate serve`` in a child process instead, and returns a
 ``ServerProcess`` handle that knows where it listens and stops it.
+``write_tokenizer`` writes the served model's byte-level tokenizer (what
+``usage`` counts) as HuggingFace's files, for tools that count tokens.
 """
 
 from yieldgate.server._process import ServerProcess, ServerStartError, spawn
@@ -33,6 +35,7 @@ from yieldgate.server.governor import (
 )
 from yieldgate.server.http import HttpConfig, HttpFront
 from yieldgate.server.tcp import TcpConfig, TcpFront
+from yieldgate.server.tokenizer import write_tokenizer
 
 __all__ = [
     "Admission",
@@ -57,4 +60,5 @@ __all__ = [
     "Work",
     "Yield",
     "spawn",
+    "write_tokenizer",
 ]
