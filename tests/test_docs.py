@@ -129,7 +129,7 @@ def test_the_configuration_reference_lists_every_policy_field(policy: type) -> N
     assert [n for n in names if f"| `{n}` |" not in section] == []
 
 
-@pytest.mark.parametrize("command", ["serve", "burst", "demo"])
+@pytest.mark.parametrize("command", ["serve", "burst", "demo", "tokenizer"])
 def test_the_configuration_reference_lists_every_flag(
     command: str, capsys: pytest.CaptureFixture[str]
 ) -> None:

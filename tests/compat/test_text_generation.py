@@ -35,7 +35,7 @@ pytestmark = [
 
 def generate(client: AsyncClient, i: int) -> Callable[[], Awaitable[str]]:
     async def call() -> str:
-        pieces = [r.token.text async for r in client.generate_stream(f"hi {i}", max_new_tokens=4)]
+        pieces = [r.token.text async for r in client.generate_stream(f"hi {i}", max_new_tokens=8)]
         return "".join(pieces)
 
     return call

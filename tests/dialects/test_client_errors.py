@@ -71,7 +71,7 @@ async def test_a_wrapped_openai_call_waits_out_rate_limit_errors(busy: ServerPro
 async def test_a_wrapped_huggingface_call_waits_out_a_loading_model(cold: ServerProcess) -> None:
     gate = patient()
     async with AsyncInferenceClient(model=f"{cold.http_url}/models/tiny") as client:
-        generate = functools.partial(client.text_generation, "warm up", max_new_tokens=4)
+        generate = functools.partial(client.text_generation, "warm up", max_new_tokens=16)
         text = await gate.call(generate, classify=HUGGINGFACE)
     assert text == "warm up"
     stats = gate.statistics()

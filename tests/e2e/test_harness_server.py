@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import httpx
 import openai
 import pytest
 from huggingface_hub import AsyncInferenceClient
@@ -307,10 +308,45 @@ async def test_tgi_details_carry_the_byte_vocabulary(server: ServerProcess) -> N
             prompt, max_new_tokens=10, stream=True, details=True
         )
     ]
-    assert bytes(e.token.id for e in streamed[:-1]) == ids
+    # One token per event, the last one's in the event that ends the stream, as in TGI.
+    assert bytes(e.token.id for e in streamed) == ids
     last = streamed[-1].details
     assert last is not None
     assert (last.finish_reason, last.generated_tokens, last.input_length) == ("length", 10, 6)
+
+
+async def test_the_exported_tokenizer_counts_what_the_harness_counts(
+    server: ServerProcess, tmp_path: Path
+) -> None:
+    transformers = pytest.importorskip("transformers")
+    from yieldgate.server.tokenizer import write_tokenizer
+
+    write_tokenizer(tmp_path, model_name="tiny", model_max_length=2048)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(tmp_path))
+    assert server.http_url is not None
+    await (await wait_warm(server)).aclose()
+    prompt = "Tokens: ñ 日本"
+    async with openai.AsyncOpenAI(
+        base_url=f"{server.http_url}/v1", api_key="unused", max_retries=0
+    ) as client:
+        reply = await client.completions.create(model="tiny", prompt=prompt, max_tokens=12)
+    assert reply.usage is not None
+    assert (reply.usage.prompt_tokens, reply.usage.completion_tokens) == (
+        len(tokenizer.encode(prompt)),
+        12,
+    )
+    # The ids the harness generated are the tokenizer's: they decode to its text (a byte that
+    # is no whole character, to U+FFFD, as the server decodes it).
+    parameters = {"max_new_tokens": 12, "details": True, "decoder_input_details": True}
+    async with httpx.AsyncClient(base_url=server.http_url) as http:
+        answer = (
+            await http.post("/generate", json={"inputs": prompt, "parameters": parameters})
+        ).json()
+    details = answer["details"]
+    assert [t["id"] for t in details["prefill"]] == tokenizer.encode(prompt)
+    ids = [t["id"] for t in details["tokens"]]
+    assert len(ids) == details["generated_tokens"] == 12
+    assert tokenizer.decode(ids) == answer["generated_text"] == reply.choices[0].text
 
 
 async def test_a_full_engine_yields_at_once_with_an_honest_hint(server: ServerProcess) -> None:

@@ -207,9 +207,9 @@ async def stats(server: ServerProcess) -> dict[str, Any]:
 def hf_call(client: AsyncInferenceClient, i: int) -> Callable[[], Awaitable[str]]:
     async def call() -> str:
         if i % 2:
-            tokens = await client.text_generation(f"prompt {i}", max_new_tokens=8, stream=True)
+            tokens = await client.text_generation(f"prompt {i}", max_new_tokens=16, stream=True)
             return "".join([token async for token in tokens])
-        return await client.text_generation(f"prompt {i}", max_new_tokens=8)
+        return await client.text_generation(f"prompt {i}", max_new_tokens=16)
 
     return call
 
@@ -240,7 +240,7 @@ async def test_huggingface_clients_puts_back_the_factory_it_replaced(
 
     async def generate(prompt: str) -> str:
         async with AsyncInferenceClient(model=f"{server.http_url}/models/tiny") as client:
-            return await client.text_generation(prompt, max_new_tokens=4)
+            return await client.text_generation(prompt, max_new_tokens=16)
 
     outer, inner = yieldgate.Gate(name="outer"), yieldgate.Gate(name="inner")
     # The outer block puts huggingface_hub's own factory back at the end.
@@ -358,13 +358,13 @@ async def test_huggingface_text_generation_details(server: ServerProcess) -> Non
     assert out.generated_text == prompt
     details = out.details
     assert details is not None
-    assert (details.finish_reason, details.generated_tokens, details.seed) == ("eos_token", 4, 7)
+    assert (details.finish_reason, details.generated_tokens, details.seed) == ("eos_token", 18, 7)
     assert "".join(t.text for t in details.tokens) == prompt
     assert "".join(t.text for t in details.prefill) == prompt
-    # No vocabulary behind the simulated backend: a token's id is stable, not an index.
+    # The served tokenizer is byte-level: a token's id is its UTF-8 byte.
+    assert [t.id for t in details.tokens] == list(prompt.encode())
     again = await client.text_generation(prompt, details=True)
     assert again.details is not None
-    assert [t.id for t in again.details.tokens] == [t.id for t in details.tokens]
     assert again.details.prefill == []
     stopped = await client.text_generation(prompt, details=True, stop=[" three"])
     assert stopped.generated_text == "one two"
@@ -372,15 +372,17 @@ async def test_huggingface_text_generation_details(server: ServerProcess) -> Non
     assert stopped.details.finish_reason == "stop_sequence"
     assert await client.text_generation(prompt) == prompt
     streamed = [e async for e in await client.text_generation(prompt, details=True, stream=True)]
+    # As in TGI, the last event carries the last piece of text with the whole of it.
+    assert "".join(e.token.text for e in streamed) == streamed[-1].generated_text == prompt
     last = streamed[-1].details
     assert last is not None
-    assert (last.finish_reason, last.generated_tokens, last.input_length) == ("eos_token", 4, 4)
+    assert (last.finish_reason, last.generated_tokens, last.input_length) == ("eos_token", 18, 18)
 
 
 async def test_huggingface_chat_completion_on_a_model_url(server: ServerProcess) -> None:
     client = AsyncInferenceClient(model=f"{server.http_url}/models/sim")
     messages = [{"role": "user", "content": "hello there"}]
-    reply = await client.chat_completion(messages, max_tokens=8)
+    reply = await client.chat_completion(messages, max_tokens=32)
     assert reply.choices[0].message.content == "user: hello there"
     assert reply.choices[0].finish_reason == "stop"
     chunks = [c async for c in await client.chat_completion(messages, stream=True)]

@@ -63,7 +63,8 @@ def test_mix_draws_are_seeded_and_weighted() -> None:
 async def test_execute_echoes_the_body_after_its_duration() -> None:
     backend = SimulatedBackend(SimulatedConfig(exec_ms=30))
     start = anyio.current_time()
-    assert await backend.execute(Work(id="a", body="hi"), None) == {"text": "hi"}
+    echo = {"text": "hi", "prompt_tokens": 2, "completion_tokens": 2}
+    assert await backend.execute(Work(id="a", body="hi"), None) == echo
     assert anyio.current_time() - start >= 0.029
 
 
@@ -133,7 +134,12 @@ def test_stop_sequences_are_checked() -> None:
 async def test_the_echo_ends_before_a_stop_sequence() -> None:
     backend = SimulatedBackend(SimulatedConfig(exec_ms=0))
     work = Work(id="a", body="one. two. three", params={"stop": [". t"]})
-    assert await backend.execute(work, None) == {"text": "one", "finish_reason": "stop_sequence"}
+    assert await backend.execute(work, None) == {
+        "text": "one",
+        "prompt_tokens": 15,
+        "completion_tokens": 3,
+        "finish_reason": "stop_sequence",
+    }
     pieces: list[Any] = []
 
     async def emit(data: Any) -> None:
@@ -142,6 +148,56 @@ async def test_the_echo_ends_before_a_stop_sequence() -> None:
     streamed = Work(id="b", body="one. two", params={"stop": "two", "chunks": 2}, stream=True)
     result = await backend.execute(streamed, emit)
     assert "".join(pieces) == result["text"] == "one. "
+
+
+async def test_the_echo_honours_max_tokens_in_bytes_at_a_character_boundary() -> None:
+    backend = SimulatedBackend(SimulatedConfig(exec_ms=0))
+
+    async def echo(body: str, **params: Any) -> Any:
+        return await backend.execute(Work(id="a", body=body, params=params), None)
+
+    # "é" is two bytes: 3 bytes of "aéb" hold "aé", 2 only "a".
+    assert await echo("aéb", max_tokens=3) == {
+        "text": "aé",
+        "prompt_tokens": 4,
+        "completion_tokens": 3,
+        "finish_reason": "length",
+    }
+    assert (await echo("aéb", max_tokens=2))["text"] == "a"
+    assert (await echo("🙂", max_tokens=3))["text"] == ""
+    assert "finish_reason" not in await echo("aéb", max_tokens=4)  # nothing cut: its own end
+    # A stop sequence inside what max_tokens keeps ends it first.
+    assert (await echo("ab. cd", max_tokens=5, stop=". "))["finish_reason"] == "stop_sequence"
+    assert (await echo("ab. cd", max_tokens=3, stop=". "))["finish_reason"] == "length"
+    pieces: list[Any] = []
+
+    async def emit(data: Any) -> None:
+        pieces.append(data)
+
+    streamed = Work(id="s", body="abcdef", params={"max_tokens": 4, "chunks": 2}, stream=True)
+    result = await backend.execute(streamed, emit)
+    assert pieces == [{"text": "ab"}, {"text": "cd", "last": True}]
+    assert (result["text"], result["finish_reason"]) == ("abcd", "length")
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, "4", True])
+def test_a_bad_max_tokens_is_refused_before_admission(bad: Any) -> None:
+    backend = SimulatedBackend()
+    with pytest.raises(BackendError, match="max_tokens") as caught:
+        backend.estimate_ms(Work(id="a", body="x", params={"max_tokens": bad}))
+    assert caught.value.retryable is False
+
+
+async def test_a_short_stream_sends_no_empty_piece() -> None:
+    backend = SimulatedBackend(SimulatedConfig(exec_ms=0))
+    pieces: list[Any] = []
+
+    async def emit(data: Any) -> None:
+        pieces.append(data)
+
+    await backend.execute(Work(id="s", body="ab", params={"chunks": 5}, stream=True), emit)
+    # The last of the 5 pieces is empty: none is marked last.
+    assert pieces == [{"text": "a"}, {"text": "b"}]
 
 
 # Virtual time: the sleeps below are exact, however loaded the machine is.

@@ -10,7 +10,6 @@ import importlib.util
 import json
 import socket
 import time
-import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -179,12 +178,13 @@ async def test_chat_completion_parses_as_the_official_type(start: Start) -> None
     assert reply.object == "chat.completion"
     assert reply.model == "my-model"
     assert reply.id.startswith("chatcmpl-")
-    # The simulated backend echoes its prompt: one "role: content" line per message.
-    assert reply.choices[0].message.content == "system: be brief\nuser: hi there"
-    assert reply.choices[0].finish_reason == "stop"
+    # The simulated backend echoes its prompt (one "role: content" line per message),
+    # cut to max_tokens tokens: UTF-8 bytes.
+    assert reply.choices[0].message.content == "system: be brief"
+    assert reply.choices[0].finish_reason == "length"
     assert reply.usage is not None
-    assert (reply.usage.prompt_tokens, reply.usage.completion_tokens) == (6, 6)
-    assert reply.usage.total_tokens == 12
+    assert (reply.usage.prompt_tokens, reply.usage.completion_tokens) == (31, 16)
+    assert reply.usage.total_tokens == 47
 
 
 async def test_completion_and_backend_token_counts(start: Start) -> None:
@@ -238,7 +238,7 @@ async def test_official_openai_client(start: Start) -> None:
             usage = chunk.usage or usage
         assert "".join(pieces) == "user: a streamed reply"
         assert usage is not None
-        assert usage.completion_tokens == 4
+        assert usage.prompt_tokens == usage.completion_tokens == len("user: a streamed reply")
         text = await client.completions.create(model="m", prompt="plain")
         assert text.choices[0].text == "plain"
         models = await client.models.list()
@@ -313,17 +313,17 @@ async def test_tgi_style_stream_format(start: Start, path: str, body: dict[str, 
     response = await live.http.post(path, json=body)
     assert response.status_code == 200
     found = [TextGenerationStreamOutput.parse_obj_as_instance(e) for e in events(response.text)]
-    # The simulated backend has no vocabulary: a piece's id is its text's CRC-32.
-    assert [e.token.id for e in found] == [zlib.crc32(e.token.text.encode()) for e in found]
-    assert [e.generated_text for e in found] == [None, None, None, "tokens one by one"]
-    assert "".join(e.token.text for e in found) == "tokens one by one"
-    assert [e.token.special for e in found] == [False, False, False, True]
-    # TGI's last event carries the stream's details, every other one none.
-    assert [e.details for e in found[:-1]] == [None, None, None]
+    # The echo streams runs of characters; an event's id is its last byte's, a token's id.
+    assert [e.token.text for e in found] == ["tokens", " one b", "y one"]
+    assert [e.token.id for e in found] == [ord("s"), ord("b"), ord("e")]
+    # As in TGI, the last event carries the last token, the whole text and the details.
+    assert [e.generated_text for e in found] == [None, None, "tokens one by one"]
+    assert [e.token.special for e in found] == [False, False, False]
+    assert [e.details for e in found[:-1]] == [None, None]
     details = found[-1].details
     assert details is not None
-    assert (details.finish_reason, details.generated_tokens) == ("eos_token", 4)
-    assert (details.seed, details.input_length) == (None, 4)
+    assert (details.finish_reason, details.generated_tokens) == ("eos_token", 17)
+    assert (details.seed, details.input_length) == (None, 17)
 
 
 async def test_tgi_details_have_tgis_schema(start: Start) -> None:
@@ -338,16 +338,15 @@ async def test_tgi_details_have_tgis_schema(start: Start) -> None:
     assert details.keys() == {"finish_reason", "generated_tokens", "seed", "prefill", "tokens"}
     assert (details["finish_reason"], details["generated_tokens"], details["seed"]) == (
         "stop_sequence",
-        2,
+        8,
         3,
     )
+    # Tokens are bytes: an id is the byte's value.
     assert details["prefill"] == [
-        {"id": zlib.crc32(w.encode()), "text": w, "logprob": None}
-        for w in ("one", " two", " three")
+        {"id": ord(c), "text": c, "logprob": None} for c in "one two three"
     ]
     assert details["tokens"] == [
-        {"id": zlib.crc32(w.encode()), "text": w, "logprob": None, "special": False}
-        for w in ("one", " two ")
+        {"id": ord(c), "text": c, "logprob": None, "special": False} for c in "one two "
     ]
     # Without details, TGI answers the text alone; a bad stop is TGI's 422.
     plain = await live.http.post("/generate", json={"inputs": "x"})
@@ -355,6 +354,19 @@ async def test_tgi_details_have_tgis_schema(start: Start) -> None:
     bad = await live.http.post("/generate", json={"inputs": "x", "parameters": {"stop": [3]}})
     assert bad.status_code == 422
     assert bad.json()["error_type"] == "validation"
+    # A parameter no backend here honours is refused, not ignored.
+    top_k = await live.http.post("/generate", json={"inputs": "x", "parameters": {"top_k": 5}})
+    assert (top_k.status_code, top_k.json()["error_type"]) == (422, "validation")
+    assert "parameters.top_k" in top_k.json()["error"]
+
+
+async def test_an_empty_tgi_stream_ends_with_an_empty_special_token(start: Start) -> None:
+    live = await start()
+    response = await live.http.post("/generate_stream", json={"inputs": ""})
+    [last] = [TextGenerationStreamOutput.parse_obj_as_instance(e) for e in events(response.text)]
+    assert (last.token.text, last.token.special, last.generated_text) == ("", True, "")
+    assert last.details is not None
+    assert last.details.generated_tokens == 0
 
 
 async def test_openai_refusals_name_the_parameter(start: Start) -> None:

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from yieldgate.protocol import YieldReason
-from yieldgate.server._http_dialect_base import text_token_id, tokens_of
+from yieldgate.server._http_dialect_base import text_token_ids, tokens_of
 from yieldgate.server._http_dialects import (
     BadRequest,
     ChatCompletions,
@@ -101,6 +101,91 @@ def test_tgi_parameters() -> None:
         HfModels().parse({"inputs": "x", "parameters": {"max_new_tokens": "4"}}, "m", "m")
 
 
+@pytest.mark.parametrize(
+    ("parameters", "param"),
+    [
+        ({"top_k": 10}, "top_k"),
+        ({"top_p": 0.9}, "top_p"),
+        ({"typical_p": 0.5}, "typical_p"),
+        ({"repetition_penalty": 1.2}, "repetition_penalty"),
+        ({"frequency_penalty": 0.5}, "frequency_penalty"),
+        ({"truncate": 5}, "truncate"),
+        ({"best_of": 2}, "best_of"),
+        ({"watermark": True}, "watermark"),
+        ({"top_n_tokens": 3}, "top_n_tokens"),
+        ({"grammar": {"type": "json", "value": {}}}, "grammar"),
+        ({"adapter_id": "lora"}, "adapter_id"),
+        ({"top_p": True}, "top_p"),
+    ],
+)
+def test_tgi_refuses_what_no_backend_honours(parameters: dict[str, Any], param: str) -> None:
+    body = {"inputs": "x", "parameters": parameters}
+    for dialect in (TgiGenerate(stream=False), HfModels()):
+        with pytest.raises(BadRequest) as caught:
+            dialect.parse(body, None, "m")
+        assert caught.value.param == f"parameters.{param}"
+    # What the TGI route answers for it: 422, TGI's validation error.
+    assert TgiGenerate.invalid_status == 422
+    assert TgiGenerate(stream=False).error(422, "bad_frame", "")["error_type"] == "validation"
+
+
+def test_tgi_accepts_what_clients_send_by_default() -> None:
+    # text-generation 0.7 sends every field; None, false and the neutral values ask for nothing.
+    parameters = {
+        "best_of": None,
+        "details": True,
+        "decoder_input_details": False,
+        "do_sample": False,
+        "max_new_tokens": 20,
+        "repetition_penalty": None,
+        "frequency_penalty": None,
+        "return_full_text": False,
+        "seed": None,
+        "stop": [],
+        "temperature": None,
+        "top_k": None,
+        "top_p": None,
+        "truncate": None,
+        "typical_p": None,
+        "watermark": False,
+        "top_n_tokens": None,
+        "grammar": None,
+    }
+    job = TgiGenerate(stream=True).parse({"inputs": "x", "parameters": parameters}, None, "m")
+    assert (job.params, job.details, job.return_full_text) == ({"max_tokens": 20}, True, False)
+    neutral = {"top_p": 1.0, "typical_p": 1, "repetition_penalty": 1.0, "frequency_penalty": 0}
+    neutral |= {"best_of": 1, "top_n_tokens": 0}
+    assert TgiGenerate(stream=False).parse({"inputs": "x", "parameters": neutral}, None, "m")
+
+
+def test_tgi_sampling_follows_do_sample() -> None:
+    def temperature(**parameters: Any) -> Any:
+        job = TgiGenerate(stream=False).parse({"inputs": "x", "parameters": parameters}, None, "m")
+        return job.params.get("temperature")
+
+    assert temperature() is None  # greedy
+    assert temperature(do_sample=True) == 1.0
+    assert temperature(do_sample=True, temperature=0.5) == 0.5
+    assert temperature(temperature=0.5) == 0.5  # changed logits sample, as in TGI
+    assert temperature(temperature=1.0) is None  # unchanged logits and no do_sample: greedy
+
+
+def test_tgi_prefill_details_are_refused_in_a_stream() -> None:
+    parameters = {"details": True, "decoder_input_details": True}
+    body = {"inputs": "x", "parameters": parameters}
+    assert TgiGenerate(stream=False).parse(body, None, "m").prefill_details
+    with pytest.raises(BadRequest, match="streaming"):
+        TgiGenerate(stream=True).parse(body, None, "m")
+
+
+def test_tgi_return_full_text_puts_the_prompt_first() -> None:
+    dialect = TgiGenerate(stream=False)
+    job = dialect.parse({"inputs": "ab", "parameters": {"return_full_text": True}}, None, "m")
+    done = generated(job, {"text": "c"})
+    assert dialect.ok(job, done) == {"generated_text": "abc"}
+    assert done.usage["completion_tokens"] == 1
+
+
 def test_loads_and_dumps() -> None:
     assert loads(b'{"a": 1}') == {"a": 1}
     for raw in (b"", b"\xff", b"[]", b"Infinity", b'{"a": -Infinity}', b"[" * 100_000):
@@ -116,9 +201,10 @@ def _job(prompt: str = "two words") -> Job:
 
 
 def test_generated_reads_a_backend_result() -> None:
-    done = generated(_job(), {"text": "a"})
-    assert (done.text, done.finish_reason, done.token_ids) == ("a", "eos", None)
-    assert done.usage == {"prompt_tokens": 2, "completion_tokens": 1, "total_tokens": 3}
+    # No counts from the backend: the UTF-8 bytes of the prompt and of the text.
+    done = generated(_job("two wörds"), {"text": "añ"})
+    assert (done.text, done.finish_reason, done.token_ids) == ("añ", "eos", None)
+    assert done.usage == {"prompt_tokens": 10, "completion_tokens": 3, "total_tokens": 13}
     assert generated(_job(), "bare").text == "bare"
     done = generated(
         _job(),
@@ -138,12 +224,13 @@ def test_generated_reads_a_backend_result() -> None:
             generated(_job(), bad)
 
 
-def test_tokens_are_byte_ids_or_stable_word_ids() -> None:
+def test_tokens_are_utf8_bytes() -> None:
     # A byte-level vocabulary: "é" is two bytes, the first carries no text yet.
     assert tokens_of("aé", (97, 0xC3, 0xA9)) == [(97, "a"), (0xC3, ""), (0xA9, "é")]
-    words = tokens_of(" one two  ", None)
-    assert [text for _, text in words] == [" one", " two  "]
-    assert [i for i, _ in words] == [text_token_id(" one"), text_token_id(" two  ")]
+    # Without the backend's ids, the text's own bytes: the same tokens.
+    assert tokens_of("aé", None) == tokens_of("aé", text_token_ids("aé"))
+    assert text_token_ids(" a\n") == (32, 97, 10)
+    assert text_token_ids("\ud800") == (0xED, 0xA0, 0x80)  # a lone surrogate, as JSON allows
     assert tokens_of("", None) == []
 
 

@@ -262,10 +262,10 @@ def test_the_sync_huggingface_client_goes_through_the_gate_inside_the_block(
     gate = Gate(name="hf")
     client = InferenceClient(model=f"{server.http_url}/models/tiny")
     with yieldgate.huggingface_clients(gate):
-        assert client.text_generation("inside", max_new_tokens=4) == "inside"
-        tokens = list(client.text_generation("streamed", max_new_tokens=4, stream=True))
+        assert client.text_generation("inside", max_new_tokens=16) == "inside"
+        tokens = list(client.text_generation("streamed", max_new_tokens=16, stream=True))
     assert "".join(tokens) == "streamed"
-    assert client.text_generation("outside", max_new_tokens=4) == "outside"
+    assert client.text_generation("outside", max_new_tokens=16) == "outside"
     assert gate.statistics().calls_ok == 2  # the call after the block went around it
 
 
@@ -286,7 +286,7 @@ def test_the_hubs_own_requests_go_around_the_gate_unless_asked(
     with yieldgate.huggingface_clients(gate, include_hub=include_hub):
         assert get_session().get(f"{hub}/health").status_code == 200
         client = InferenceClient(model=f"{server.http_url}/models/tiny")
-        assert client.text_generation("inference", max_new_tokens=4) == "inference"
+        assert client.text_generation("inference", max_new_tokens=16) == "inference"
     assert gate.statistics().calls == (2 if include_hub else 1)
 
 

@@ -1,4 +1,4 @@
-"""The ``yieldgate`` command: ``serve``, ``burst`` and ``demo``.
+"""The ``yieldgate`` command: ``serve``, ``burst``, ``demo`` and ``tokenizer``.
 
 Thin on purpose: parse flags into the library's frozen configs, run, report.
 Heavy modules are imported inside the subcommand that needs them.
@@ -16,7 +16,7 @@ __all__ = ["main"]
 
 
 def _parser() -> argparse.ArgumentParser:
-    from yieldgate.cli import _burst, _demo, _serve
+    from yieldgate.cli import _burst, _demo, _serve, _tokenizer
 
     parser = argparse.ArgumentParser(
         prog="yieldgate",
@@ -26,6 +26,7 @@ def _parser() -> argparse.ArgumentParser:
     _serve.add_parser(sub)
     _burst.add_parser(sub)
     _demo.add_parser(sub)
+    _tokenizer.add_parser(sub)
     return parser
 
 

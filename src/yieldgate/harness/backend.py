@@ -21,7 +21,7 @@ number in (0, 1]) and ``logprobs`` (an integer in [0, 20]: each token's
 log-probability and that many most likely alternatives). Streams get one
 chunk per token: ``{"text": ..., "token_ids": [id]}`` (a byte's id is its
 value; the text is empty while a character is incomplete), plus
-``"logprobs": [entry]`` when asked. The result: ``text``,
+``"logprobs": [entry]`` when asked, the last with ``"last": true``. The result: ``text``,
 ``prompt_tokens``, ``completion_tokens``, ``prompt_token_ids``,
 ``token_ids``, ``cached_tokens`` (prompt tokens
 found in the prefix cache), ``ttft_ms``, ``tpot_ms``, ``e2e_ms``,
@@ -321,6 +321,8 @@ class HarnessBackend(EngineThread):
                     if sampling.logprobs is not None:
                         logprobs.append(_logprob_entry(request, len(tokens) - 1))
                         chunk["logprobs"] = logprobs[-1:]
+                    if last or stop.stopped:
+                        chunk["last"] = True
                     if emit is not None:
                         await emit(chunk)
                     if stop.stopped:

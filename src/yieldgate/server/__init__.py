@@ -12,6 +12,8 @@ requests and tokens per minute, their headers and 429s) before the Governor.
 
 ``spawn`` runs ``yieldgate serve`` in a child process instead, and returns a
 ``ServerProcess`` handle that knows where it listens and stops it.
+``write_tokenizer`` writes the served model's byte-level tokenizer (what
+``usage`` counts) as HuggingFace's files, for tools that count tokens.
 """
 
 from yieldgate.server._process import ServerProcess, ServerStartError, spawn
@@ -37,6 +39,7 @@ from yieldgate.server.governor import (
 from yieldgate.server.http import HttpConfig, HttpFront
 from yieldgate.server.quota import ProviderQuota, QuotaConfig
 from yieldgate.server.tcp import TcpConfig, TcpFront
+from yieldgate.server.tokenizer import write_tokenizer
 
 __all__ = [
     "Admission",
@@ -63,4 +66,5 @@ __all__ = [
     "Work",
     "Yield",
     "spawn",
+    "write_tokenizer",
 ]

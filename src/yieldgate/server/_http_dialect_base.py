@@ -4,13 +4,14 @@
 accept; ``loads``, ``dumps`` and ``sse`` read and write the JSON; the
 ``*_field`` readers check one field each, naming it in the error; a backend
 result is read into a ``Generated`` by ``generated``, a stream chunk by
-``chunk_text`` and ``chunk_token_ids``.
+``chunk_text``, ``chunk_token_ids`` and ``chunk_is_last``.
 
-Token ids: a backend with a vocabulary (the harness: bytes) reports its
-ids, and they are sent as they are; for one without (the simulated
-backend) a token is a word of the text (with the whitespace before it) or
-a streamed piece, and its id is the CRC-32 of its UTF-8 text, stable
-across requests and runs.
+Tokens: the served model's tokenizer is byte-level (``yieldgate tokenizer``
+writes it out): a token is one byte of the text's UTF-8 and its id is the
+byte's value, for both backends. A backend's own counts and ids are sent
+as they are (the harness counts the tokens it generated, a cut stop
+sequence's too); where it sends none, they are the bytes of the prompt and
+of the text returned (``text_token_ids``), so they agree with the tokenizer.
 ``Dialect`` is the interface each route family implements over a parsed
 ``Job``. Pure functions of JSON values: no I/O, no starlette.
 """
@@ -20,10 +21,8 @@ from __future__ import annotations
 import codecs
 import json
 import math
-import re
 import time
 import uuid
-import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -39,6 +38,7 @@ __all__ = [
     "Job",
     "backend_params",
     "bool_field",
+    "chunk_is_last",
     "chunk_text",
     "chunk_token_ids",
     "dumps",
@@ -47,17 +47,17 @@ __all__ = [
     "loads",
     "number_field",
     "object_field",
+    "refuse_unsupported",
     "retry_after_s",
     "seed_field",
     "sse",
     "stop_field",
-    "text_token_id",
+    "text_token_ids",
     "tokens_of",
 ]
 
 _MAX_STOPS = 4
 _FINISH_REASONS = frozenset({"length", "stop_sequence", "eos"})
-_WORD = re.compile(r"\s*\S+")
 
 
 class BadRequest(Exception):
@@ -147,8 +147,8 @@ def generated(job: Job, result: Any) -> Generated:
     for key in ("prompt_tokens", "completion_tokens"):
         value = result.get(key)
         counts.append(value if type(value) is int and value >= 0 else None)
-    prompt = _words(job.prompt) if counts[0] is None else counts[0]
-    completion = _words(text) if counts[1] is None else counts[1]
+    prompt = _num_bytes(job.prompt) if counts[0] is None else counts[0]
+    completion = _num_bytes(text) if counts[1] is None else counts[1]
     reason = result.get("finish_reason")
     return Generated(
         text=text,
@@ -176,28 +176,31 @@ def chunk_token_ids(data: Any) -> tuple[int, ...] | None:
     return _ids(data.get("token_ids")) if isinstance(data, Mapping) else None
 
 
-def text_token_id(text: str) -> int:
-    """The id of a token from a backend without a vocabulary: its text's CRC-32."""
-    return zlib.crc32(text.encode("utf-8", "surrogatepass"))
+def chunk_is_last(data: Any) -> bool:
+    """Whether the backend marked this chunk its stream's last (``"last": true``)."""
+    return isinstance(data, Mapping) and data.get("last") is True
+
+
+def text_token_ids(text: str) -> tuple[int, ...]:
+    """The ids of ``text``'s tokens: its UTF-8 bytes (a lone surrogate as ``surrogatepass``
+    writes it)."""
+    return tuple(text.encode("utf-8", "surrogatepass"))
 
 
 def tokens_of(text: str, token_ids: tuple[int, ...] | None) -> list[tuple[int, str]]:
-    """``(id, text)`` per token: the backend's byte ids decoded one by one
-    (empty while a character is incomplete), or the words of ``text``."""
-    if token_ids is not None:
-        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        last = len(token_ids) - 1
-        return [
-            (i, decoder.decode(bytes([i & 0xFF]), final=n == last)) for n, i in enumerate(token_ids)
-        ]
-    words = _WORD.findall(text)
-    if words and text[-1:].isspace():
-        words[-1] += text[len("".join(words)) :]
-    return [(text_token_id(word), word) for word in words]
+    """``(id, text)`` per token: the ids (``text``'s own where ``None``) decoded one by one,
+    a token's text empty while a character is incomplete."""
+    if token_ids is None:
+        token_ids = text_token_ids(text)
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    last = len(token_ids) - 1
+    return [
+        (i, decoder.decode(bytes([i & 0xFF]), final=n == last)) for n, i in enumerate(token_ids)
+    ]
 
 
-def _words(text: str) -> int:
-    return len(text.split())
+def _num_bytes(text: str) -> int:
+    return len(text.encode("utf-8", "surrogatepass"))
 
 
 # -- reading fields -------------------------------------------------------------
@@ -267,6 +270,27 @@ def stop_field(body: Mapping[str, Any], key: str, where: str = "") -> list[str] 
     return stops or None
 
 
+def refuse_unsupported(
+    body: Mapping[str, Any], unsupported: tuple[tuple[str, tuple[Any, ...]], ...], where: str = ""
+) -> None:
+    """``BadRequest`` naming the first of the ``unsupported`` fields that asks for something.
+
+    Each field comes with its neutral values, those that ask for nothing (what
+    some clients send by default); ``null`` is an absent field.
+    """
+    for key, neutral in unsupported:
+        value = body.get(key)
+        if value is not None and not any(_same(value, n) for n in neutral):
+            raise BadRequest(f"'{where}{key}' is not supported by this server", f"{where}{key}")
+
+
+def _same(value: Any, neutral: Any) -> bool:
+    if type(value) is type(neutral):
+        return bool(value == neutral)
+    numbers = (int, float)
+    return type(value) in numbers and type(neutral) in numbers and value == neutral
+
+
 def backend_params(
     max_tokens: int | None,
     temperature: float | None,
@@ -301,6 +325,7 @@ class Job:
     include_usage: bool = False
     details: bool = False
     prefill_details: bool = False
+    return_full_text: bool = False
     created: int = field(default_factory=lambda: int(time.time()))
     id: str = ""
     # Characters of text streamed so far (where a dialect counts them: text offsets).
@@ -330,6 +355,16 @@ class Dialect:
 
     def end(self, job: Job, index: int, done: Generated) -> bytes:
         """The events that end a stream of ``index`` pieces."""
+        raise NotImplementedError
+
+    #: Whether the event that ends a stream carries its last piece (TGI's does): a chunk
+    #: the backend marks last is then held back for ``end_with``.
+    last_piece_ends: ClassVar[bool] = False
+
+    def end_with(
+        self, job: Job, index: int, text: str, token_ids: tuple[int, ...] | None, done: Generated
+    ) -> bytes:
+        """The events that end a stream with its ``index``-th piece, held back for them."""
         raise NotImplementedError
 
     def error(

@@ -49,6 +49,9 @@ from yieldgate.server._http_dialects import (
     Dialect,
     Generated,
     Job,
+    chunk_is_last,
+    chunk_text,
+    chunk_token_ids,
     dumps,
     generated,
     loads,
@@ -374,16 +377,32 @@ class Inference:
                 started = True
                 await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS})
 
-        async def emit(data: Any) -> None:
+        held: Any = None  # a chunk marked last, for a dialect that ends with it
+
+        async def send_piece(data: Any) -> None:
             nonlocal index
             event = dialect.piece_of(job, index, data)
             index += 1
             await start()
             await send({"type": "http.response.body", "body": event, "more_body": True})
 
+        async def emit(data: Any) -> None:
+            nonlocal held
+            if held is not None:  # a chunk after one marked last: the mark was wrong
+                await send_piece(held)
+                held = None
+            if dialect.last_piece_ends and chunk_is_last(data):
+                held = data
+            else:
+                await send_piece(data)
+
         async def finish(result: Any, slot: Slot) -> str:
             done = _generated(job, result)
-            events = dialect.end(job, index, done)
+            if held is None:
+                events = dialect.end(job, index, done)
+            else:
+                text, token_ids = chunk_text(held), chunk_token_ids(held)
+                events = dialect.end_with(job, index, text, token_ids, done)
             await start()
             await send({"type": "http.response.body", "body": events, "more_body": False})
             return done.text

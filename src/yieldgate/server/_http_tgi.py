@@ -9,8 +9,23 @@ cold HuggingFace model is a 503 with an ``estimated_time``, as the Hub answers.
 ``eos_token`` or ``stop_sequence``; ``generated_tokens``; ``seed``;
 ``prefill``, filled when ``decoder_input_details`` asks; ``tokens``), and a
 stream's last event always carries its ``details`` (with ``input_length``).
-``parameters.stop`` is honoured by the backend. Log-probabilities are
-``null``: no backend here reports them.
+Tokens are the served tokenizer's, UTF-8 bytes (see ``_http_dialect_base``).
+
+A stream has one event per streamed piece: one token from the harness, a
+run of characters from the simulated echo (the event's id is its last
+token's). As in TGI, the last event carries the last piece with the whole
+``generated_text``; a stream with no piece marked last (an empty answer)
+ends with an empty special token instead.
+
+``parameters``: ``max_new_tokens``, ``stop``, ``seed`` and ``temperature``
+go to the backend; ``do_sample`` samples (at ``temperature`` 1 unless one is
+given; without it a ``temperature`` of 1 is greedy, as in TGI);
+``return_full_text`` puts the prompt before the generated text. A parameter
+no backend here honours (``top_k``, ``top_p``, ``typical_p``, the
+penalties, ``truncate``, ``best_of``, ``watermark``, ``top_n_tokens``,
+``grammar``, ``adapter_id``) is refused as a validation error unless its
+value asks for nothing; so is ``decoder_input_details`` in a stream, as TGI
+refuses it. Log-probabilities are ``null``: no backend here reports them.
 """
 
 from __future__ import annotations
@@ -29,15 +44,33 @@ from yieldgate.server._http_dialect_base import (
     int_field,
     number_field,
     object_field,
+    refuse_unsupported,
     seed_field,
     sse,
     stop_field,
-    text_token_id,
+    text_token_ids,
     tokens_of,
 )
 from yieldgate.server.governor import Yield
 
 __all__ = ["HfModels", "TgiGenerate"]
+
+
+# TGI's parameters that no backend here honours, each with the values that ask
+# for nothing (text-generation's client sends watermark false on every call).
+_UNSUPPORTED: tuple[tuple[str, tuple[Any, ...]], ...] = (
+    ("top_k", ()),
+    ("top_p", (1,)),
+    ("typical_p", (1,)),
+    ("repetition_penalty", (1,)),
+    ("frequency_penalty", (0,)),
+    ("truncate", ()),
+    ("best_of", (1,)),
+    ("watermark", (False,)),
+    ("top_n_tokens", (0,)),
+    ("grammar", ()),
+    ("adapter_id", ()),
+)
 
 
 def _tgi_job(body: dict[str, Any], model: str, stream: bool) -> Job:
@@ -46,21 +79,34 @@ def _tgi_job(body: dict[str, Any], model: str, stream: bool) -> Job:
         raise BadRequest("'inputs' must be a string")
     parameters = object_field(body, "parameters")
     where = "parameters."
+    refuse_unsupported(parameters, _UNSUPPORTED, where)
+    temperature = number_field(parameters, "temperature", where)
+    if bool_field(parameters, "do_sample", where):
+        temperature = 1.0 if temperature is None else temperature
+    elif temperature == 1:
+        temperature = None  # TGI samples only when asked or when the logits are changed
     params = backend_params(
         int_field(parameters, "max_new_tokens", where),
-        number_field(parameters, "temperature", where),
+        temperature,
         seed_field(parameters, "seed", where),
         object_field(parameters, "backend_params", where),
         stop_field(parameters, "stop", where),
     )
     details = bool_field(parameters, "details", where)
+    prefill_details = bool_field(parameters, "decoder_input_details", where)
+    if stream and prefill_details:
+        raise BadRequest(
+            "'parameters.decoder_input_details' is not supported when streaming tokens",
+            "parameters.decoder_input_details",
+        )
     return Job(
         prompt=inputs,
         params=params,
         stream=stream,
         model=model,
         details=details,
-        prefill_details=details and bool_field(parameters, "decoder_input_details", where),
+        prefill_details=details and prefill_details,
+        return_full_text=bool_field(parameters, "return_full_text", where),
     )
 
 
@@ -88,8 +134,12 @@ def _details(job: Job, done: Generated) -> dict[str, Any]:
     }
 
 
+def _generated_text(job: Job, done: Generated) -> str:
+    return job.prompt + done.text if job.return_full_text else done.text
+
+
 def _with_details(job: Job, done: Generated) -> dict[str, Any]:
-    answer: dict[str, Any] = {"generated_text": done.text}
+    answer: dict[str, Any] = {"generated_text": _generated_text(job, done)}
     if job.details:
         answer["details"] = _details(job, done)
     return answer
@@ -111,17 +161,35 @@ def _tgi_piece(index: int, token: dict[str, Any]) -> dict[str, Any]:
     return {"index": index, "token": token, "generated_text": None, "details": None}
 
 
+# The token of an event with none of its own: an empty answer's end.
+_NO_TOKEN = _token(0, "", special=True)
+
+
+def _piece_token(text: str, token_ids: tuple[int, ...] | None) -> dict[str, Any]:
+    ids = token_ids or text_token_ids(text)
+    return _token(ids[-1], text) if ids else _NO_TOKEN
+
+
 class _TgiStream(Dialect):
     """TGI's server-sent events (errors too), also used by the HF route."""
 
+    last_piece_ends = True
+
     def piece(self, job: Job, index: int, text: str, token_ids: tuple[int, ...] | None) -> bytes:
-        token_id = token_ids[-1] if token_ids else text_token_id(text)
-        return sse(_tgi_piece(index, _token(token_id, text)))
+        return sse(_tgi_piece(index, _piece_token(text, token_ids)))
 
     def end(self, job: Job, index: int, done: Generated) -> bytes:
-        # Like TGI's last event: a special end token, the full text and the details.
-        last = _tgi_piece(index, _token(text_token_id(""), "", special=True))
-        last["generated_text"] = done.text
+        return self._last(job, index, _NO_TOKEN, done)
+
+    def end_with(
+        self, job: Job, index: int, text: str, token_ids: tuple[int, ...] | None, done: Generated
+    ) -> bytes:
+        return self._last(job, index, _piece_token(text, token_ids), done)
+
+    def _last(self, job: Job, index: int, token: dict[str, Any], done: Generated) -> bytes:
+        # Like TGI's last event: the last token, the full text and the details.
+        last = _tgi_piece(index, token)
+        last["generated_text"] = _generated_text(job, done)
         last["details"] = {
             "finish_reason": _TGI_FINISH[done.finish_reason],
             "generated_tokens": done.usage["completion_tokens"],

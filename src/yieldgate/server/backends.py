@@ -9,11 +9,20 @@ deadlines and cancellation; a backend only has to be cancellable.
 times fixed or drawn from a weighted mix, a failure rate, a cold-start period
 and a capacity ramp, all drawn from one seeded generator so runs repeat.
 
-Both backends honour ``params["stop"]`` (stop sequences) with ``StopText``,
-and say why a generation ended in their result's ``finish_reason``:
-``"length"`` (``max_tokens`` reached), ``"stop_sequence"`` or ``"eos"``
-(the model's own end, also what an absent one means: the simulated echo
-ends so, and says nothing unless a stop sequence cut it).
+Both backends honour ``params["stop"]`` (stop sequences) with ``StopText``
+and ``params["max_tokens"]``, and say why a generation ended in their
+result's ``finish_reason``: ``"length"`` (``max_tokens`` reached),
+``"stop_sequence"`` or ``"eos"`` (the model's own end, also what an absent
+one means: the simulated echo ends so, and says nothing unless a stop
+sequence or ``max_tokens`` cut it).
+
+Tokens: both backends are byte-level, a token is one byte of the text's
+UTF-8 (``yieldgate tokenizer`` writes that tokenizer out for other tools).
+Their results count ``prompt_tokens`` and ``completion_tokens`` so; the
+harness also sends the ids (``prompt_token_ids``, ``token_ids``: the bytes),
+the echo leaves them out (they would quadruple a large echo's reply) and the
+HTTP dialects derive them from the text. A stream's last chunk carries
+``"last": true`` (TGI's last event carries the last token).
 
 Optional params (``FEATURES``: ``logprobs``, ``top_p``) are honoured only
 by a backend that names them in a ``features`` attribute (a frozenset; the
@@ -130,6 +139,28 @@ def stop_sequences(params: Mapping[str, Any]) -> tuple[str, ...]:
     return tuple(stop)
 
 
+def _max_tokens(params: Mapping[str, Any]) -> int | None:
+    """``params["max_tokens"]``: an integer >= 1, or ``None`` (``BackendError`` otherwise)."""
+    max_tokens = params.get("max_tokens")
+    if max_tokens is not None and (type(max_tokens) is not int or max_tokens < 1):
+        raise BackendError("params.max_tokens must be an integer >= 1", retryable=False)
+    return max_tokens
+
+
+def _utf8_prefix(text: str, max_bytes: int) -> str:
+    """The longest start of ``text`` whose UTF-8 is at most ``max_bytes`` long (whole characters).
+
+    Lone surrogates count as the three bytes ``surrogatepass`` writes.
+    """
+    raw = text.encode("utf-8", "surrogatepass")
+    if len(raw) <= max_bytes:
+        return text
+    end = max_bytes
+    while end > 0 and raw[end] & 0xC0 == 0x80:  # a continuation byte: inside a character
+        end -= 1
+    return raw[:end].decode("utf-8", "surrogatepass")
+
+
 class StopText:
     """Cuts generated text before the first of ``stops``, fed piece by piece.
 
@@ -222,12 +253,20 @@ class SimulatedConfig:
 
 
 class SimulatedBackend:
-    """Sleeps instead of computing; answers ``{"text": body}``, cut before a stop sequence.
+    """Sleeps instead of computing; echoes the body, as a byte-level model would generate it.
+
+    The answer is ``{"text": ..., "prompt_tokens": ..., "completion_tokens": ...}``:
+    the body cut to ``params["max_tokens"]`` bytes (whole characters;
+    ``finish_reason`` ``"length"``), then before a stop sequence
+    (``"stop_sequence"``); the counts are UTF-8 bytes of the body and of the
+    text returned.
 
     Per-request ``params`` steer it in tests and demos: ``exec_ms`` (a number
     in ``[0, max_param_exec_ms]``) replaces the drawn duration, ``fail`` (true)
     forces a failure and ``chunks`` (an integer in ``[1, 10000]``) sets how
-    many pieces a stream is cut into. Bad values are refused before admission.
+    many pieces a stream is cut into: equal runs of characters at even
+    intervals, an empty one (a text shorter than ``chunks``) not sent. Bad
+    values are refused before admission.
     """
 
     name = "sleep"
@@ -275,6 +314,7 @@ class SimulatedBackend:
 
     def estimate_ms(self, work: Work) -> float | None:
         stop_sequences(work.params)
+        _max_tokens(work.params)
         if work.stream:
             self._chunks(work)
         return self._override_ms(work)
@@ -292,22 +332,44 @@ class SimulatedBackend:
         fails = work.params.get("fail") is True or (
             self.config.fail_rate > 0 and self._rng.random() < self.config.fail_rate
         )
-        stop = StopText(stop_sequences(work.params))
-        text = stop.feed(work.body) + stop.flush()
+        text, finish_reason = _echo(work)
         if emit is None:
             await anyio.sleep(duration_s)
         else:
             chunks = self._chunks(work)
-            for piece in _split(text, chunks):
+            pieces = _split(text, chunks)
+            for n, piece in enumerate(pieces, 1):
                 await anyio.sleep(duration_s / chunks)
-                await emit({"text": piece})
+                if piece:
+                    await emit({"text": piece, "last": True} if n == chunks else {"text": piece})
         if fails:
             raise BackendError("simulated backend failure", retryable=True)
-        # No finish_reason: the echo ends by itself ("eos"), what an absent one means.
-        return {"text": text, "finish_reason": "stop_sequence"} if stop.stopped else {"text": text}
+        result: dict[str, Any] = {
+            "text": text,
+            "prompt_tokens": len(work.body.encode("utf-8", "surrogatepass")),
+            "completion_tokens": len(text.encode("utf-8", "surrogatepass")),
+        }
+        if finish_reason is not None:
+            # None: the echo ended by itself ("eos"), what an absent one means.
+            result["finish_reason"] = finish_reason
+        return result
 
     async def aclose(self) -> None:
         return None
+
+
+def _echo(work: Work) -> tuple[str, str | None]:
+    """The echo generated for ``work`` and why it ended early (``None``: it did not)."""
+    text = work.body
+    finish_reason = None
+    max_tokens = _max_tokens(work.params)
+    if max_tokens is not None:
+        cut = _utf8_prefix(text, max_tokens)
+        if len(cut) < len(text):
+            text, finish_reason = cut, "length"
+    stop = StopText(stop_sequences(work.params))
+    text = stop.feed(text) + stop.flush()
+    return text, "stop_sequence" if stop.stopped else finish_reason
 
 
 def _split(text: str, parts: int) -> list[str]:
