@@ -105,7 +105,6 @@ def test_tgi_parameters() -> None:
     ("parameters", "param"),
     [
         ({"top_k": 10}, "top_k"),
-        ({"top_p": 0.9}, "top_p"),
         ({"typical_p": 0.5}, "typical_p"),
         ({"repetition_penalty": 1.2}, "repetition_penalty"),
         ({"frequency_penalty": 0.5}, "frequency_penalty"),
@@ -116,6 +115,7 @@ def test_tgi_parameters() -> None:
         ({"grammar": {"type": "json", "value": {}}}, "grammar"),
         ({"adapter_id": "lora"}, "adapter_id"),
         ({"top_p": True}, "top_p"),
+        ({"top_p": 1.5}, "top_p"),
     ],
 )
 def test_tgi_refuses_what_no_backend_honours(parameters: dict[str, Any], param: str) -> None:
@@ -127,6 +127,14 @@ def test_tgi_refuses_what_no_backend_honours(parameters: dict[str, Any], param: 
     # What the TGI route answers for it: 422, TGI's validation error.
     assert TgiGenerate.invalid_status == 422
     assert TgiGenerate(stream=False).error(422, "bad_frame", "")["error_type"] == "validation"
+
+
+def test_tgi_passes_top_p_on_for_a_backend_that_honours_it() -> None:
+    body = {"inputs": "x", "parameters": {"top_p": 0.9}}
+    for dialect in (TgiGenerate(stream=False), HfModels()):
+        assert dialect.parse(body, None, "m").params["top_p"] == 0.9
+    neutral = {"inputs": "x", "parameters": {"top_p": 1}}
+    assert "top_p" not in TgiGenerate(stream=False).parse(neutral, None, "m").params
 
 
 def test_tgi_accepts_what_clients_send_by_default() -> None:

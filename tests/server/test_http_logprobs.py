@@ -103,7 +103,7 @@ def test_chat_logprobs_and_top_p_become_params(
 @pytest.mark.parametrize(
     ("fields", "param"),
     [
-        ({"logprobs": 1}, None),
+        ({"logprobs": 1}, "logprobs"),
         ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
         ({"logprobs": True, "top_logprobs": 1.0}, "top_logprobs"),
         ({"top_logprobs": 2}, "top_logprobs"),

@@ -54,6 +54,7 @@ __all__ = [
     "stop_field",
     "text_token_ids",
     "tokens_of",
+    "top_p_field",
 ]
 
 _MAX_STOPS = 4
@@ -211,7 +212,7 @@ def object_field(body: Mapping[str, Any], key: str, where: str = "") -> dict[str
     if value is None:
         return {}
     if not isinstance(value, dict):
-        raise BadRequest(f"'{where}{key}' must be an object")
+        raise BadRequest(f"'{where}{key}' must be an object", f"{where}{key}")
     return value
 
 
@@ -220,7 +221,7 @@ def int_field(body: Mapping[str, Any], key: str, where: str = "") -> int | None:
     if value is None:
         return None
     if type(value) is not int or value < 1:
-        raise BadRequest(f"'{where}{key}' must be a positive integer")
+        raise BadRequest(f"'{where}{key}' must be a positive integer", f"{where}{key}")
     return value
 
 
@@ -229,7 +230,7 @@ def seed_field(body: Mapping[str, Any], key: str, where: str = "") -> int | None
     if value is None:
         return None
     if type(value) is not int or not 0 <= value < 2**63:
-        raise BadRequest(f"'{where}{key}' must be an integer in [0, 2**63)")
+        raise BadRequest(f"'{where}{key}' must be an integer in [0, 2**63)", f"{where}{key}")
     return value
 
 
@@ -238,7 +239,7 @@ def number_field(body: Mapping[str, Any], key: str, where: str = "") -> float | 
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise BadRequest(f"'{where}{key}' must be a number")
+        raise BadRequest(f"'{where}{key}' must be a number", f"{where}{key}")
     return value
 
 
@@ -247,7 +248,7 @@ def bool_field(body: Mapping[str, Any], key: str, where: str = "") -> bool:
     if value is None:
         return False
     if not isinstance(value, bool):
-        raise BadRequest(f"'{where}{key}' must be a boolean")
+        raise BadRequest(f"'{where}{key}' must be a boolean", f"{where}{key}")
     return value
 
 
@@ -387,3 +388,14 @@ class Dialect:
         """The event for the backend's ``index``-th stream chunk: ``piece`` of its text and
         ids, unless a dialect reads more of it (OpenAI's log-probabilities)."""
         return self.piece(job, index, chunk_text(data), chunk_token_ids(data))
+
+
+def top_p_field(body: Mapping[str, Any], where: str = "") -> float | None:
+    """``top_p`` below 1, or ``None`` (1 asks for nothing); honoured by a backend with
+    the ``top_p`` feature, refused with a 400 by the others."""
+    value = number_field(body, "top_p", where)
+    if value is None or value == 1:
+        return None
+    if not 0 < value < 1:
+        raise BadRequest(f"'{where}top_p' must be a number in (0, 1]", f"{where}top_p")
+    return value

@@ -42,6 +42,7 @@ from yieldgate.server._http_dialect_base import (
     seed_field,
     sse,
     stop_field,
+    top_p_field,
 )
 from yieldgate.server._http_logprobs import TokenLogprob, read_logprobs, token_text
 from yieldgate.server.governor import Yield
@@ -83,16 +84,6 @@ _MAX_TOP_LOGPROBS = 20  # chat's top_logprobs
 _MAX_LOGPROBS = 5  # completions' logprobs
 
 
-def _top_p(body: dict[str, Any]) -> float | None:
-    """``top_p`` below 1, or ``None`` (1 asks for nothing)."""
-    value = number_field(body, "top_p")
-    if value is None or value == 1:
-        return None
-    if not 0 < value < 1:
-        raise BadRequest("'top_p' must be a number in (0, 1]", "top_p")
-    return value
-
-
 def _finish_reason(done: Generated) -> str:
     return "length" if done.finish_reason == "length" else "stop"
 
@@ -127,7 +118,7 @@ class _OpenAI(Dialect):
             stop_field(body, "stop"),
         )
         # As for the other fields, what backend_params says wins.
-        logprobs, top_p = self._logprobs(body), _top_p(body)
+        logprobs, top_p = self._logprobs(body), top_p_field(body)
         if logprobs is not None:
             params.setdefault("logprobs", logprobs)
         if top_p is not None:

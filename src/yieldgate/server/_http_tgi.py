@@ -21,7 +21,7 @@ ends with an empty special token instead.
 go to the backend; ``do_sample`` samples (at ``temperature`` 1 unless one is
 given; without it a ``temperature`` of 1 is greedy, as in TGI);
 ``return_full_text`` puts the prompt before the generated text. A parameter
-no backend here honours (``top_k``, ``top_p``, ``typical_p``, the
+no backend here honours (``top_k``, ``typical_p``, the
 penalties, ``truncate``, ``best_of``, ``watermark``, ``top_n_tokens``,
 ``grammar``, ``adapter_id``) is refused as a validation error unless its
 value asks for nothing; so is ``decoder_input_details`` in a stream, as TGI
@@ -50,6 +50,7 @@ from yieldgate.server._http_dialect_base import (
     stop_field,
     text_token_ids,
     tokens_of,
+    top_p_field,
 )
 from yieldgate.server.governor import Yield
 
@@ -60,7 +61,6 @@ __all__ = ["HfModels", "TgiGenerate"]
 # for nothing (text-generation's client sends watermark false on every call).
 _UNSUPPORTED: tuple[tuple[str, tuple[Any, ...]], ...] = (
     ("top_k", ()),
-    ("top_p", (1,)),
     ("typical_p", (1,)),
     ("repetition_penalty", (1,)),
     ("frequency_penalty", (0,)),
@@ -92,6 +92,9 @@ def _tgi_job(body: dict[str, Any], model: str, stream: bool) -> Job:
         object_field(parameters, "backend_params", where),
         stop_field(parameters, "stop", where),
     )
+    top_p = top_p_field(parameters, where)
+    if top_p is not None:  # a backend without the feature refuses it before admission
+        params["top_p"] = top_p
     details = bool_field(parameters, "details", where)
     prefill_details = bool_field(parameters, "decoder_input_details", where)
     if stream and prefill_details:
