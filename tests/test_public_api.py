@@ -62,7 +62,17 @@ def test_all_is_sorted_and_complete() -> None:
     exported = [name for name in yieldgate.__all__ if name != "__version__"]
     assert exported == sorted(exported)
     # Every public attribute is exported (submodules aside).
-    modules = {"protocol", "server", "cli", "gate", "transports", "dialects", "harness", "burst"}
+    modules = {
+        "protocol",
+        "server",
+        "cli",
+        "gate",
+        "transports",
+        "dialects",
+        "harness",
+        "burst",
+        "fleet",
+    }
     assert [n for n in public if n not in modules] == exported
 
 

@@ -1,0 +1,52 @@
+"""The records the fleet's operations hand back."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from yieldgate.gate._breaker import BreakerState
+
+__all__ = ["BreakerView", "FleetStatistics", "Take"]
+
+
+class Take(NamedTuple):
+    """What ``Fleet.take`` did.
+
+    ``ok``: every amount fitted and was taken; ``seq`` is then the take's place
+    in the upstream's send sequence (for ``observe``). Otherwise nothing was
+    taken, ``seq`` is 0 and ``wait_s`` the longest refill a bucket needs
+    (``inf`` when an amount exceeds its bucket's whole limit).
+    """
+
+    ok: bool
+    seq: int
+    wait_s: float
+
+
+class BreakerView(NamedTuple):
+    """The fleet's breaker for one upstream.
+
+    ``retry_after_s``: while open, the time until a probe may go (0 otherwise);
+    ``probe_out``: a member holds the half-open probe.
+    """
+
+    state: BreakerState
+    retry_after_s: float
+    probe_out: bool
+
+
+@dataclass(frozen=True, slots=True)
+class FleetStatistics:
+    """A fleet member's view of Redis.
+
+    ``calls``: operations asked for; ``fallbacks``: those answered ``None``
+    (Redis failed, was slower than the budget, or was skipped during an
+    outage); ``outages``: times Redis went away; ``rejoins``: times it came back.
+    """
+
+    available: bool
+    calls: int
+    fallbacks: int
+    outages: int
+    rejoins: int

@@ -1,0 +1,224 @@
+"""The drivers: every operation in both forms, bounded by the budget, ``None`` on any failure.
+
+Redis stopped, restarted, flushed of its scripts, or slowed by a proxy: no
+call raises, none waits past the budget, and the fleet rejoins when Redis
+answers again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import logging
+import subprocess
+import sys
+import time
+from typing import Any
+
+import anyio
+import pytest
+import redis
+import redis.asyncio
+
+from tests.fleet.conftest import DelayProxy, Either, RedisServer, wait_for
+from yieldgate.fleet import Fleet, Take
+from yieldgate.fleet._scripts import SCRIPTS
+from yieldgate.gate import BreakerPolicy, RetryBudgetPolicy
+
+pytestmark = pytest.mark.anyio
+
+UP = "api.example"
+WANTS = [("tokens", 1, 1000, 10.0)]
+
+OPERATIONS: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = [
+    ("take", (UP, WANTS), {}),
+    ("refund", (UP, [("tokens", 1)]), {}),
+    ("observe", (UP, "tokens"), {"limit": 10, "rate": 0, "remaining": 5, "amount": 1, "seq": 1}),
+    ("finished", (UP, [("tokens", 1)]), {}),
+    ("hold", (UP, 1, 1.0), {}),
+    ("holds", (UP,), {}),
+    ("acquire", (UP, 4), {}),
+    ("release", (UP, "x#1"), {}),
+    ("renew", (UP, ["x#1"]), {}),
+    ("heartbeat", (UP,), {}),
+    ("members", (UP,), {}),
+    ("leave", (UP,), {}),
+    ("deposit", (UP, RetryBudgetPolicy()), {}),
+    ("withdraw", (UP, RetryBudgetPolicy()), {}),
+    ("refund_retry", (UP, RetryBudgetPolicy(), 1), {}),
+    ("report", (UP, False, BreakerPolicy()), {}),
+    ("breaker", (UP,), {}),
+    ("claim_probe", (UP,), {}),
+]
+
+
+def test_the_operations_listed_are_every_operation() -> None:
+    lifecycle = {"aclose", "close", "statistics"}
+    public = {
+        name
+        for name, value in inspect.getmembers(Fleet, inspect.isfunction)
+        if not name.startswith("_") and name not in lifecycle
+    }
+    listed = {name for name, _, _ in OPERATIONS}
+    assert public == listed | {f"{name}_sync" for name in listed}
+    for name in listed:
+        assert inspect.iscoroutinefunction(getattr(Fleet, name))
+        assert not inspect.iscoroutinefunction(getattr(Fleet, f"{name}_sync"))
+
+
+async def test_every_operation_answers_from_a_live_redis(fleet: Either) -> None:
+    for name, args, kwargs in OPERATIONS:
+        assert await getattr(fleet, name)(*args, **kwargs) is not None, name
+    stats = fleet.fleet.statistics()
+    assert (stats.available, stats.calls, stats.fallbacks) == (True, len(OPERATIONS), 0)
+
+
+async def test_a_stopped_redis_costs_nothing_per_call(
+    fresh_redis: RedisServer, gate: str, mode: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    async with Fleet(fresh_redis.url, gate=gate) as fleet:
+        either = Either(fleet, mode)
+        assert await either.take(UP, WANTS) is not None
+        fresh_redis.stop()
+        with caplog.at_level(logging.INFO, logger="yieldgate.fleet"):
+            for name, args, kwargs in OPERATIONS:
+                assert await getattr(either, name)(*args, **kwargs) is None, name
+            calls = 1000
+            start = time.monotonic()
+            for _ in range(calls):
+                assert await either.take(UP, WANTS) is None
+            per_call = (time.monotonic() - start) / calls
+        # Skipped, not tried: a small fraction of the budget each, however slow the machine.
+        assert per_call < fleet.budget_s / 10
+        stats = fleet.statistics()
+        assert not stats.available
+        assert (stats.outages, stats.rejoins) == (1, 0)
+        assert stats.fallbacks == len(OPERATIONS) + calls
+        warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+        assert len(warnings) == 1
+
+
+async def test_a_restarted_redis_is_rejoined_and_its_scripts_reloaded(
+    fresh_redis: RedisServer, gate: str, mode: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    async with Fleet(fresh_redis.url, gate=gate, backoff_s=0.05, max_backoff_s=0.2) as fleet:
+        either = Either(fleet, mode)
+        assert await either.take(UP, WANTS) is not None
+        fresh_redis.stop()
+        assert await either.take(UP, WANTS) is None
+        fresh_redis.start()  # the same port, no scripts, no state
+
+        async def answers() -> bool:
+            return await either.take(UP, WANTS) is not None
+
+        with caplog.at_level(logging.INFO, logger="yieldgate.fleet"):
+            await wait_for(answers)
+        stats = fleet.statistics()
+        assert stats.available
+        assert (stats.outages, stats.rejoins) == (1, 1)
+        assert any("rejoined" in r.getMessage() for r in caplog.records)
+        admin = fresh_redis.client()
+        try:
+            sha = hashlib.sha1(SCRIPTS["take"].encode()).hexdigest()
+            assert admin.script_exists(sha) == [True]
+            assert admin.get(f"yieldgate:{gate}:{{{UP}}}:seq") == b"1"  # state starts over
+        finally:
+            admin.close()
+
+
+async def test_scripts_flushed_from_redis_are_loaded_again(
+    fleet: Either, admin: redis.Redis
+) -> None:
+    assert await fleet.take(UP, WANTS) is not None
+    admin.script_flush()
+    take = await fleet.take(UP, WANTS)
+    assert take is not None
+    assert take.seq == 2
+    assert fleet.fleet.statistics().fallbacks == 0
+
+
+@pytest.mark.parametrize("delay_s", [0.1, 1.0])
+async def test_a_slow_redis_is_given_up_on_within_the_budget(
+    redis_server: RedisServer, gate: str, mode: str, delay_s: float
+) -> None:
+    with DelayProxy(redis_server.port, delay_s) as proxy:
+        async with Fleet(proxy.url, gate=gate, budget_s=0.05) as fleet:
+            either = Either(fleet, mode)
+            start = time.monotonic()
+            assert await either.take(UP, WANTS) is None
+            elapsed = time.monotonic() - start
+            assert await either.holds(UP) is None  # skipped at once now
+            assert fleet.statistics().outages == 1
+    if delay_s >= 1.0:
+        # An answer would have taken a second: given up on long before.
+        assert elapsed < 0.5
+
+
+async def test_a_slow_redis_within_a_larger_budget_answers(
+    redis_server: RedisServer, gate: str, mode: str
+) -> None:
+    with DelayProxy(redis_server.port, 0.1) as proxy:
+        async with Fleet(proxy.url, gate=gate, budget_s=5.0) as fleet:
+            take = await Either(fleet, mode).take(UP, WANTS)
+            assert take == Take(True, 1, 0.0)
+
+
+async def test_a_cancelled_call_is_no_verdict_on_redis(
+    redis_server: RedisServer, gate: str
+) -> None:
+    with DelayProxy(redis_server.port, 1.0) as proxy:
+        async with Fleet(proxy.url, gate=gate, budget_s=10.0) as fleet:
+            with anyio.move_on_after(0.1) as scope:
+                await fleet.take(UP, WANTS)
+            assert scope.cancelled_caught
+            stats = fleet.statistics()
+            assert stats.available
+            assert stats.fallbacks == 0
+
+
+async def test_a_pair_of_clients_stays_the_callers(redis_server: RedisServer, gate: str) -> None:
+    sync = redis.Redis(host="127.0.0.1", port=redis_server.port)
+    async_client = redis.asyncio.Redis(host="127.0.0.1", port=redis_server.port)
+    fleet = Fleet((sync, async_client), gate=gate)
+    assert await fleet.take(UP, WANTS) == Take(True, 1, 0.0)
+    assert fleet.take_sync(UP, WANTS) == Take(True, 2, 0.0)
+    await fleet.aclose()
+    assert await fleet.take(UP, WANTS) is None  # closed
+    assert sync.ping()  # the caller's, still open
+    assert await async_client.ping()
+    sync.close()
+    await async_client.aclose()
+
+
+async def test_an_async_form_without_an_async_client_uses_the_sync_one(
+    redis_server: RedisServer, gate: str
+) -> None:
+    sync = redis.Redis(host="127.0.0.1", port=redis_server.port, decode_responses=True)
+    fleet = Fleet((sync, None), gate=gate)
+    assert await fleet.take(UP, WANTS) == Take(True, 1, 0.0)
+    view = await fleet.breaker(UP)
+    assert view is not None
+    assert view.state == "closed"
+    fleet.close()
+    sync.close()
+
+
+@pytest.mark.parametrize("anyio_backend", ["trio"])
+async def test_the_async_forms_run_on_trio_too(redis_server: RedisServer, gate: str) -> None:
+    async with Fleet(redis_server.url, gate=gate) as fleet:
+        assert await fleet.take(UP, WANTS) == Take(True, 1, 0.0)
+        assert await fleet.hold(UP, 0, 1.0) is True
+
+
+def test_importing_yieldgate_needs_no_redis_and_leaves_the_fleet_out() -> None:
+    # pybreaker (the breaker's state machine) imports redis by itself when it is
+    # installed, for its own CircuitRedisStorage; yieldgate must not need it.
+    code = (
+        "import sys; sys.modules['redis'] = None; "
+        "import yieldgate, yieldgate.gate; "
+        "print(sorted(m for m in sys.modules if m.startswith('yieldgate.fleet')))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    )
+    assert result.stdout.strip() == "[]"
