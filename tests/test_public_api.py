@@ -27,6 +27,7 @@ SURFACE = {
         "HedgePolicy",
         "QuotaPolicy",
         "Cost",
+        "FleetPolicy",
         "Priority",
         "current_attempt",
     ],

@@ -38,6 +38,7 @@ from yieldgate._exceptions import (
 from yieldgate.gate import (
     BreakerPolicy,
     Cost,
+    FleetPolicy,
     Gate,
     GatePolicy,
     HedgePolicy,
@@ -73,6 +74,7 @@ __all__ = [
     "CircuitOpenError",
     "Cost",
     "DeadlineExceededError",
+    "FleetPolicy",
     "Gate",
     "GateClosedError",
     "GatePolicy",

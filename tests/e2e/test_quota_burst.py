@@ -27,7 +27,7 @@ import httpx
 import pytest
 
 import yieldgate
-from yieldgate import Gate
+from yieldgate import Gate, GatePolicy, QuotaPolicy
 from yieldgate.server import ServerProcess
 
 pytestmark = pytest.mark.e2e
@@ -80,3 +80,30 @@ def test_the_default_gate_paces_a_burst_by_the_quota_it_learns(serve: Any) -> No
     assert counters["quota_requests_charged_total"] == REQUESTS
     assert refused <= 0.02 * REQUESTS, counters
     assert makespan <= 1.15 * bound_s, (makespan, bound_s)
+
+
+def test_own_budgets_are_settled_by_a_streams_usage_chunk(serve: Any) -> None:
+    server: ServerProcess = serve("--http-port", "0", "--exec-ms", "5")
+    gate = Gate(GatePolicy(quota=QuotaPolicy(tokens_per_minute=600, learn=False)), name="own")
+
+    async def chat() -> str:
+        client = yieldgate.openai_client(gate, base_url=f"{server.http_url}/v1", api_key="x")
+        async with client:
+            stream = await client.chat.completions.create(
+                model="m",
+                messages=[{"role": "user", "content": "hello world"}],
+                max_tokens=300,
+                stream=True,
+                stream_options={"include_usage": True},
+            )
+            usage = None
+            async for chunk in stream:
+                usage = chunk.usage or usage
+        assert usage is not None
+        return str(usage.total_tokens)
+
+    used = int(asyncio.run(chat()))
+    bucket = gate._core.upstreams[0].quota.buckets["policy:tokens"]
+    # Charged 5 + 300 before sending; settled to the stream's usage after it.
+    assert used < 100
+    assert bucket.level_at(bucket.updated) >= 600 - used - 1

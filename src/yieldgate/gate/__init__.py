@@ -19,7 +19,14 @@ from yieldgate.gate._outcome import (
     OutcomeSignal,
     default_classify,
 )
-from yieldgate.gate._policy import USE_POLICY, GatePolicy, GateStatistics, QuotaPolicy, UsePolicy
+from yieldgate.gate._policy import (
+    USE_POLICY,
+    FleetPolicy,
+    GatePolicy,
+    GateStatistics,
+    QuotaPolicy,
+    UsePolicy,
+)
 from yieldgate.gate._quota import Cost, QuotaReading
 from yieldgate.gate._ratecap import RatePolicy
 from yieldgate.gate._retry import RetryPolicy, TimeoutPolicy
@@ -48,6 +55,7 @@ __all__ = [
     "CallObserver",
     "Classifier",
     "Cost",
+    "FleetPolicy",
     "Gate",
     "GatePolicy",
     "GateStatistics",

@@ -23,12 +23,15 @@ from yieldgate.gate._breaker import Breaker
 from yieldgate.gate._call import CallState
 from yieldgate.gate._quota import Claim, QuotaPacer
 from yieldgate.gate._ratecap import RateCap
+from yieldgate.gate._shared import FleetOp
 from yieldgate.gate._upstream import Upstream, choose
 from yieldgate.gate._window import Permit, Signal
 
 __all__ = [
+    "FleetWait",
     "Pacer",
     "RateWait",
+    "SleepWait",
     "VerdictWait",
     "Wait",
     "WindowWait",
@@ -63,7 +66,21 @@ class RateWait(NamedTuple):
     while_: str = "waiting for the rate cap"
 
 
-Wait = VerdictWait | WindowWait | RateWait
+class FleetWait(NamedTuple):
+    """Run ``op`` on the Gate's fleet (sent back: what it answered, ``None`` if Redis
+    did not)."""
+
+    op: FleetOp
+
+
+class SleepWait(NamedTuple):
+    """Sleep ``seconds`` (within the call's deadline), then go on (sent back: ``None``)."""
+
+    seconds: float
+    while_: str
+
+
+Wait = VerdictWait | WindowWait | RateWait | FleetWait | SleepWait
 
 
 class Pacer(Protocol):
@@ -94,6 +111,14 @@ def steps(call: CallState) -> Generator[Wait, Any, Slot]:
             yield VerdictWait(target)
             continue
         up = target
+        shared = core.shared
+        if shared is not None:
+            with lock:
+                ops = shared.before(up, clock())
+            for op in ops:
+                got = yield FleetWait(op)
+                with lock:
+                    shared.apply(core.upstreams, up, op, got, clock())
         quota_claim = call.claim()
         with lock:
             # Taken while no bucket is known, a claim is provisional: if one is
@@ -109,19 +134,42 @@ def steps(call: CallState) -> Generator[Wait, Any, Slot]:
             finally:
                 with lock:
                     core.counters.waited_s += clock() - started
+        if shared is not None and up.quota.shared:
+            with lock:
+                take = shared.take(up, quota_claim)
+            if take is not None:
+                try:
+                    got = yield FleetWait(take)
+                except BaseException:
+                    with lock:
+                        up.quota.refund(quota_claim, clock())
+                    raise
+                with lock:
+                    granted = shared.took(core.upstreams, up, quota_claim, got, clock())
+                if not granted:  # refused (paced until its refill) or Redis away (alone)
+                    continue
         try:
             slot = yield from _window_and_rest(
                 call, up, quota_claim, waited=not paced, provisional=provisional
             )
         except BaseException:
-            with lock:
-                up.quota.refund(quota_claim, clock())
+            _give_back(call, up, quota_claim)
             raise
         if slot is None:  # a probe's verdict was waited for, or a quota learnt: start over
-            with lock:
-                up.quota.refund(quota_claim, clock())
+            _give_back(call, up, quota_claim)
             continue
         return slot
+
+
+def _give_back(call: CallState, up: Upstream, quota_claim: Claim) -> None:
+    """What an admission took and never used: its quota claim, the fleet's take and lease."""
+    core = call.core
+    with core.lock:
+        up.quota.refund(quota_claim, core.clock())
+        shared = core.shared
+        if shared is not None:
+            shared.refund(up, quota_claim)
+            shared.ended(up, quota_claim, hold_s=None, rank=0)
 
 
 def _window_and_rest(
@@ -151,6 +199,16 @@ def _window_and_rest(
             if up.quota.active:
                 up.window.release(permit, Signal.CANCELLED)
                 return None
+    shared = core.shared
+    cap = None if shared is None or not shared.available else shared.policy.inflight_cap
+    if cap is not None:
+        try:
+            yield from _lease(call, up, quota_claim, cap)
+        except BaseException:
+            with lock:
+                up.window.release(permit, Signal.CANCELLED)
+            raise
+        waited = True
     claimed = claim(call, up, permit, quota_claim, clock(), waited=waited)
     if isinstance(claimed, RateCap):
         try:
@@ -167,12 +225,35 @@ def _window_and_rest(
     return claimed
 
 
+def _lease(
+    call: CallState, up: Upstream, quota_claim: Claim, cap: int
+) -> Generator[Wait, Any, None]:
+    """A lease on one of the fleet's ``cap`` in-flight slots for ``up``, polled for
+    (with jitter) while the cap is reached; none when Redis does not answer."""
+    core = call.core
+    shared = core.shared
+    assert shared is not None
+    op = FleetOp("acquire", (up.name, cap))
+    while True:
+        got = yield FleetWait(op)
+        if got is None:
+            return  # Redis away: the local window alone bounds this member
+        if got is not False:
+            quota_claim.lease = got
+            with core.lock:
+                shared.leased(up, got)
+            return
+        with core.lock:
+            pause = shared.policy.poll_s * (0.5 + core.rng.random())
+        yield SleepWait(pause, "waiting for a fleet in-flight slot")
+
+
 def admit_now(call: CallState) -> Slot | None:
     """The common case without a wait: one upstream, no hint to wait out, a free
     slot, no rate cap, a closed breaker. ``None``: take the general path."""
     core = call.core
     ups = core.upstreams
-    if len(ups) != 1 or core.policy.rate is not None:
+    if len(ups) != 1 or core.policy.rate is not None or core.shared is not None:
         return None
     up = ups[0]
     quota = up.quota

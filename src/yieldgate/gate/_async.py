@@ -26,9 +26,11 @@ from yieldgate.gate import _deadlines
 from yieldgate.gate._attempt import CURRENT, Slot, current_task
 from yieldgate.gate._breaker import Breaker
 from yieldgate.gate._call import CallState
+from yieldgate.gate._core import GateCore
 from yieldgate.gate._hedge import hedged_round
 from yieldgate.gate._outcome import Classifier, Outcome
 from yieldgate.gate._retrying import Strategies, needs_retry
+from yieldgate.gate._shared import FleetOp
 from yieldgate.gate._window import Permit, Window
 from yieldgate.protocol import Priority
 
@@ -142,6 +144,29 @@ async def take_rate(rate: admission.Pacer, lock: Any, clock: Callable[[], float]
         raise
 
 
+async def run_fleet_op(core: GateCore, op: FleetOp) -> Any:
+    """Run ``op`` on the Gate's fleet: what it answers (``None`` when Redis does not)."""
+    shared = core.shared
+    assert shared is not None
+    method: Callable[..., Awaitable[Any]] = getattr(shared.fleet, op.name)
+    return await method(*op.args, **op.kwargs)
+
+
+async def flush(core: GateCore) -> None:
+    """Run what attempts left for the fleet, shielded: each op is bounded by the
+    fleet's budget, and one lost to a cancellation would leave a lease or a take
+    counted until it expires."""
+    shared = core.shared
+    assert shared is not None
+    with anyio.CancelScope(shield=True):
+        while True:
+            with core.lock:
+                if not shared.backlog:
+                    return
+                op = shared.backlog.popleft()
+            await run_fleet_op(core, op)
+
+
 class _Driver:
     """One async call: its state, function and the waits it makes."""
 
@@ -183,6 +208,8 @@ class _Driver:
     async def admit(self) -> Slot:
         """Wait for what an attempt needs: a hint to pass, a window slot, the rate
         cap, a ticket from the breaker (the core's ``admission.steps``)."""
+        if self.core.shared is not None:
+            await flush(self.core)
         admitting = admission.steps(self.call)
         advance: Callable[[Any], admission.Wait] = admitting.send
         got: Any = None
@@ -212,6 +239,11 @@ class _Driver:
                 clock=core.clock,
             )
             return await self.within_deadline(window_slot, "waiting for a window slot")
+        if isinstance(wait, admission.FleetWait):
+            return await run_fleet_op(core, wait.op)  # bounded by the fleet's budget
+        if isinstance(wait, admission.SleepWait):
+            pause = functools.partial(anyio.sleep, wait.seconds)
+            return await self.within_deadline(pause, wait.while_)
         start = functools.partial(take_rate, wait.rate, core.lock, core.clock)
         return await self.within_deadline(start, wait.while_)
 
@@ -252,6 +284,8 @@ class _Driver:
         finally:
             CURRENT.reset(token)
             lost = call.end(attempt, outcome, core.clock())
+        if core.shared is not None:
+            await flush(core)  # its readings, its lease, its hint, for the fleet
         assert outcome is not None
         if lost and self.discard is not None:
             # A hedge that answered too after another had won: its value (an

@@ -31,6 +31,7 @@ from yieldgate.gate._core import GateCore
 from yieldgate.gate._outcome import Outcome, OutcomeKind
 from yieldgate.gate._quota import NOTHING, ONE_REQUEST, Claim, Cost, Quota, QuotaReading
 from yieldgate.gate._retry import backoff_floor_s, backoff_s, hinted_floor_s, hinted_wait_s
+from yieldgate.gate._shared import RANKS
 from yieldgate.gate._telemetry import NULL_OBSERVER, AttemptDetails, CallObserver, WaitDetails
 from yieldgate.gate._upstream import Upstream
 from yieldgate.gate._window import Permit, Signal
@@ -124,8 +125,11 @@ class CallState:
     def observe(self, attempt: Attempt, readings: tuple[QuotaReading, ...]) -> None:
         """A response's quota readings, for the upstream ``attempt`` went to."""
         core = self.core
+        slot = attempt.slot
         with core.lock:
-            attempt.slot.upstream.quota.observe(readings, attempt.slot.claim, core.clock())
+            slot.upstream.quota.observe(readings, slot.claim, core.clock())
+            if core.shared is not None:
+                core.shared.observe(slot.upstream, slot.claim, readings)
 
     def used(self, attempt: Attempt, used: Cost) -> None:
         """What ``attempt`` really used: the caller's own budgets are settled by it."""
@@ -177,7 +181,8 @@ class CallState:
         """
         self.last = None
         self.won = None
-        self.winner = None
+        if self.held is None:  # a held slot's Lease still reads its winner's claim
+            self.winner = None
 
     def margin(self, up: Upstream, room: float) -> float:
         """How long before the deadline an attempt should start, out of ``room``: its
@@ -253,6 +258,14 @@ class CallState:
                 self.running.remove(up)
             up.quota.finished(slot.claim)
             won = signal is Signal.SUCCESS and self.winner is None
+            shared = core.shared
+            if shared is not None:
+                if won and self.hold:
+                    slot.claim.lease_held = True  # given back with the window slot
+                hint = None
+                if outcome is not None and outcome.is_congestion:
+                    hint = outcome.hint_s
+                shared.ended(up, slot.claim, hold_s=hint, rank=RANKS[self.priority])
             if won:
                 self.winner = attempt
                 self.won = outcome
@@ -353,6 +366,10 @@ class CallState:
             if held is None:
                 return False, None
             held[0].window.release(held[1], Signal.CANCELLED)
+            winner = self.winner
+            if core.shared is not None and winner is not None:
+                winner.slot.claim.lease_held = False
+                core.shared.ended(held[0], winner.slot.claim, hold_s=None, rank=0)
         won = self.won
         return (won is not None, None if won is None else won.value)
 

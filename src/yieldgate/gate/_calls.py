@@ -58,8 +58,21 @@ class Lease:
     def release(self, outcome: Signal = Signal.SUCCESS) -> None:
         with self._lock:
             permit, self._permit = self._permit, None
-            if permit is not None:
-                self._window.release(permit, outcome)
+            if permit is None:
+                return
+            self._window.release(permit, outcome)
+            attempt = self._attempt
+            claim = None if attempt is None else attempt.slot.claim
+            lease = None if claim is None else claim.lease
+            if claim is not None:
+                claim.lease = None
+        if lease is not None and attempt is not None:
+            shared = attempt.call.core.shared
+            if shared is not None:
+                shared.released(lease)
+                # At once, not left for the next call: the fleet waits for this slot.
+                # Bounded by the fleet's time budget (it never raises).
+                shared.fleet.release_sync(attempt.slot.upstream.name, lease)
 
 
 class GateBase:

@@ -24,6 +24,7 @@ from yieldgate.gate._outcome import Classifier
 from yieldgate.gate._policy import Counters, GatePolicy, GateStatistics
 from yieldgate.gate._quota import Quota
 from yieldgate.gate._ratecap import RateCap
+from yieldgate.gate._shared import Shared
 from yieldgate.gate._telemetry import BreakerChange, Instrumentation, WindowChange
 from yieldgate.gate._upstream import LatencyTracker, Upstream
 from yieldgate.gate._window import Window, WindowStatistics
@@ -73,6 +74,8 @@ class GateCore:
         self.upstreams: list[Upstream] = []
         # True once upstreams are named: attempts then report where they go.
         self.named = False
+        # The fleet this Gate shares its state with (``Gate(shared=...)``).
+        self.shared: Shared | None = None
 
     def make_upstream(
         self, name: str, target: Any, *, label: str, latency: LatencyTracker | None = None
@@ -97,6 +100,8 @@ class GateCore:
             tokens_per_minute=q.tokens_per_minute,
             learn=q.learn,
         )
+        if self.shared is not None:
+            quota.shared = self.shared.available
         return Upstream(name, target, window, breaker, latency, quota)
 
     def rate_cap(self) -> RateCap | None:

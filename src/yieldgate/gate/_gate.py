@@ -34,6 +34,7 @@ from yieldgate.gate._gate_async import AsyncCalls
 from yieldgate.gate._gate_sync import SyncCalls
 from yieldgate.gate._outcome import Classifier, default_classify
 from yieldgate.gate._policy import USE_POLICY, GatePolicy, GateStatistics
+from yieldgate.gate._shared import Shared
 from yieldgate.gate._telemetry import Instrumentation
 from yieldgate.gate._telemetry import OtelInstrumentation as _Otel
 from yieldgate.protocol import Priority
@@ -79,8 +80,13 @@ class Gate(AsyncCalls, SyncCalls):
         rng: random.Random | None = None,
         upstreams: Mapping[str, Any] | Iterable[str] | None = None,
         clock: Callable[[], float] | None = None,
+        shared: Any = None,
     ) -> None:
         self.policy = policy or GatePolicy()
+        if shared is not None and name is None:
+            raise ValueError(
+                "a Gate that shares its state needs a name: it keys the fleet's state in Redis"
+            )
         self.name = name if name is not None else unique_name()
         core = self._core = GateCore(
             self.policy,
@@ -91,6 +97,9 @@ class Gate(AsyncCalls, SyncCalls):
             clock or default_clock,
         )
         self._timer = _sync.Timer()
+        self._own_fleet = False
+        if shared is not None:
+            core.shared = Shared(self._fleet(shared), self.policy.fleet)
         if upstreams is None:
             core.upstreams.append(
                 core.make_upstream(self.name, None, label=self.name, latency=core.latency)
@@ -162,13 +171,39 @@ class Gate(AsyncCalls, SyncCalls):
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
+    def _fleet(self, shared: Any) -> Any:
+        from yieldgate.fleet import Fleet  # the fleet extra: imported only when used
+
+        if isinstance(shared, Fleet):
+            return shared
+        fleet = self.policy.fleet
+        self._own_fleet = True
+        return Fleet(
+            shared,
+            gate=self.name,
+            prefix=fleet.prefix,
+            budget_s=fleet.budget_s,
+            lease_ttl_s=fleet.lease_ttl_s,
+        )
+
     def close(self) -> None:
-        """Refuse new calls from now on. Calls already running finish as usual."""
+        """Refuse new calls from now on. Calls already running finish as usual.
+        A fleet link the Gate made (``shared`` given as a URL) is closed too."""
         self._core.closed = True
+        shared = self._core.shared
+        if shared is not None:
+            shared.close()
+            if self._own_fleet:
+                shared.fleet.close()
 
     async def aclose(self) -> None:
         """``close``, for ``async with``."""
-        self.close()
+        self._core.closed = True
+        shared = self._core.shared
+        if shared is not None:
+            shared.close()
+            if self._own_fleet:
+                await shared.fleet.aclose()
 
     @property
     def closed(self) -> bool:

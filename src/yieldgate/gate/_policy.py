@@ -20,6 +20,7 @@ __all__ = [
     "USE_POLICY",
     "BreakerPolicy",
     "Counters",
+    "FleetPolicy",
     "GatePolicy",
     "GateStatistics",
     "HedgePolicy",
@@ -271,6 +272,38 @@ class QuotaPolicy:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class FleetPolicy:
+    """How a Gate that shares its state (``Gate(shared=...)``) uses Redis.
+
+    Shared, per upstream: the quota's buckets (the fleet paces as one), hint
+    holds (a yield or 429 seen by one member holds every member's attempts at
+    that priority and below) and, with ``inflight_cap``, a fleet-wide cap on
+    attempts in flight, as leases that expire ``lease_ttl_s`` after they were
+    taken (a member killed holding them loses them; keep it above your
+    longest attempt). Each Redis operation is bounded by ``budget_s``; when
+    Redis is down or slow, the Gate goes on alone, pacing the quota at
+    ``1 / members`` of what the provider's headers say, and rejoins when
+    Redis answers again. ``prefix`` starts every key (one per application).
+    """
+
+    inflight_cap: int | None = None
+    budget_s: float = 0.05
+    lease_ttl_s: float = 60.0
+    prefix: str = "yieldgate"
+    poll_s: float = 0.02
+
+    def __post_init__(self) -> None:
+        if self.inflight_cap is not None and self.inflight_cap < 1:
+            raise ValueError("fleet inflight_cap must be >= 1 or None")
+        for name in ("budget_s", "lease_ttl_s", "poll_s"):
+            value = getattr(self, name)
+            if not (value > 0 and math.isfinite(value)):
+                raise ValueError(f"fleet {name} must be a positive number")
+        if not self.prefix or any(c in self.prefix for c in "{}"):
+            raise ValueError("fleet prefix must be a non-empty string without braces")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class HedgePolicy:
     """When a Gate starts extra attempts for a call that has not answered yet.
 
@@ -330,6 +363,7 @@ class GatePolicy:
     rate: RatePolicy | None = None
     hedge: HedgePolicy | None = None
     quota: QuotaPolicy = field(default_factory=QuotaPolicy)
+    fleet: FleetPolicy = field(default_factory=FleetPolicy)
 
     @classmethod
     def cold_start(cls, *, max_concurrency: int = 16, per_s: float | None = None) -> GatePolicy:

@@ -131,44 +131,70 @@ class Bucket:
         self.learnt = learnt  # from headers (the provider's count), else the caller's own
         self.applied = 0  # the ledger number of the newest reading applied
 
-    def level_at(self, now: float) -> float:
+    def level_at(self, now: float, cap: float = 1.0, pace: float = 1.0) -> float:
+        """The level at ``now``, holding ``cap`` of the limit and refilling at ``pace``
+        of the rate (a member's shares of a fleet's quota)."""
         if now <= self.updated:
             return self.level
-        return min(self.limit, self.level + (now - self.updated) * self.rate)
+        return min(self.limit * cap, self.level + (now - self.updated) * self.rate * pace)
 
-    def settle(self, now: float) -> None:
-        self.level = self.level_at(now)
+    def settle(self, now: float, cap: float = 1.0, pace: float = 1.0) -> None:
+        self.level = self.level_at(now, cap, pace)
         self.updated = max(self.updated, now)
 
-    def take(self, amount: float, now: float) -> None:
-        self.settle(now)
+    def take(self, amount: float, now: float, cap: float = 1.0, pace: float = 1.0) -> None:
+        self.settle(now, cap, pace)
         self.level -= amount
 
-    def give(self, amount: float, now: float) -> None:
-        self.settle(now)
-        self.level = min(self.limit, self.level + amount)
+    def give(self, amount: float, now: float, cap: float = 1.0, pace: float = 1.0) -> None:
+        self.settle(now, cap, pace)
+        self.level = min(self.limit * cap, self.level + amount)
 
-    def wait_s(self, amount: float, now: float) -> float:
+    def wait_s(self, amount: float, now: float, cap: float = 1.0, pace: float = 1.0) -> float:
         """How long until ``amount`` fits (0: now)."""
-        short = amount - self.level_at(now)
+        short = amount - self.level_at(now, cap, pace)
         if short <= 0:
             return 0.0
-        return short / self.rate
+        return short / (self.rate * pace)
 
 
 class Claim:
     """One attempt's cost, taken (or to be taken) from an upstream's quota."""
 
-    __slots__ = ("cost", "key", "number", "priority", "started", "taken", "wake")
+    __slots__ = (
+        "cost",
+        "fleet",
+        "key",
+        "lease",
+        "lease_held",
+        "local",
+        "number",
+        "observed",
+        "priority",
+        "seq",
+        "started",
+        "taken",
+        "wake",
+        "wants",
+    )
 
     def __init__(self, cost: Cost, priority: Priority, key: float) -> None:
         self.cost = cost
         self.priority = priority
         self.key = key  # arrival: the call's start
-        self.number = 0  # its place in the ledger, once taken
-        self.started = 0.0  # when it was taken
+        self.number = 0  # its place among the sends, once sent
+        self.started = 0.0  # when it was taken, then sent
         self.taken = False
+        self.local = False  # taken from this process's buckets
+        self.fleet = False  # taken while a fleet's buckets paced
         self.wake: Callable[[], None] | None = None
+        # In a fleet: the send number the fleet's take gave it (0: none), what it
+        # took there, whether its answer was reported, and its in-flight lease.
+        self.seq = 0
+        self.wants: list[tuple[str, float, float, float]] = []
+        self.observed = False
+        self.lease: str | None = None
+        self.lease_held = False
 
 
 class Quota:
@@ -205,6 +231,15 @@ class Quota:
         self._arrivals = itertools.count()
         self.waits = 0  # claims that had to queue
         self.readings = 0  # readings applied
+        # In a fleet: the fleet's buckets pace (``shared``) and, after a refusal, no
+        # claim asks them again before ``poll_after``; learnt buckets hold ``cap`` of
+        # what the provider says (1 / members: a member's fair share of a full
+        # bucket) and refill at ``pace`` of its rate (all of it while the fleet's
+        # buckets pace too; 1 / members when alone).
+        self.shared = False
+        self.poll_after = -math.inf
+        self.cap = 1.0
+        self.pace = 1.0
 
     @property
     def active(self) -> bool:
@@ -220,16 +255,42 @@ class Quota:
                 return bucket
         return None
 
+    def _shares(self, bucket: Bucket) -> tuple[float, float]:
+        return (self.cap, self.pace) if bucket.learnt else (1.0, 1.0)
+
+    def _local(self, claim_shared: bool) -> list[Bucket]:
+        """The buckets a claim takes from here: all, or (in a fleet, whose buckets hold
+        the caller's own budgets) the learnt ones, for this member's share."""
+        if not claim_shared:
+            return list(self.buckets.values())
+        return [b for b in self.buckets.values() if b.learnt]
+
     def _fits(self, cost: Cost, now: float) -> float:
         """0 if ``cost`` fits every bucket now, else the longest refill it needs."""
-        return max(
-            (b.wait_s(cost.amount(b.resource), now) for b in self.buckets.values()),
+        wait = max(
+            (
+                b.wait_s(cost.amount(b.resource), now, *self._shares(b))
+                for b in self._local(self.shared)
+            ),
             default=0.0,
         )
+        if self.shared:
+            wait = max(wait, self.poll_after - now)
+        return wait
+
+    def wants(self, cost: Cost) -> list[tuple[str, float, float, float]]:
+        """``(bucket, amount, limit, rate)`` for each bucket ``cost`` spends from."""
+        return [
+            (key, float(cost.amount(b.resource)), b.limit, b.rate)
+            for key, b in self.buckets.items()
+            if cost.amount(b.resource) > 0
+        ]
 
     def _take(self, claim: Claim, now: float) -> None:
-        for bucket in self.buckets.values():
-            bucket.take(claim.cost.amount(bucket.resource), now)
+        for bucket in self._local(self.shared):
+            bucket.take(claim.cost.amount(bucket.resource), now, *self._shares(bucket))
+        claim.local = True
+        claim.fleet = self.shared
         claim.started = now
         claim.taken = True
         if self.learn:
@@ -249,6 +310,7 @@ class Quota:
         """Take ``claim`` while no bucket is known (``active`` false), to be sent at
         once: it always fits, and nothing is taken from any bucket."""
         claim.taken = True
+        claim.local = True
 
     def try_take(self, claim: Claim, now: float) -> bool:
         """Take ``claim`` now if nobody is queued and it fits; never waits."""
@@ -305,8 +367,10 @@ class Quota:
         claim.taken = False
         # Every bucket counts it: taken from it, or (one learnt since) among the
         # claims a reading's level was set without.
-        for bucket in self.buckets.values():
-            bucket.give(claim.cost.amount(bucket.resource), now)
+        if claim.local:
+            claim.local = False
+            for bucket in self._local(claim.fleet):
+                bucket.give(claim.cost.amount(bucket.resource), now, *self._shares(bucket))
         self._pending.discard(claim)
         self._wake_head()
 
@@ -315,6 +379,8 @@ class Quota:
     def settle_own(self, claim: Claim, used: Cost, now: float) -> None:
         """Settle the caller's own buckets against what the attempt really used."""
         changed = False
+        if not claim.local or claim.fleet:  # the fleet holds the caller's own budgets
+            return
         for bucket in self.buckets.values():
             if bucket.learnt:
                 continue
@@ -355,13 +421,13 @@ class Quota:
             )
             # As of now: the provider counted it somewhere between the send and now,
             # and refill credited for that time could be refill it has not yet had.
-            level = reading.remaining - unseen
+            level = reading.remaining * self.cap - unseen
             if fresh or number > bucket.applied:
                 bucket.level = level  # the newest send's reading: up or down
                 bucket.applied = number
             else:
                 # An older send's reading, answered late: it may only lower the level.
-                bucket.level = min(bucket.level_at(now), level)
+                bucket.level = min(bucket.level_at(now, self.cap, self.pace), level)
             bucket.updated = now
         self._wake_head()
 

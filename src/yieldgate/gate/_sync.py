@@ -26,8 +26,10 @@ from yieldgate.gate import _admission as admission
 from yieldgate.gate._attempt import CURRENT, Slot
 from yieldgate.gate._breaker import Breaker
 from yieldgate.gate._call import CallState
+from yieldgate.gate._core import GateCore
 from yieldgate.gate._outcome import Classifier, Outcome
 from yieldgate.gate._retrying import Strategies, needs_retry
+from yieldgate.gate._shared import FleetOp
 from yieldgate.gate._upstream import Upstream
 from yieldgate.gate._window import Permit
 
@@ -135,6 +137,8 @@ class _Driver:
 
     def admit(self) -> Slot:
         """Wait, in this thread, for what an attempt needs (``admission.steps``)."""
+        if self.core.shared is not None:
+            flush(self.core)
         admitting = admission.steps(self.call)
         advance: Callable[[Any], admission.Wait] = admitting.send
         got: Any = None
@@ -154,6 +158,11 @@ class _Driver:
             return self.verdict(wait.breaker)
         if isinstance(wait, admission.WindowWait):
             return self.acquire(wait.up, wait.not_after)
+        if isinstance(wait, admission.FleetWait):
+            return run_fleet_op(self.core, wait.op)  # bounded by the fleet's budget
+        if isinstance(wait, admission.SleepWait):
+            self._block(threading.Event(), self.core.clock() + wait.seconds, wait.while_)
+            return None
         return self.take_rate(wait.rate, wait.while_)
 
     def send(self, slot: Slot) -> Outcome:
@@ -230,5 +239,28 @@ def _send(
     finally:
         CURRENT.reset(token)
         call.end(attempt, outcome, clock())  # never a lost race: threads do not hedge
+    if call.core.shared is not None:
+        flush(call.core)  # its readings, its lease, its hint, for the fleet
     assert outcome is not None  # else the attempt raised
     return outcome
+
+
+def run_fleet_op(core: GateCore, op: FleetOp) -> Any:
+    """Run ``op`` on the Gate's fleet, in this thread: what it answers (``None``
+    when Redis does not)."""
+    shared = core.shared
+    assert shared is not None
+    method: Callable[..., Any] = getattr(shared.fleet, op.name + "_sync")
+    return method(*op.args, **op.kwargs)
+
+
+def flush(core: GateCore) -> None:
+    """Run what attempts left for the fleet (each op bounded by the fleet's budget)."""
+    shared = core.shared
+    assert shared is not None
+    while True:
+        with core.lock:
+            if not shared.backlog:
+                return
+            op = shared.backlog.popleft()
+        run_fleet_op(core, op)

@@ -164,14 +164,18 @@ class GatedCore:
 
     def settle(self, response: Any, lease: Lease) -> Any:
         """A 2xx response as the client gets it: its body holds the window slot."""
+        quota = self.gate.policy.quota
+        # Budgets of the caller's own are settled against the usage the body reports.
+        own = quota.requests_per_minute is not None or quota.tokens_per_minute is not None
         if is_closed(response):
             # Already read and closed by the inner transport (a mock's
             # ``Response(content=...)`` is): nothing will close it again.
+            if own:
+                used = usage_of(response.content[-_USAGE_TAIL:])
+                if used is not None:
+                    lease.report_usage(used)
             lease.release()
         else:
-            quota = self.gate.policy.quota
-            # Budgets of the caller's own are settled against the usage the body reports.
-            own = quota.requests_per_minute is not None or quota.tokens_per_minute is not None
             response.stream = self.leased(
                 response.stream, lease, _keeps_chunks(response.headers), usage=own
             )

@@ -1,0 +1,223 @@
+"""A Gate's link to its fleet, sans-IO: what to do in Redis, and what came back.
+
+A Gate built with ``shared=`` keeps its own state as before and shares three
+things with the other members of its fleet through a ``yieldgate.fleet.Fleet``:
+
+- **the quota**: in shared mode an attempt's cost is taken from the fleet's
+  buckets (``take``), the readings of its response are applied there
+  (``observe``), and what never went out is given back (``refund``). The
+  local buckets go on learning from every reading, as the fallback.
+- **hint holds**: a congestion hint one member sees holds everyone's
+  attempts at that priority and below (``hold``); each member reads the
+  holds at most every ``HOLDS_EVERY_S`` before admitting (``holds``).
+- **in-flight leases**, with ``FleetPolicy.inflight_cap``: an attempt sends
+  only with a lease (``acquire``), given back when it ends (``release``).
+
+Nothing here does I/O: admission yields a ``FleetOp`` for the driver to run
+and is sent the result; what an attempt leaves to do (its readings, its
+lease, its hint) goes to ``backlog``, which the drivers run after each
+attempt and before each admission. Every operation answers ``None`` when
+Redis is down or slow: the Gate then goes on alone (``available`` false), its
+quota paced at ``1 / members`` of what the provider's headers say, and tries
+Redis again every ``REJOIN_EVERY_S`` (a membership heartbeat) until it answers.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+from yieldgate.gate._policy import FleetPolicy
+from yieldgate.gate._quota import Claim, QuotaReading
+from yieldgate.gate._upstream import Upstream
+from yieldgate.protocol import Priority
+
+__all__ = ["FleetOp", "Shared"]
+
+HOLDS_EVERY_S = 0.025
+HEARTBEAT_EVERY_S = 1.0
+REJOIN_EVERY_S = 1.0
+RANKS = {Priority.LOW: 0, Priority.NORMAL: 1, Priority.HIGH: 2}
+PRIORITY_OF = {rank: priority for priority, rank in RANKS.items()}
+
+
+class FleetOp(NamedTuple):
+    """One operation of ``yieldgate.fleet.Fleet`` to run: its name (the async form;
+    ``name + "_sync"`` the sync one), arguments and keyword arguments."""
+
+    name: str
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any] = {}  # noqa: RUF012 - never mutated
+
+
+class Shared:
+    """The fleet a Gate belongs to, and the state of its link (see the module docstring)."""
+
+    def __init__(self, fleet: Any, policy: FleetPolicy) -> None:
+        self.fleet = fleet
+        self.policy = policy
+        self.available = True
+        self.backlog: deque[FleetOp] = deque()
+        self._holds_read: dict[str, float] = {}
+        self._heartbeat_due: dict[str, float] = {}
+        self.members: dict[str, int] = {}
+        # Leases held now (id -> upstream), renewed by a thread every third of their TTL.
+        self.leases: dict[str, str] = {}
+        self._renewer: threading.Thread | None = None
+        self._stop = threading.Event()
+
+    # -- before admission -----------------------------------------------------------
+
+    def before(self, up: Upstream, now: float) -> list[FleetOp]:
+        """What to ask the fleet before admitting to ``up``: a heartbeat when due (also
+        the probe that rejoins after an outage), and the holds when last read long ago."""
+        ops = []
+        if now >= self._heartbeat_due.get(up.name, -1.0):
+            # Often enough that a member's share follows the fleet's size.
+            every = min(self.policy.lease_ttl_s / 3, HEARTBEAT_EVERY_S)
+            self._heartbeat_due[up.name] = now + (every if self.available else REJOIN_EVERY_S)
+            ops.append(FleetOp("heartbeat", (up.name,)))
+        if self.available and now - self._holds_read.get(up.name, -1.0) >= HOLDS_EVERY_S:
+            self._holds_read[up.name] = now
+            ops.append(FleetOp("holds", (up.name,)))
+        return ops
+
+    def apply(
+        self, ups: Sequence[Upstream], up: Upstream, op: FleetOp, got: Any, now: float
+    ) -> None:
+        """What a ``before`` operation answered."""
+        if op.name == "heartbeat":
+            if got is None:
+                self._unavailable(ups)
+            else:
+                self.members[up.name] = max(1, int(got))
+                self._rejoin(ups)
+            self._set_share(up)
+        elif op.name == "holds":
+            if got is None:
+                self._unavailable(ups)
+                return
+            for rank, left in got.items():
+                priority = PRIORITY_OF.get(int(rank))
+                if priority is not None and left > 0:
+                    up.window.hold(priority, now + left, now + left)
+
+    def _unavailable(self, ups: Sequence[Upstream]) -> None:
+        if self.available:
+            self.available = False
+            for up in ups:
+                up.quota.shared = False
+                self._set_share(up)
+
+    def _rejoin(self, ups: Sequence[Upstream]) -> None:
+        if not self.available:
+            self.available = True
+            for up in ups:
+                up.quota.shared = True
+
+    def _set_share(self, up: Upstream) -> None:
+        """A member's share of what the provider's headers say: of a full bucket always
+        (so that no member drains one alone), of the refill only when alone."""
+        share = 1.0 / self.members.get(up.name, 1)
+        up.quota.cap = share
+        up.quota.pace = 1.0 if self.available else share
+
+    # -- the quota -------------------------------------------------------------------
+
+    def take(self, up: Upstream, claim: Claim) -> FleetOp | None:
+        """The fleet's take for ``claim`` (taken locally in shared mode), or ``None``
+        when no bucket is known yet (the first answers teach it)."""
+        wants = up.quota.wants(claim.cost)
+        if not wants:
+            return None
+        return FleetOp("take", (up.name, wants))
+
+    def took(
+        self, ups: Sequence[Upstream], up: Upstream, claim: Claim, got: Any, now: float
+    ) -> bool:
+        """What the fleet's take answered: ``True`` if ``claim`` may go; else it was
+        refused (wait) or Redis is away (go on alone): the caller starts over."""
+        if got is None:
+            self._unavailable(ups)
+            up.quota.refund(claim, now)
+            return False
+        if not got.ok:
+            up.quota.poll_after = max(up.quota.poll_after, now + got.wait_s)
+            up.quota.refund(claim, now)
+            return False
+        claim.seq = got.seq
+        claim.wants = up.quota.wants(claim.cost)
+        return True
+
+    def refund(self, up: Upstream, claim: Claim) -> None:
+        """A claim the fleet had granted was never sent."""
+        if claim.seq:
+            self.backlog.append(FleetOp("refund", (up.name, _amounts(claim))))
+            claim.seq = 0
+
+    def observe(self, up: Upstream, claim: Claim, readings: Sequence[QuotaReading]) -> None:
+        """A response's readings, for the fleet's buckets its claim took from."""
+        if not claim.seq:
+            return
+        taken = {key: amount for key, amount, _, _ in claim.wants}
+        for reading in readings:
+            amount = taken.get(reading.key)
+            bucket = up.quota.buckets.get(reading.key)
+            if amount is None or bucket is None:
+                continue
+            kwargs = {
+                "limit": reading.limit,
+                "rate": bucket.rate,
+                "remaining": reading.remaining,
+                "amount": amount,
+                "seq": claim.seq,
+            }
+            self.backlog.append(FleetOp("observe", (up.name, reading.key), kwargs))
+        claim.observed = True
+
+    # -- after an attempt --------------------------------------------------------------
+
+    def leased(self, up: Upstream, lease: str) -> None:
+        """A lease was granted: renew it until it is released."""
+        self.leases[lease] = up.name
+        if self._renewer is None or not self._renewer.is_alive():
+            self._renewer = threading.Thread(
+                target=self._renew, name="yieldgate-fleet-leases", daemon=True
+            )
+            self._renewer.start()
+
+    def released(self, lease: str) -> None:
+        self.leases.pop(lease, None)
+
+    def _renew(self) -> None:
+        """Extend every lease held, a third of their TTL before they would lapse, until
+        none is left; a member that dies stops renewing, and its leases lapse."""
+        while not self._stop.wait(self.policy.lease_ttl_s / 3):
+            held: dict[str, list[str]] = {}
+            for lease, upstream in list(self.leases.items()):
+                held.setdefault(upstream, []).append(lease)
+            if not held:
+                return
+            for upstream, leases in held.items():
+                self.fleet.renew_sync(upstream, leases)
+
+    def close(self) -> None:
+        self._stop.set()
+
+    def ended(self, up: Upstream, claim: Claim, *, hold_s: float | None, rank: int) -> None:
+        """An attempt ended: its take answered without a reading, its lease, its hint."""
+        if claim.seq and not claim.observed:
+            self.backlog.append(FleetOp("finished", (up.name, _amounts(claim))))
+            claim.observed = True
+        if claim.lease is not None and not claim.lease_held:
+            self.backlog.append(FleetOp("release", (up.name, claim.lease)))
+            self.released(claim.lease)
+            claim.lease = None
+        if hold_s is not None and hold_s > 0 and self.available:
+            self.backlog.append(FleetOp("hold", (up.name, rank, hold_s)))
+
+
+def _amounts(claim: Claim) -> list[tuple[str, float]]:
+    return [(key, amount) for key, amount, _, _ in claim.wants]

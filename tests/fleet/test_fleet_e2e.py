@@ -1,0 +1,175 @@
+"""Fleets end to end: members as real processes, one real Redis, the reference server.
+
+Each member (``tests/fleet/member.py``) is its own process with its own Gate
+named alike and ``shared=`` the session's Redis; all start together and fire
+their burst through ``AsyncOpenAI``. The bounds asserted are the server's
+(its quota's refill time, its counters), not the machine's speed.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.fleet.conftest import RedisServer
+from tests.fleet.member import jobs
+from yieldgate.server import ServerProcess
+
+pytestmark = pytest.mark.e2e
+
+MEMBER = Path(__file__).with_name("member.py")
+ROOT = Path(__file__).resolve().parents[2]
+MEMBERS = 4
+REQUESTS = 100
+WINDOW_S = 12.0
+
+
+def stats(server: ServerProcess) -> dict[str, Any]:
+    response = httpx.get(f"{server.http_url}/stats", timeout=10)
+    response.raise_for_status()
+    body: dict[str, Any] = response.json()
+    return body
+
+
+def start_members(
+    server: ServerProcess, redis_url: str | None, *extra: str, members: int = MEMBERS
+) -> list[subprocess.Popen[str]]:
+    start_at = time.time() + 3.0  # time for every interpreter to start and import
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    procs = []
+    for i in range(members):
+        args = [sys.executable, str(MEMBER), "--server", server.http_url]
+        args += ["--seed", str(i), "--start-at", str(start_at), *extra]
+        if redis_url is not None:
+            args += ["--redis", redis_url]
+        procs.append(subprocess.Popen(args, stdout=subprocess.PIPE, text=True, env=env))
+    return procs
+
+
+def results(procs: Sequence[subprocess.Popen[str]], timeout: float = 240.0) -> list[dict[str, Any]]:
+    out = []
+    try:
+        for proc in procs:
+            stdout, _ = proc.communicate(timeout=timeout)
+            assert proc.returncode == 0, stdout
+            out.append(json.loads(stdout.strip().splitlines()[-1]))
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    return out
+
+
+def jain(counts: Sequence[float]) -> float:
+    total = sum(counts)
+    return total * total / (len(counts) * sum(c * c for c in counts)) if total else 1.0
+
+
+def fairness(runs: Sequence[dict[str, Any]]) -> float:
+    """The least Jain's index of the members' completed requests, at a quarter, half and
+    three quarters of the burst."""
+    end = max(run["makespan"] for run in runs)
+    return min(
+        jain([sum(1 for t in run["done"] if t <= end * q) for run in runs])
+        for q in (0.25, 0.5, 0.75)
+    )
+
+
+def burst_cost() -> int:
+    return sum(
+        math.ceil(len(f"user: {text}") / 4) + max_tokens
+        for i in range(MEMBERS)
+        for text, max_tokens in jobs(REQUESTS, i)
+    )
+
+
+def quota_server(serve: Any) -> tuple[ServerProcess, int, float]:
+    cost = burst_cost()
+    tpm = math.ceil(cost / 1.5)
+    server: ServerProcess = serve(
+        "--http-port", "0", "--exec-ms", "20", "--max-inflight", "256",
+        "--quota-tpm", str(tpm), "--quota-rpm", "100000", "--quota-window-s", str(WINDOW_S),
+    )  # fmt: skip
+    return server, tpm, (cost - tpm) / (tpm / WINDOW_S)
+
+
+def test_a_fleet_paces_one_quota_as_one(serve: Any, redis_server: RedisServer) -> None:
+    server, _tpm, bound_s = quota_server(serve)
+    runs = results(start_members(server, redis_server.url))
+    assert [run["failed"] for run in runs] == [0] * MEMBERS, [run["errors"] for run in runs]
+    counters = stats(server)
+    refused = counters["quota_refused_tokens_total"] + counters["quota_refused_requests_total"]
+    assert counters["quota_requests_charged_total"] == MEMBERS * REQUESTS
+    assert refused <= 0.02 * MEMBERS * REQUESTS, counters
+    makespan = max(run["makespan"] for run in runs)
+    assert makespan <= 1.2 * bound_s, (makespan, bound_s)
+    assert fairness(runs) >= 0.9, [len(run["done"]) for run in runs]
+
+
+def test_a_fleet_wide_cap_keeps_a_governed_server_from_yielding(
+    serve: Any, redis_server: RedisServer
+) -> None:
+    server: ServerProcess = serve("--http-port", "0", "--exec-ms", "50", "--max-inflight", "8")
+    unshared = results(start_members(server, None, "--requests", "50"))
+    alone = stats(server)["yielded_total"]
+    server2: ServerProcess = serve("--http-port", "0", "--exec-ms", "50", "--max-inflight", "8")
+    shared = results(start_members(server2, redis_server.url, "--requests", "50", "--cap", "8"))
+    together = stats(server2)["yielded_total"]
+    assert all(run["failed"] == 0 for run in unshared + shared)
+    assert alone > 0
+    assert together <= 0.1 * alone, (together, alone)
+    assert stats(server2)["inflight_peak"] <= 8
+
+
+def test_redis_killed_mid_burst_fails_no_call_and_restarted_is_rejoined(
+    serve: Any, fresh_redis: RedisServer
+) -> None:
+    server, _tpm, _bound = quota_server(serve)
+    procs = start_members(server, fresh_redis.url)
+    deadline = time.monotonic() + 60
+    while stats(server)["quota_requests_charged_total"] < 50:  # the burst is under way
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    fresh_redis.stop()
+    while stats(server)["quota_requests_charged_total"] < 200:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    fresh_redis.start()  # the same port
+    runs = results(procs)
+    assert [run["failed"] for run in runs] == [0] * MEMBERS, [run["errors"] for run in runs]
+    assert all(run["fleet"]["outages"] >= 1 for run in runs)
+    assert stats(server)["quota_requests_charged_total"] == MEMBERS * REQUESTS
+
+
+def test_a_lease_is_renewed_while_held_and_lapses_when_its_member_dies(
+    serve: Any, redis_server: RedisServer
+) -> None:
+    server: ServerProcess = serve("--http-port", "0", "--max-inflight", "8", "--exec-ms", "10")
+    args = ("--requests", "1", "--cap", "1", "--lease-ttl-s", "3")
+    holder = start_members(server, redis_server.url, *args, "--exec-ms", "600000", members=1)
+    deadline = time.monotonic() + 60
+    while stats(server)["inflight"] < 1:  # its one call runs: it holds the one lease
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    waiter = start_members(server, redis_server.url, *args, members=1)
+    # Two TTLs on, the holder's renewed lease still keeps the waiter out.
+    time.sleep(6.0)
+    assert waiter[0].poll() is None
+    assert stats(server)["inflight_peak"] == 1
+    holder[0].send_signal(signal.SIGKILL)
+    holder[0].wait()
+    (run,) = results(waiter, timeout=60)
+    assert run["ok"] == 1  # the dead member's lease lapsed within its TTL
+    assert stats(server)["inflight_peak"] == 1
