@@ -26,9 +26,20 @@ async def test_the_cap_holds_across_members(fleets: Any) -> None:
     assert await b.acquire(UP, 2) is False
     assert await a.release(UP, first) is True
     assert await a.release(UP, first) is False  # once
-    third = await b.acquire(UP, 2)
+    # b holds its share (one of two) while a waits: the freed slot is a's.
+    assert await b.acquire(UP, 2) is False
+    third = await a.acquire(UP, 2)
     assert isinstance(third, str)
     assert await a.acquire(UP, 2) is False
+
+
+async def test_a_member_alone_may_hold_the_whole_cap(fleets: Any) -> None:
+    a, b = fleets(member="a"), fleets(member="b")
+    held = [await a.acquire(UP, 3) for _ in range(3)]
+    assert all(isinstance(lease, str) for lease in held)
+    assert await b.acquire(UP, 3) is False  # b waits now
+    leases = [await a.acquire(UP, 3) for _ in range(2)]
+    assert leases == [False, False]
 
 
 async def test_a_dead_members_leases_come_back_after_their_ttl(fleets: Any) -> None:

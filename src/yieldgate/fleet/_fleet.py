@@ -408,19 +408,24 @@ class Fleet:
 
     def _acquire(self, upstream: str, cap: int) -> _Op[str | Literal[False]]:
         lease = f"{self.member}#{next(self._leases)}"
-        args = (_count("cap", cap, least=1), lease, self.lease_ttl_s)
+        # A member that stops asking stops waiting after a second.
+        args = (_count("cap", cap, least=1), lease, self.lease_ttl_s, self.member, 1.0)
 
         def decode(raw: Any) -> str | Literal[False]:
             return lease if _flag(raw) else False
 
-        return _Op("acquire", (self.keys.leases(upstream),), args, decode)
+        keys = (self.keys.leases(upstream), self.keys.waiters(upstream))
+        return _Op("acquire", keys, args, decode)
 
     async def acquire(self, upstream: str, cap: int) -> str | Literal[False] | None:
         """One of ``cap`` fleet-wide in-flight slots: a lease id, ``False`` when all
         ``cap`` are held, ``None`` when Redis is unavailable.
 
         A lease lasts ``lease_ttl_s`` unless renewed; expired leases (a member
-        that died holding them) are dropped before counting.
+        that died holding them) are dropped before counting. Fair between
+        members: while another member is waiting (it was refused in the last
+        second), a member that holds its share of the cap (the cap over the
+        members holding or waiting, rounded up) is refused too.
         """
         return await self._arun(self._acquire(upstream, cap))
 

@@ -46,6 +46,9 @@ class Keys:
     def leases(self, upstream: str) -> str:
         return f"{self.tag(upstream)}:leases"
 
+    def waiters(self, upstream: str) -> str:
+        return f"{self.tag(upstream)}:waiters"
+
     def members(self, upstream: str) -> str:
         return f"{self.tag(upstream)}:members"
 

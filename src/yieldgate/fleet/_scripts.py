@@ -173,11 +173,38 @@ end
 return out
 """
 
-# KEYS[1]: leases (a ZSET, lease id -> expiry). ARGV: cap, lease id, ttl_s.
+# KEYS[1]: leases (a ZSET, lease id "member#n" -> expiry), KEYS[2]: waiters (a ZSET,
+# member -> expiry). ARGV: cap, lease id, ttl_s, member, wait_ttl_s.
+# Fair between members: while another member waits, one that holds its share of the
+# cap (cap over the members holding or waiting, rounded up) is refused too, and waits.
 ACQUIRE: Final = """
 local ttl = tonumber(ARGV[3])
+local me = ARGV[4]
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', '(' .. fmt(now))
-if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[1]) then return 0 end
+redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', '(' .. fmt(now))
+local held = redis.call('ZRANGE', KEYS[1], 0, -1)
+local seen, count, mine = {}, 0, 0
+for _, id in ipairs(held) do
+  local m = string.match(id, '^(.*)#')
+  if m == me then mine = mine + 1 end
+  if m and not seen[m] then seen[m] = true; count = count + 1 end
+end
+local others = 0
+for _, w in ipairs(redis.call('ZRANGE', KEYS[2], 0, -1)) do
+  if w ~= me then
+    others = others + 1
+    if not seen[w] then seen[w] = true; count = count + 1 end
+  end
+end
+if not seen[me] then count = count + 1 end
+local cap = tonumber(ARGV[1])
+if #held >= cap or (others > 0 and mine >= math.ceil(cap / count)) then
+  local wait = tonumber(ARGV[5])
+  redis.call('ZADD', KEYS[2], fmt(now + wait), me)
+  extend(KEYS[2], wait + 1)
+  return 0
+end
+redis.call('ZREM', KEYS[2], me)
 redis.call('ZADD', KEYS[1], fmt(now + ttl), ARGV[2])
 extend(KEYS[1], ttl + 1)
 return 1

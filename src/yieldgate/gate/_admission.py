@@ -235,17 +235,22 @@ def _lease(
     assert shared is not None
     op = FleetOp("acquire", (up.name, cap))
     while True:
+        # One poll per member at a time while the cap is reached: each member asks
+        # as often as the others, however many of its calls wait.
+        with core.lock:
+            pause = shared.lease_pause(up, core.clock())
+        if pause > 0:
+            yield SleepWait(pause, "waiting for a fleet in-flight slot")
+            continue
         got = yield FleetWait(op)
         if got is None:
             return  # Redis away: the local window alone bounds this member
-        if got is not False:
-            quota_claim.lease = got
-            with core.lock:
-                shared.leased(up, got)
-            return
         with core.lock:
-            pause = shared.policy.poll_s * (0.5 + core.rng.random())
-        yield SleepWait(pause, "waiting for a fleet in-flight slot")
+            if got is not False:
+                quota_claim.lease = got
+                shared.leased(up, got)
+                return
+            shared.lease_refused(up, core.clock(), core.rng.random())
 
 
 def admit_now(call: CallState) -> Slot | None:

@@ -66,6 +66,7 @@ class Shared:
         # Leases held now (id -> upstream), renewed by a thread every third of their TTL.
         self.leases: dict[str, str] = {}
         self._renewer: threading.Thread | None = None
+        self._lease_poll: dict[str, float] = {}  # upstream -> no lease asked before
         self._stop = threading.Event()
 
     # -- before admission -----------------------------------------------------------
@@ -178,6 +179,15 @@ class Shared:
         claim.observed = True
 
     # -- after an attempt --------------------------------------------------------------
+
+    def lease_pause(self, up: Upstream, now: float) -> float:
+        """How long to wait before asking for a lease (another local call is asking)."""
+        return self._lease_poll.get(up.name, 0.0) - now
+
+    def lease_refused(self, up: Upstream, now: float, draw: float) -> None:
+        """The cap is reached: nobody here asks again for a jittered ``poll_s``."""
+        pause = self.policy.poll_s * (0.5 + draw)
+        self._lease_poll[up.name] = max(self._lease_poll.get(up.name, 0.0), now + pause)
 
     def leased(self, up: Upstream, lease: str) -> None:
         """A lease was granted: renew it until it is released."""
