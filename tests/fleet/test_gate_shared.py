@@ -13,7 +13,20 @@ import httpx
 import pytest
 
 from tests.fleet.conftest import DelayProxy, RedisServer
-from yieldgate import Cost, FleetPolicy, Gate, GatePolicy, Outcome, QuotaPolicy
+from yieldgate import (
+    BreakerPolicy,
+    CircuitOpenError,
+    Cost,
+    FleetPolicy,
+    Gate,
+    GatePolicy,
+    Outcome,
+    QuotaPolicy,
+    RetriesExhaustedError,
+    RetryBudgetExhaustedError,
+    RetryBudgetPolicy,
+    RetryPolicy,
+)
 from yieldgate.dialects import OPENAI
 
 pytestmark = pytest.mark.anyio
@@ -155,3 +168,103 @@ def test_a_policy_budget_is_settled_by_the_usage_a_response_reports() -> None:
     bucket = gate._core.upstreams[0].quota.buckets["policy:tokens"]
     # Estimated 10 + 500 = 510, used 10: the 500 came back.
     assert bucket.level_at(bucket.updated) == pytest.approx(6000 - 10, abs=1.0)
+
+
+async def test_the_retry_budget_is_the_fleets(redis_server: RedisServer) -> None:
+    # One retry per 10 s window for the whole fleet, whatever each member's traffic.
+    budget = RetryBudgetPolicy(ratio=0.0, min_per_s=0.1, window_s=10.0)
+    policy = GatePolicy(
+        budget=budget,
+        retry=RetryPolicy(max_attempts=5, base_s=0.01),
+        fleet=FleetPolicy(budget_s=1.0),
+    )
+    name = f"budget-{time.monotonic_ns()}"
+    first = Gate(policy, name=name, shared=redis_server.url)
+    second = Gate(policy, name=name, shared=redis_server.url)
+    calls = {"first": 0, "second": 0}
+
+    def failing(who: str) -> Any:
+        async def fail() -> None:
+            calls[who] += 1
+            raise ConnectionResetError("reset")
+
+        return fail
+
+    with pytest.raises(RetryBudgetExhaustedError):
+        await first.call(failing("first"))
+    assert calls["first"] == 2  # the fleet's one retry
+    with pytest.raises(RetryBudgetExhaustedError):
+        await second.call(failing("second"))
+    assert calls["second"] == 1  # none left for the second member
+    first.close()
+    second.close()
+
+
+async def test_one_members_failures_open_the_breaker_for_all(redis_server: RedisServer) -> None:
+    policy = GatePolicy(
+        breaker=BreakerPolicy(fail_max=2, reset_timeout_s=30.0),
+        retry=RetryPolicy(max_attempts=1),
+        fleet=FleetPolicy(budget_s=1.0),
+    )
+    name = f"breaker-{time.monotonic_ns()}"
+    first = Gate(policy, name=name, shared=redis_server.url)
+    second = Gate(policy, name=name, shared=redis_server.url)
+    sent = {"second": 0}
+
+    async def fail() -> None:
+        raise ConnectionResetError("reset")
+
+    async def work() -> str:
+        sent["second"] += 1
+        return "ok"
+
+    assert await second.call(work) == "ok"  # closed for everyone at first
+    for _ in range(2):
+        with pytest.raises(RetriesExhaustedError):
+            await first.call(fail)
+    await anyio.sleep(0.05)  # past the second's last read of the fleet's breaker
+    with pytest.raises(CircuitOpenError) as caught:
+        await second.call(work)
+    assert sent["second"] == 1  # refused without sending
+    assert caught.value.retry_after_s is not None
+    assert caught.value.retry_after_s > 20
+    first.close()
+    second.close()
+
+
+async def test_a_half_open_fleet_sends_one_probe(redis_server: RedisServer) -> None:
+    policy = GatePolicy(
+        breaker=BreakerPolicy(fail_max=1, reset_timeout_s=0.3),
+        retry=RetryPolicy(max_attempts=1),
+        fleet=FleetPolicy(budget_s=1.0),
+    )
+    name = f"probe-{time.monotonic_ns()}"
+    members = [Gate(policy, name=name, shared=redis_server.url) for _ in range(3)]
+    spans: list[tuple[float, float]] = []
+
+    async def fail() -> None:
+        raise ConnectionResetError("reset")
+
+    async def slow_ok() -> str:
+        start = time.monotonic()
+        await anyio.sleep(0.2)
+        spans.append((start, time.monotonic()))
+        return "ok"
+
+    with pytest.raises(RetriesExhaustedError):
+        await members[0].call(fail)  # opens the fleet's breaker
+    await anyio.sleep(0.5)  # past its reset timeout: half-open
+    results: list[str] = []
+
+    async def call(gate: Gate) -> None:
+        results.append(await gate.call(slow_ok))
+
+    async with anyio.create_task_group() as tg:
+        for gate in members:
+            tg.start_soon(call, gate)
+    assert results == ["ok"] * 3
+    # The probe went alone: the others started only after it had succeeded.
+    probe, *rest = sorted(spans)
+    assert all(start >= probe[1] for start, _ in rest), spans
+    for gate in members:
+        gate.close()

@@ -17,9 +17,13 @@ import math
 from collections.abc import Callable, Generator
 from typing import Any, NamedTuple, Protocol
 
-from yieldgate._exceptions import CircuitOpenError, DeadlineExceededError
+from yieldgate._exceptions import (
+    CircuitOpenError,
+    DeadlineExceededError,
+    RetryBudgetExhaustedError,
+)
 from yieldgate.gate._attempt import Slot
-from yieldgate.gate._breaker import Breaker
+from yieldgate.gate._breaker import Breaker, Verdict
 from yieldgate.gate._call import CallState
 from yieldgate.gate._quota import Claim, QuotaPacer
 from yieldgate.gate._ratecap import RateCap
@@ -105,6 +109,8 @@ def steps(call: CallState) -> Generator[Wait, Any, Slot]:
     """
     core = call.core
     clock, lock = core.clock, core.lock
+    if call.fleet_retry:
+        yield from _fleet_budget(call)
     while True:
         target = upstream(call, clock())
         if isinstance(target, Breaker):
@@ -222,7 +228,43 @@ def _window_and_rest(
     if isinstance(claimed, Breaker):
         yield VerdictWait(claimed)
         return None
+    if claimed.ticket.probe and shared is not None and shared.available:
+        # One probe for the whole fleet: another member's may be out already.
+        ttl = core.policy.timeout.attempt_s or shared.policy.lease_ttl_s
+        got = yield FleetWait(FleetOp("claim_probe", (up.name, ttl)))
+        if got is False:
+            with lock:
+                up.window.release(permit, Signal.CANCELLED)
+                up.breaker.record(claimed.ticket, Verdict.NEUTRAL)
+                pause = shared.policy.poll_s * (0.5 + core.rng.random())
+            yield SleepWait(max(pause, 0.1), "waiting for the fleet's breaker probe")
+            return None
     return claimed
+
+
+def _fleet_budget(call: CallState) -> Generator[Wait, Any, None]:
+    """The fleet's retry budget for the retry about to be admitted, or the
+    Gate's own when Redis does not answer; ``RetryBudgetExhaustedError`` if spent."""
+    core = call.core
+    shared = core.shared
+    assert shared is not None
+    call.fleet_retry = False
+    got = yield FleetWait(FleetOp("withdraw", (core.name, core.policy.budget)))
+    if got is None:
+        with core.lock:
+            receipt = core.budget.withdraw()
+        if receipt is not None:
+            call.withdrawn = receipt
+            return
+    elif got is not False:
+        call.fleet_receipt = got
+        return
+    last = call.last
+    raise call.error(
+        RetryBudgetExhaustedError,
+        "retry budget spent (too many retries recently, fleet-wide)"
+        + ("" if last is None else f": {last.describe()}"),
+    )
 
 
 def _lease(

@@ -182,6 +182,19 @@ class Breaker:
         if self._on_change is not None and old is not None and old != new:
             self._on_change(old, new)
 
+    def trip(self, retry_after_s: float) -> None:
+        """Open now, as a fleet's breaker is: a probe may go in ``retry_after_s``."""
+        if not self.policy.enabled or self._cb.current_state == "open":
+            return
+        self._cb.open()
+        self._opened_at = self._clock() - self.policy.reset_timeout_s + retry_after_s
+
+    def reset(self) -> None:
+        """Close now, as a fleet's breaker has (its probe succeeded elsewhere)."""
+        if not self.policy.enabled or self._cb.current_state == "closed" or self._probe_out:
+            return
+        self._cb.close()
+
     def check(self) -> None:
         """Raise ``CircuitOpenError`` if ``acquire`` would, without changing any state.
 

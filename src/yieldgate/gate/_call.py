@@ -31,7 +31,7 @@ from yieldgate.gate._core import GateCore
 from yieldgate.gate._outcome import Outcome, OutcomeKind
 from yieldgate.gate._quota import NOTHING, ONE_REQUEST, Claim, Cost, Quota, QuotaReading
 from yieldgate.gate._retry import backoff_floor_s, backoff_s, hinted_floor_s, hinted_wait_s
-from yieldgate.gate._shared import RANKS
+from yieldgate.gate._shared import RANKS, FleetOp
 from yieldgate.gate._telemetry import NULL_OBSERVER, AttemptDetails, CallObserver, WaitDetails
 from yieldgate.gate._upstream import Upstream
 from yieldgate.gate._window import Permit, Signal
@@ -74,6 +74,10 @@ class CallState:
     shared_until: float | None = None
     # A retry taken from the budget and not sent yet: refunded if never sent.
     withdrawn: int | None = None
+    # In a fleet: a retry whose budget the fleet must grant before it is sent, and
+    # the fleet's receipt for it (given back if the call stops before sending it).
+    fleet_retry: bool = False
+    fleet_receipt: int | None = None
     # What each attempt spends of the upstream's quota (given by the caller, or
     # estimated by a transport from the request): one request, tokens unknown.
     cost: Cost = ONE_REQUEST
@@ -211,6 +215,10 @@ class CallState:
             if number == 1:
                 # A request, for the retry budget, is a call that sent something.
                 core.budget.deposit(now)
+                if core.shared is not None and core.shared.available:
+                    policy = core.policy.budget
+                    core.shared.backlog.append(FleetOp("deposit", (core.name, policy)))
+            self.fleet_receipt = None  # the retry it paid for is being sent
             if self.running is not None:
                 self.running.append(up)
         attempt_s = core.policy.timeout.attempt_s
@@ -278,6 +286,8 @@ class CallState:
             else:
                 up.window.release(slot.permit, signal)
             up.breaker.record(slot.ticket, verdict, None if outcome is None else outcome.error)
+            if shared is not None and verdict is not Verdict.NEUTRAL:
+                shared.verdict(up, verdict is Verdict.SUCCESS, probe=slot.ticket.probe)
             if outcome is not None:
                 self._note(outcome, attempt, now)
         return signal is Signal.SUCCESS and not won
@@ -362,6 +372,11 @@ class CallState:
             if self.withdrawn is not None:
                 core.budget.refund(self.withdrawn)
                 self.withdrawn = None
+            if self.fleet_receipt is not None and core.shared is not None:
+                policy = core.policy.budget
+                args = (core.name, policy, self.fleet_receipt)
+                core.shared.backlog.append(FleetOp("refund_retry", args))
+                self.fleet_receipt = None
             held, self.held = self.held, None
             if held is None:
                 return False, None
@@ -451,7 +466,13 @@ class CallState:
                 f"{outcome.describe()}",
                 retry_after_s=retry_after,
             )
-        if outcome.kind is not OutcomeKind.YIELD:
+        if (
+            outcome.kind is not OutcomeKind.YIELD
+            and core.shared is not None
+            and (core.shared.available)
+        ):
+            self.fleet_retry = True  # the fleet's budget is asked before it is sent
+        elif outcome.kind is not OutcomeKind.YIELD:
             receipt = core.budget.withdraw()
             if receipt is None:
                 return self._stop(

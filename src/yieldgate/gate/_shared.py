@@ -29,6 +29,7 @@ from collections import deque
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
+from yieldgate.gate._breaker import BreakerState
 from yieldgate.gate._policy import FleetPolicy
 from yieldgate.gate._quota import Claim, QuotaReading
 from yieldgate.gate._upstream import Upstream
@@ -83,6 +84,8 @@ class Shared:
         if self.available and now - self._holds_read.get(up.name, -1.0) >= HOLDS_EVERY_S:
             self._holds_read[up.name] = now
             ops.append(FleetOp("holds", (up.name,)))
+            if up.breaker.policy.enabled:
+                ops.append(FleetOp("breaker", (up.name,)))
         return ops
 
     def apply(
@@ -104,6 +107,12 @@ class Shared:
                 priority = PRIORITY_OF.get(int(rank))
                 if priority is not None and left > 0:
                     up.window.hold(priority, now + left, now + left)
+        elif op.name == "breaker" and got is not None:
+            # The fleet's breaker is the authority: one member's failures open it for all.
+            if got.state is not BreakerState.CLOSED:  # open, or half-open: probe first
+                up.breaker.trip(got.retry_after_s)
+            elif got.state is BreakerState.CLOSED:
+                up.breaker.reset()
 
     def _unavailable(self, ups: Sequence[Upstream]) -> None:
         if self.available:
@@ -215,6 +224,12 @@ class Shared:
 
     def close(self) -> None:
         self._stop.set()
+
+    def verdict(self, up: Upstream, success: bool, *, probe: bool) -> None:
+        """An attempt's verdict for the fleet's breaker (neutral ones are not told)."""
+        if self.available and up.breaker.policy.enabled:
+            policy = up.breaker.policy
+            self.backlog.append(FleetOp("report", (up.name, success, policy), {"probe": probe}))
 
     def ended(self, up: Upstream, claim: Claim, *, hold_s: float | None, rank: int) -> None:
         """An attempt ended: its take answered without a reading, its lease, its hint."""
