@@ -268,3 +268,27 @@ async def test_a_half_open_fleet_sends_one_probe(redis_server: RedisServer) -> N
     assert all(start >= probe[1] for start, _ in rest), spans
     for gate in members:
         gate.close()
+
+
+def test_a_gate_goes_on_alone_while_redis_is_down_and_rejoins(fresh_redis: RedisServer) -> None:
+    gate = Gate(
+        GatePolicy(fleet=FleetPolicy(budget_s=0.5, inflight_cap=4)),
+        name=f"rejoin-{time.monotonic_ns()}",
+        shared=fresh_redis.url,
+    )
+    shared = gate._core.shared
+    assert shared is not None
+    with gate:
+        assert gate.call_sync(lambda: "ok") == "ok"
+        assert shared.available
+        fresh_redis.stop()
+        assert [gate.call_sync(lambda: "ok") for _ in range(3)] == ["ok"] * 3
+        assert not shared.available
+        fresh_redis.start()  # the same port, empty
+        deadline = time.monotonic() + 60
+        while not shared.available:  # the next heartbeat after the fleet's back-off
+            assert time.monotonic() < deadline, "never rejoined"
+            assert gate.call_sync(lambda: "ok") == "ok"
+            time.sleep(0.05)
+        assert shared.fleet.statistics().rejoins >= 1
+        assert gate.call_sync(lambda: "ok") == "ok"
