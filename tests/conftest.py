@@ -13,6 +13,7 @@ from typing import Any
 
 import anyio
 import anyio.abc
+import httpx
 import pytest
 
 from yieldgate.protocol import encode_frame, stats_frame, submit_frame
@@ -53,6 +54,14 @@ def send_line(sock: socket.socket, line: bytes) -> bytes:
         assert data, "connection closed"
         reply += data
     return bytes(reply)
+
+
+def http_stats(server: ServerProcess) -> dict[str, Any]:
+    """A server's ``GET /stats`` over its HTTP front."""
+    response = httpx.get(f"{server.http_url}/stats", timeout=10)
+    response.raise_for_status()
+    stats: dict[str, Any] = response.json()
+    return stats
 
 
 @pytest.fixture

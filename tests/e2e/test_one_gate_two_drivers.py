@@ -16,11 +16,11 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-import httpx
 import pytest
 from huggingface_hub import InferenceClient
 
 import yieldgate
+from tests.conftest import http_stats
 from yieldgate import Gate, GatePolicy, RetryPolicy
 from yieldgate.server import ServerProcess, spawn
 
@@ -35,13 +35,6 @@ LIMIT_S = 120.0
 def server() -> Iterator[ServerProcess]:
     with spawn("--max-inflight", "4", "--exec-ms", "50", http=True) as proc:
         yield proc
-
-
-def server_stats(server: ServerProcess) -> dict[str, Any]:
-    response = httpx.get(f"{server.http_url}/stats", timeout=10)
-    response.raise_for_status()
-    stats: dict[str, Any] = response.json()
-    return stats
 
 
 def test_threads_and_tasks_on_one_gate_share_four_slots(server: ServerProcess) -> None:
@@ -96,7 +89,7 @@ def test_threads_and_tasks_on_one_gate_share_four_slots(server: ServerProcess) -
     assert len(results["hf-sync"]) == THREADS // 2
     assert len(results["openai-async"]) == TASKS
     assert set(results["openai-sync"]) == {"user: hello"}
-    stats = server_stats(server)
+    stats = http_stats(server)
     assert stats["inflight_peak"] <= 4
     gate_stats = gate.statistics()
     calls = THREADS + TASKS

@@ -23,10 +23,10 @@ import random
 import time
 from typing import Any
 
-import httpx
 import pytest
 
 import yieldgate
+from tests.conftest import http_stats
 from yieldgate import Gate, GatePolicy, QuotaPolicy
 from yieldgate.server import ServerProcess
 
@@ -34,13 +34,6 @@ pytestmark = pytest.mark.e2e
 
 REQUESTS = 200
 WINDOW_S = 12.0
-
-
-def stats(server: ServerProcess) -> dict[str, Any]:
-    response = httpx.get(f"{server.http_url}/stats", timeout=10)
-    response.raise_for_status()
-    body: dict[str, Any] = response.json()
-    return body
 
 
 def test_the_default_gate_paces_a_burst_by_the_quota_it_learns(serve: Any) -> None:
@@ -75,7 +68,7 @@ def test_the_default_gate_paces_a_burst_by_the_quota_it_learns(serve: Any) -> No
     results, makespan = asyncio.run(burst())
     failures = [r for r in results if isinstance(r, BaseException)]
     assert failures == []
-    counters = stats(server)
+    counters = http_stats(server)
     refused = counters["quota_refused_tokens_total"] + counters["quota_refused_requests_total"]
     assert counters["quota_requests_charged_total"] == REQUESTS
     assert refused <= 0.02 * REQUESTS, counters

@@ -19,9 +19,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
+from tests.conftest import http_stats
 from tests.fleet.conftest import RedisServer
 from tests.fleet.member import jobs
 from yieldgate.server import ServerProcess
@@ -33,13 +33,6 @@ ROOT = Path(__file__).resolve().parents[2]
 MEMBERS = 4
 REQUESTS = 100
 WINDOW_S = 12.0
-
-
-def stats(server: ServerProcess) -> dict[str, Any]:
-    response = httpx.get(f"{server.http_url}/stats", timeout=10)
-    response.raise_for_status()
-    body: dict[str, Any] = response.json()
-    return body
 
 
 def start_members(
@@ -109,7 +102,7 @@ def test_a_fleet_paces_one_quota_as_one(serve: Any, redis_server: RedisServer) -
     server, _tpm, bound_s = quota_server(serve)
     runs = results(start_members(server, redis_server.url))
     assert [run["failed"] for run in runs] == [0] * MEMBERS, [run["errors"] for run in runs]
-    counters = stats(server)
+    counters = http_stats(server)
     refused = counters["quota_refused_tokens_total"] + counters["quota_refused_requests_total"]
     assert counters["quota_requests_charged_total"] == MEMBERS * REQUESTS
     assert refused <= 0.02 * MEMBERS * REQUESTS, counters
@@ -123,14 +116,14 @@ def test_a_fleet_wide_cap_keeps_a_governed_server_from_yielding(
 ) -> None:
     server: ServerProcess = serve("--http-port", "0", "--exec-ms", "50", "--max-inflight", "8")
     unshared = results(start_members(server, None))
-    alone = stats(server)["yielded_total"]
+    alone = http_stats(server)["yielded_total"]
     server2: ServerProcess = serve("--http-port", "0", "--exec-ms", "50", "--max-inflight", "8")
     shared = results(start_members(server2, redis_server.url, "--cap", "8"))
-    together = stats(server2)["yielded_total"]
+    together = http_stats(server2)["yielded_total"]
     assert all(run["failed"] == 0 for run in unshared + shared)
     assert alone > 0
     assert together <= 0.1 * alone, (together, alone)
-    assert stats(server2)["inflight_peak"] <= 8
+    assert http_stats(server2)["inflight_peak"] <= 8
     assert fairness(shared) >= 0.9, [len(run["done"]) for run in shared]
 
 
@@ -140,18 +133,18 @@ def test_redis_killed_mid_burst_fails_no_call_and_restarted_is_rejoined(
     server, _tpm, _bound = quota_server(serve)
     procs = start_members(server, fresh_redis.url)
     deadline = time.monotonic() + 60
-    while stats(server)["quota_requests_charged_total"] < 50:  # the burst is under way
+    while http_stats(server)["quota_requests_charged_total"] < 50:  # the burst is under way
         assert time.monotonic() < deadline
         time.sleep(0.05)
     fresh_redis.stop()
-    while stats(server)["quota_requests_charged_total"] < 200:
+    while http_stats(server)["quota_requests_charged_total"] < 200:
         assert time.monotonic() < deadline
         time.sleep(0.05)
     fresh_redis.start()  # the same port
     runs = results(procs)
     assert [run["failed"] for run in runs] == [0] * MEMBERS, [run["errors"] for run in runs]
     assert all(run["fleet"]["outages"] >= 1 for run in runs)
-    assert stats(server)["quota_requests_charged_total"] == MEMBERS * REQUESTS
+    assert http_stats(server)["quota_requests_charged_total"] == MEMBERS * REQUESTS
 
 
 def test_a_lease_is_renewed_while_held_and_lapses_when_its_member_dies(
@@ -161,16 +154,16 @@ def test_a_lease_is_renewed_while_held_and_lapses_when_its_member_dies(
     args = ("--requests", "1", "--cap", "1", "--lease-ttl-s", "3")
     holder = start_members(server, redis_server.url, *args, "--exec-ms", "600000", members=1)
     deadline = time.monotonic() + 60
-    while stats(server)["inflight"] < 1:  # its one call runs: it holds the one lease
+    while http_stats(server)["inflight"] < 1:  # its one call runs: it holds the one lease
         assert time.monotonic() < deadline
         time.sleep(0.05)
     waiter = start_members(server, redis_server.url, *args, members=1)
     # Two TTLs on, the holder's renewed lease still keeps the waiter out.
     time.sleep(6.0)
     assert waiter[0].poll() is None
-    assert stats(server)["inflight_peak"] == 1
+    assert http_stats(server)["inflight_peak"] == 1
     holder[0].send_signal(signal.SIGKILL)
     holder[0].wait()
     (run,) = results(waiter, timeout=60)
     assert run["ok"] == 1  # the dead member's lease lapsed within its TTL
-    assert stats(server)["inflight_peak"] == 1
+    assert http_stats(server)["inflight_peak"] == 1

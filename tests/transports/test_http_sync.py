@@ -25,6 +25,7 @@ import pytest
 from huggingface_hub import InferenceClient
 
 import yieldgate
+from tests.conftest import http_stats
 from yieldgate import (
     CallFailedError,
     DeadlineExceededError,
@@ -68,12 +69,6 @@ def chat(content: str, **extra: Any) -> dict[str, Any]:
     return {"model": "m", "messages": [{"role": "user", "content": content}], **extra}
 
 
-def stats(server: ServerProcess) -> dict[str, Any]:
-    with httpx.Client(base_url=server.http_url or "") as client:
-        result: dict[str, Any] = client.get("/stats").json()
-        return result
-
-
 def wait_until(predicate: Callable[[], bool], timeout: float = 15.0) -> None:
     """Poll ``predicate`` (a server's counters, another thread's state) until it holds."""
     done = threading.Event()
@@ -99,7 +94,7 @@ class Holder:
 
     def __enter__(self) -> Holder:
         self.thread.start()
-        wait_until(lambda: stats(self.server)["inflight"] == 1)
+        wait_until(lambda: http_stats(self.server)["inflight"] == 1)
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -111,7 +106,7 @@ class Holder:
 
 def test_a_yield_is_waited_out_and_the_same_body_resent(server: ServerProcess, flavor: str) -> None:
     gate = one_slot_gate()
-    yielded = stats(server)["yielded_total"]
+    yielded = http_stats(server)["yielded_total"]
     with (
         http_client(gate, sync=True, flavor=flavor, base_url=server.http_url) as client,
         Holder(server, exec_ms=1_000),
@@ -123,7 +118,7 @@ def test_a_yield_is_waited_out_and_the_same_body_resent(server: ServerProcess, f
     statistics = gate.statistics()
     assert statistics.yields >= 1
     assert statistics.window.inflight == 0
-    assert stats(server)["yielded_total"] > yielded
+    assert http_stats(server)["yielded_total"] > yielded
 
 
 def test_a_stream_holds_its_slot_until_it_is_closed(server: ServerProcess, flavor: str) -> None:

@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 import re
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 
 from yieldgate.gate._quota import QuotaReading
@@ -98,42 +98,47 @@ def _reading(
     )
 
 
-def _openai(headers: Mapping[str, str]) -> list[QuotaReading]:
+def _family(
+    headers: Mapping[str, str],
+    family: str,
+    names: Sequence[tuple[str, str]],
+    name: Callable[[str, str], str],
+    reset_s: Callable[[str], float | None],
+) -> list[QuotaReading]:
+    """The buckets of one family of ``{limit, remaining, reset}`` headers: ``name(part,
+    infix)`` spells each header, ``reset_s`` reads a reset."""
     found = []
-    for suffix, resource in _OPENAI:
-        limit = _count(headers.get(f"x-ratelimit-limit-{suffix}"))
+    for infix, resource in names:
+        limit = _count(headers.get(name("limit", infix)))
         if limit is None:
             continue
-        reset = headers.get(f"x-ratelimit-reset-{suffix}")
+        reset = headers.get(name("reset", infix))
         reading = _reading(
-            f"openai:{resource}",
+            f"{family}:{resource}",
             resource,
             limit,
-            _count(headers.get(f"x-ratelimit-remaining-{suffix}")),
-            None if reset is None else go_duration_s(reset),
+            _count(headers.get(name("remaining", infix))),
+            None if reset is None else reset_s(reset),
         )
         if reading is not None:
             found.append(reading)
     return found
+
+
+def _openai(headers: Mapping[str, str]) -> list[QuotaReading]:
+    return _family(
+        headers, "openai", _OPENAI, lambda part, infix: f"x-ratelimit-{part}-{infix}", go_duration_s
+    )
 
 
 def _anthropic(headers: Mapping[str, str], now: float) -> list[QuotaReading]:
-    found = []
-    for infix, resource in _ANTHROPIC:
-        limit = _count(headers.get(f"anthropic-ratelimit-{infix}-limit"))
-        if limit is None:
-            continue
-        reset = headers.get(f"anthropic-ratelimit-{infix}-reset")
-        reading = _reading(
-            f"anthropic:{resource}",
-            resource,
-            limit,
-            _count(headers.get(f"anthropic-ratelimit-{infix}-remaining")),
-            None if reset is None else _rfc3339_delay_s(reset, now),
-        )
-        if reading is not None:
-            found.append(reading)
-    return found
+    return _family(
+        headers,
+        "anthropic",
+        _ANTHROPIC,
+        lambda part, infix: f"anthropic-ratelimit-{infix}-{part}",
+        lambda text: _rfc3339_delay_s(text, now),
+    )
 
 
 # -- the IETF fields: a small reader of structured-field lists --------------------
