@@ -25,7 +25,7 @@ from yieldgate._exceptions import (
 from yieldgate.gate._attempt import Slot
 from yieldgate.gate._breaker import Breaker, Verdict
 from yieldgate.gate._call import CallState
-from yieldgate.gate._quota import Claim, QuotaPacer
+from yieldgate.gate._quota import BLIND, Claim, QuotaPacer
 from yieldgate.gate._ratecap import RateCap
 from yieldgate.gate._shared import FleetOp
 from yieldgate.gate._upstream import Upstream, choose
@@ -303,9 +303,8 @@ def admit_now(call: CallState) -> Slot | None:
     if len(ups) != 1 or core.policy.rate is not None or core.shared is not None:
         return None
     up = ups[0]
-    quota = up.quota
     with core.lock:
-        if quota.active:  # a quota known: the general path paces by it
+        if up.quota.buckets:  # a quota known: the general path paces by it
             return None
         ticket = up.breaker.try_pass()
         if ticket is None:
@@ -313,9 +312,7 @@ def admit_now(call: CallState) -> Slot | None:
         permit = up.window.try_acquire(call.priority)  # refuses while a hold is in force
         if permit is None:
             return None
-        quota_claim = call.claim()
-        quota.take_free(quota_claim)
-        return Slot(up, permit, ticket, False, quota_claim)
+        return Slot(up, permit, ticket, False, BLIND)
 
 
 def _order(call: CallState, now: float) -> list[Upstream]:

@@ -29,7 +29,7 @@ from yieldgate.gate._attempt import Attempt, Slot
 from yieldgate.gate._breaker import Verdict
 from yieldgate.gate._core import GateCore
 from yieldgate.gate._outcome import Outcome, OutcomeKind
-from yieldgate.gate._quota import NOTHING, ONE_REQUEST, Claim, Cost, Quota, QuotaReading
+from yieldgate.gate._quota import BLIND, NOTHING, ONE_REQUEST, Claim, Cost, Quota, QuotaReading
 from yieldgate.gate._retry import backoff_floor_s, backoff_s, hinted_floor_s, hinted_wait_s
 from yieldgate.gate._shared import RANKS, FleetOp
 from yieldgate.gate._telemetry import NULL_OBSERVER, AttemptDetails, CallObserver, WaitDetails
@@ -210,7 +210,13 @@ class CallState:
                 raise self.deadline_error("before an attempt could start")
             self.attempts = number
             self.withdrawn = None  # the retry it paid for is being sent
-            up.quota.sent(slot.claim, now)  # the provider counts it from its arrival
+            if slot.claim is BLIND:
+                if self.cost is ONE_REQUEST:
+                    up.quota.blind_requests += 1
+                else:
+                    up.quota.blind(self.cost, 1)
+            else:
+                up.quota.sent(slot.claim, now)  # the provider counts it from its arrival
             core.counters.attempts += 1
             if number == 1:
                 # A request, for the retry budget, is a call that sent something.
@@ -264,7 +270,13 @@ class CallState:
                 self._hold_from(outcome, up, now)
             if self.running is not None:
                 self.running.remove(up)
-            up.quota.finished(slot.claim)
+            if slot.claim is BLIND:
+                if self.cost is ONE_REQUEST:
+                    up.quota.blind_requests -= 1
+                else:
+                    up.quota.blind(self.cost, -1)
+            else:
+                up.quota.finished(slot.claim)
             won = signal is Signal.SUCCESS and self.winner is None
             shared = core.shared
             if shared is not None:

@@ -64,7 +64,7 @@ class Lease:
             attempt = self._attempt
             claim = None if attempt is None else attempt.slot.claim
             lease = None if claim is None else claim.lease
-            if claim is not None:
+            if claim is not None and lease is not None:
                 claim.lease = None
         if lease is not None and attempt is not None:
             shared = attempt.call.core.shared

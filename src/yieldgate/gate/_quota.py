@@ -37,6 +37,7 @@ from typing import NamedTuple
 from yieldgate.protocol import Priority
 
 __all__ = [
+    "BLIND",
     "NOTHING",
     "ONE_REQUEST",
     "Bucket",
@@ -159,42 +160,36 @@ class Bucket:
 
 
 class Claim:
-    """One attempt's cost, taken (or to be taken) from an upstream's quota."""
+    """One attempt's cost, taken (or to be taken) from an upstream's quota.
 
-    __slots__ = (
-        "cost",
-        "fleet",
-        "key",
-        "lease",
-        "lease_held",
-        "local",
-        "number",
-        "observed",
-        "priority",
-        "seq",
-        "started",
-        "taken",
-        "wake",
-        "wants",
-    )
+    Built for every attempt: only its cost, priority and arrival are set here;
+    the rest stays at the class's defaults until used (most never are).
+    """
+
+    number = 0  # its place among the sends, once sent
+    started = 0.0  # when it was taken, then sent
+    taken = False
+    local = False  # taken from this process's buckets
+    fleet = False  # taken while a fleet's buckets paced
+    wake: Callable[[], None] | None = None
+    # In a fleet: the send number the fleet's take gave it (0: none), what it took
+    # there, whether its answer was reported, and its in-flight lease.
+    seq = 0
+    wants: list[tuple[str, float, float, float]] = []  # noqa: RUF012 - replaced, never mutated
+    observed = False
+    lease: str | None = None
+    lease_held = False
 
     def __init__(self, cost: Cost, priority: Priority, key: float) -> None:
         self.cost = cost
         self.priority = priority
         self.key = key  # arrival: the call's start
-        self.number = 0  # its place among the sends, once sent
-        self.started = 0.0  # when it was taken, then sent
-        self.taken = False
-        self.local = False  # taken from this process's buckets
-        self.fleet = False  # taken while a fleet's buckets paced
-        self.wake: Callable[[], None] | None = None
-        # In a fleet: the send number the fleet's take gave it (0: none), what it
-        # took there, whether its answer was reported, and its in-flight lease.
-        self.seq = 0
-        self.wants: list[tuple[str, float, float, float]] = []
-        self.observed = False
-        self.lease: str | None = None
-        self.lease_held = False
+
+
+BLIND = Claim(ONE_REQUEST, Priority.NORMAL, 0.0)
+"""The claim of every attempt sent while its quota knows no bucket (the common case
+of a Gate with nothing to pace by): nothing to take, and in flight it is only a
+sum (``Quota.blind``), not an entry. Never changed."""
 
 
 class Quota:
@@ -227,6 +222,8 @@ class Quota:
         self._numbers = itertools.count(1)
         self._inflight: dict[Claim, None] = {}  # sent, not answered yet, in sending order
         self._pending: set[Claim] = set()  # taken, not sent yet
+        self._blind: dict[Cost, int] = {}  # blind claims in flight, counted by cost
+        self.blind_requests = 0  # those of them that cost ONE_REQUEST (most): a count
         self._queue: list[tuple[int, float, int, Claim]] = []
         self._arrivals = itertools.count()
         self.waits = 0  # claims that had to queue
@@ -306,11 +303,14 @@ class Quota:
         claim.number = next(self._numbers)
         self._inflight[claim] = None
 
-    def take_free(self, claim: Claim) -> None:
-        """Take ``claim`` while no bucket is known (``active`` false), to be sent at
-        once: it always fits, and nothing is taken from any bucket."""
-        claim.taken = True
-        claim.local = True
+    def blind(self, cost: Cost, sign: int) -> None:
+        """A ``BLIND`` claim of ``cost`` sent (``sign`` 1) or over (-1)."""
+        blind = self._blind
+        count = blind.get(cost, 0) + sign
+        if count:
+            blind[cost] = count
+        else:
+            del blind[cost]
 
     def try_take(self, claim: Claim, now: float) -> bool:
         """Take ``claim`` now if nobody is queued and it fits; never waits."""
@@ -379,7 +379,7 @@ class Quota:
     def settle_own(self, claim: Claim, used: Cost, now: float) -> None:
         """Settle the caller's own buckets against what the attempt really used."""
         changed = False
-        if not claim.local or claim.fleet:  # the fleet holds the caller's own budgets
+        if not claim.local or claim.fleet or claim is BLIND:  # the fleet holds its own budgets
             return
         for bucket in self.buckets.values():
             if bucket.learnt:
@@ -416,8 +416,11 @@ class Quota:
             # What the provider may not have counted yet: every claim still in
             # flight (requests overtake each other on the way), and those not sent.
             resource = bucket.resource
-            unseen = sum(c.cost.amount(resource) for c in self._inflight) + sum(
-                c.cost.amount(resource) for c in self._pending
+            unseen = (
+                sum(c.cost.amount(resource) for c in self._inflight)
+                + sum(c.cost.amount(resource) for c in self._pending)
+                + sum(cost.amount(resource) * n for cost, n in self._blind.items())
+                + ONE_REQUEST.amount(resource) * self.blind_requests
             )
             # As of now: the provider counted it somewhere between the send and now,
             # and refill credited for that time could be refill it has not yet had.
