@@ -111,15 +111,25 @@ def jobs(requests: int, seed: int) -> list[tuple[str, int]]:
 def members(
     server: ServerProcess, redis_url: str | None, n: int, requests: int, *extra: str
 ) -> list[dict[str, Any]]:
-    start_at = time.time() + 3.0
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     procs = []
     for i in range(n):
         args = [sys.executable, str(MEMBER), "--server", server.http_url, "--seed", str(i)]
-        args += ["--requests", str(requests), "--start-at", str(start_at), *extra]
+        args += ["--requests", str(requests), *extra]
         if redis_url is not None:
             args += ["--redis", redis_url]
-        procs.append(subprocess.Popen(args, stdout=subprocess.PIPE, text=True, env=env))
+        procs.append(
+            subprocess.Popen(
+                args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env
+            )
+        )
+    for proc in procs:  # every member joined and ready: then all go at once
+        assert proc.stdout is not None
+        assert proc.stdout.readline().strip() == "ready"
+    for proc in procs:
+        assert proc.stdin is not None
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
     out = []
     for proc in procs:
         stdout, _ = proc.communicate(timeout=600)

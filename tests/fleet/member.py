@@ -1,12 +1,13 @@
 """One member of a fleet, as its own process: a burst of chat completions through one Gate.
 
-Run by the fleet's end-to-end tests (``python tests/fleet/member.py ...``): it
-waits until ``--start-at`` (wall clock, so every member starts together),
-fires ``--requests`` chat completions at once through ``AsyncOpenAI`` on
-``yieldgate.openai_client(Gate(name=..., shared=--redis))`` (or an unshared
-Gate without ``--redis``), and prints one JSON line: how many succeeded, the
-errors, when each call completed (seconds after the start) and the fleet
-link's statistics.
+Run by the fleet's end-to-end tests and bench/fleet.py (``python
+tests/fleet/member.py ...``): it says ``ready`` once it has joined the fleet
+(its first heartbeat), starts when its standard input says ``go`` (so that
+every member starts together), fires ``--requests`` chat completions at once
+through ``AsyncOpenAI`` on ``yieldgate.openai_client(Gate(name=...,
+shared=--redis))`` (or an unshared Gate without ``--redis``), and prints one
+JSON line: how many succeeded, the errors, when each call completed (seconds
+after the start) and the fleet link's statistics.
 """
 
 from __future__ import annotations
@@ -39,9 +40,11 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     client = yieldgate.openai_client(gate, base_url=f"{args.server}/v1", api_key="unused")
     done: list[float] = []
     errors: list[str] = []
-    delay = args.start_at - time.time()
-    if delay > 0:
-        await asyncio.sleep(delay)
+    shared = gate._core.shared
+    if shared is not None:
+        await shared.fleet.heartbeat(gate.name)  # a member from the start: its share is right
+    print("ready", flush=True)
+    await asyncio.to_thread(sys.stdin.readline)  # "go"
     start = time.monotonic()
 
     async def one(text: str, max_tokens: int) -> None:
@@ -60,7 +63,6 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
             done.append(time.monotonic() - start)
 
     await asyncio.gather(*(one(*job) for job in jobs(args.requests, args.seed)))
-    shared = gate._core.shared
     stats = None if shared is None else shared.fleet.statistics()
     gate_stats = gate.statistics()
     await client.close()
@@ -85,7 +87,6 @@ if __name__ == "__main__":
     parser.add_argument("--redis")
     parser.add_argument("--requests", type=int, default=100)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--start-at", type=float, default=0.0)
     parser.add_argument("--cap", type=int)
     parser.add_argument("--lease-ttl-s", type=float, default=60.0)
     parser.add_argument("--exec-ms", type=float)

@@ -38,15 +38,26 @@ WINDOW_S = 12.0
 def start_members(
     server: ServerProcess, redis_url: str | None, *extra: str, members: int = MEMBERS
 ) -> list[subprocess.Popen[str]]:
-    start_at = time.time() + 3.0  # time for every interpreter to start and import
+    """Start the members, and once every one has said it is ready, tell them all to go."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     procs = []
     for i in range(members):
-        args = [sys.executable, str(MEMBER), "--server", server.http_url]
-        args += ["--seed", str(i), "--start-at", str(start_at), *extra]
+        args = [sys.executable, str(MEMBER), "--server", server.http_url, "--seed", str(i)]
+        args += list(extra)
         if redis_url is not None:
             args += ["--redis", redis_url]
-        procs.append(subprocess.Popen(args, stdout=subprocess.PIPE, text=True, env=env))
+        procs.append(
+            subprocess.Popen(
+                args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env
+            )
+        )
+    for proc in procs:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().strip() == "ready"
+    for proc in procs:
+        assert proc.stdin is not None
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
     return procs
 
 

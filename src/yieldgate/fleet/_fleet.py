@@ -461,17 +461,18 @@ class Fleet:
 
     # -- membership --------------------------------------------------------------
 
-    def _heartbeat(self, upstream: str) -> _Op[int]:
-        args = (self.member, self.lease_ttl_s)
-        return _Op("heartbeat", (self.keys.members(upstream),), args, int)
+    def _heartbeat(self, upstream: str, ttl_s: float | None) -> _Op[int]:
+        ttl = self.lease_ttl_s if ttl_s is None else _number("ttl_s", ttl_s, positive=True)
+        return _Op("heartbeat", (self.keys.members(upstream),), (self.member, ttl), int)
 
-    async def heartbeat(self, upstream: str) -> int | None:
-        """Say this member is alive for ``lease_ttl_s`` more; the members alive."""
-        return await self._arun(self._heartbeat(upstream))
+    async def heartbeat(self, upstream: str, ttl_s: float | None = None) -> int | None:
+        """Say this member is alive for ``ttl_s`` (default ``lease_ttl_s``) more; the
+        members alive."""
+        return await self._arun(self._heartbeat(upstream, ttl_s))
 
-    def heartbeat_sync(self, upstream: str) -> int | None:
+    def heartbeat_sync(self, upstream: str, ttl_s: float | None = None) -> int | None:
         """``heartbeat``, blocking (within the budget)."""
-        return self._run(self._heartbeat(upstream))
+        return self._run(self._heartbeat(upstream, ttl_s))
 
     def _members(self, upstream: str) -> _Op[int]:
         return _Op("members", (self.keys.members(upstream),), (), int)

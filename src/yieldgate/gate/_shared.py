@@ -39,6 +39,8 @@ __all__ = ["FleetOp", "Shared"]
 
 HOLDS_EVERY_S = 0.025
 HEARTBEAT_EVERY_S = 1.0
+# A member counts in the fleet's shares while it admitted a call this recently.
+ACTIVE_S = 3.0
 REJOIN_EVERY_S = 1.0
 RANKS = {Priority.LOW: 0, Priority.NORMAL: 1, Priority.HIGH: 2}
 PRIORITY_OF = {rank: priority for priority, rank in RANKS.items()}
@@ -78,9 +80,9 @@ class Shared:
         ops = []
         if now >= self._heartbeat_due.get(up.name, -1.0):
             # Often enough that a member's share follows the fleet's size.
-            every = min(self.policy.lease_ttl_s / 3, HEARTBEAT_EVERY_S)
+            every = min(ACTIVE_S / 3, HEARTBEAT_EVERY_S)
             self._heartbeat_due[up.name] = now + (every if self.available else REJOIN_EVERY_S)
-            ops.append(FleetOp("heartbeat", (up.name,)))
+            ops.append(FleetOp("heartbeat", (up.name,), {"ttl_s": ACTIVE_S}))
         if self.available and now - self._holds_read.get(up.name, -1.0) >= HOLDS_EVERY_S:
             self._holds_read[up.name] = now
             ops.append(FleetOp("holds", (up.name,)))
@@ -128,11 +130,13 @@ class Shared:
                 up.quota.shared = True
 
     def _set_share(self, up: Upstream) -> None:
-        """A member's share of what the provider's headers say: of a full bucket always
-        (so that no member drains one alone), of the refill only when alone."""
+        """A member's share of what the provider's headers say, of a full bucket and of
+        its refill: ``1 / members`` of the members that sent calls in the last
+        ``ACTIVE_S`` (so that members that start together share it evenly, and one
+        left alone gets it all a few seconds later). Alone, from the last count."""
         share = 1.0 / self.members.get(up.name, 1)
         up.quota.cap = share
-        up.quota.pace = 1.0 if self.available else share
+        up.quota.pace = share
 
     # -- the quota -------------------------------------------------------------------
 
