@@ -222,8 +222,7 @@ class CallState:
                 # A request, for the retry budget, is a call that sent something.
                 core.budget.deposit(now)
                 if core.shared is not None and core.shared.available:
-                    policy = core.policy.budget
-                    core.shared.backlog.append(FleetOp("deposit", (core.name, policy)))
+                    core.shared.deposits += 1  # told the fleet in batches
             self.fleet_receipt = None  # the retry it paid for is being sent
             if self.running is not None:
                 self.running.append(up)

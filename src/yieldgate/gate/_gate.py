@@ -99,7 +99,8 @@ class Gate(AsyncCalls, SyncCalls):
         self._timer = _sync.Timer()
         self._own_fleet = False
         if shared is not None:
-            core.shared = Shared(self._fleet(shared), self.policy.fleet)
+            fleet = self._fleet(shared)
+            core.shared = Shared(fleet, self.policy.fleet, self.name, self.policy.budget)
         if upstreams is None:
             core.upstreams.append(
                 core.make_upstream(self.name, None, label=self.name, latency=core.latency)

@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from yieldgate.gate._breaker import BreakerState
-from yieldgate.gate._policy import FleetPolicy
+from yieldgate.gate._policy import FleetPolicy, RetryBudgetPolicy
 from yieldgate.gate._quota import Claim, QuotaReading
 from yieldgate.gate._upstream import Upstream
 from yieldgate.protocol import Priority
@@ -58,9 +58,13 @@ class FleetOp(NamedTuple):
 class Shared:
     """The fleet a Gate belongs to, and the state of its link (see the module docstring)."""
 
-    def __init__(self, fleet: Any, policy: FleetPolicy) -> None:
+    def __init__(
+        self, fleet: Any, policy: FleetPolicy, gate: str, budget: RetryBudgetPolicy
+    ) -> None:
         self.fleet = fleet
         self.policy = policy
+        self.gate = gate
+        self.budget_policy = budget
         self.available = True
         self.backlog: deque[FleetOp] = deque()
         self._holds_read: dict[str, float] = {}
@@ -70,6 +74,12 @@ class Shared:
         self.leases: dict[str, str] = {}
         self._renewer: threading.Thread | None = None
         self._lease_poll: dict[str, float] = {}  # upstream -> no lease asked before
+        # Calls made and not yet told the fleet's retry budget (told in batches).
+        self.deposits = 0
+        self._deposited = -1.0
+        # Upstreams whose last verdict this member reported was a failure: only then
+        # does a success need telling (it ends the fleet's run of failures).
+        self._failing: set[str] = set()
         self._stop = threading.Event()
 
     # -- before admission -----------------------------------------------------------
@@ -83,6 +93,10 @@ class Shared:
             every = min(ACTIVE_S / 3, HEARTBEAT_EVERY_S)
             self._heartbeat_due[up.name] = now + (every if self.available else REJOIN_EVERY_S)
             ops.append(FleetOp("heartbeat", (up.name,), {"ttl_s": ACTIVE_S}))
+        if self.deposits and now - self._deposited >= HOLDS_EVERY_S:
+            self._deposited = now
+            n, self.deposits = self.deposits, 0
+            self.backlog.append(FleetOp("deposit", (self.gate, self.budget_policy, n)))
         if self.available and now - self._holds_read.get(up.name, -1.0) >= HOLDS_EVERY_S:
             self._holds_read[up.name] = now
             ops.append(FleetOp("holds", (up.name,)))
@@ -230,10 +244,19 @@ class Shared:
         self._stop.set()
 
     def verdict(self, up: Upstream, success: bool, *, probe: bool) -> None:
-        """An attempt's verdict for the fleet's breaker (neutral ones are not told)."""
-        if self.available and up.breaker.policy.enabled:
-            policy = up.breaker.policy
-            self.backlog.append(FleetOp("report", (up.name, success, policy), {"probe": probe}))
+        """An attempt's verdict for the fleet's breaker (neutral ones are not told). A
+        success is told only by a probe, or by a member whose last told verdict was a
+        failure: it ends the fleet's run of failures; any other changes nothing."""
+        if not self.available or not up.breaker.policy.enabled:
+            return
+        if success and not probe and up.name not in self._failing:
+            return
+        if success:
+            self._failing.discard(up.name)
+        else:
+            self._failing.add(up.name)
+        policy = up.breaker.policy
+        self.backlog.append(FleetOp("report", (up.name, success, policy), {"probe": probe}))
 
     def ended(self, up: Upstream, claim: Claim, *, hold_s: float | None, rank: int) -> None:
         """An attempt ended: its take answered without a reading, its lease, its hint."""
