@@ -105,8 +105,10 @@ def _title(report: BurstReport) -> str:
     name = f"{c['scenario']}: " if c.get("scenario") else ""
     stream = ", streaming" if c.get("stream") else ""
     fresh = "fresh server per strategy" if c.get("fresh_server_per_strategy") else "shared server"
+    cap = f", concurrency {c['concurrency']}" if c.get("concurrency") else ""
     return (
-        f"{name}{c['requests']} requests, {c['profile']['spec']}{stream} -> {c['target']} ({fresh})"
+        f"{name}{c['requests']} requests, {c['profile']['spec']}{cap}{stream} -> {c['target']} "
+        f"({fresh})"
     )
 
 
