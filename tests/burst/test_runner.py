@@ -222,3 +222,83 @@ def test_the_quota_preset_is_rehearsed() -> None:
     assert naive.succeeded + naive.failed == naive.requests == 120
     assert set(naive.errors_by_kind) <= {"YieldExhaustedError"}
     assert_valid_json(report)
+
+
+def test_concurrency_caps_what_the_generator_keeps_outstanding() -> None:
+    report = run_burst(
+        BurstConfig(
+            target="tcp://",
+            serve_args=("--max-inflight", "8", "--exec-ms", "20"),
+            requests=16,
+            concurrency=2,
+            strategies=(Strategy(name="naive"),),
+            sample_interval_s=0.02,
+        )
+    )
+    (result,) = report.results
+    assert_consistent(result, max_inflight=8)
+    # Never more than two sent at once, so a naive client meets no refusal.
+    assert result.server is not None
+    assert result.server.inflight_peak <= 2
+    assert result.success_rate == 1.0
+    assert all(p.client_inflight <= 2 for p in result.timeline)
+    assert assert_valid_json(report)["config"]["concurrency"] == 2
+
+
+def test_a_trace_sends_its_own_sizes(tmp_path: Any) -> None:
+    trace = tmp_path / "trace.jsonl"
+    trace.write_text(
+        "\n".join(
+            json.dumps(line)
+            for line in (
+                {"offset_s": 0.0, "prompt_chars": 60, "max_tokens": 3},
+                {"offset_s": 0.01, "prompt": "hello there", "max_tokens": 1},
+                {"offset_s": 0.02},
+            )
+        )
+    )
+    report = run_burst(
+        BurstConfig(
+            target="openai+http://",
+            serve_args=SIM,
+            requests=3,
+            profile=ArrivalProfile.trace(trace),
+            strategies=(Strategy(name="yieldgate"),),
+            workload=Workload(stream=True, max_tokens=2),
+        )
+    )
+    (result,) = report.results
+    assert result.success_rate == 1.0
+    # The simulated backend echoes the prompt cut to max_tokens bytes, in at most 4
+    # chunks: each entry's max_tokens, the workload's (2) for the entry without one.
+    assert result.output_tokens == 3 + 1 + 2
+    document = assert_valid_json(report)
+    assert document["config"]["profile"]["kind"] == "trace"
+    assert document["config"]["profile"]["trace_requests"] == 3
+
+
+def test_a_sweep_runs_every_point_against_fresh_servers() -> None:
+    from yieldgate.burst import SWEEP_SCHEMA, Sweep, run_sweep
+
+    config = BurstConfig(
+        target="tcp://",
+        serve_args=SIM,
+        requests=12,
+        strategies=(Strategy(name="yieldgate"), Strategy(name="naive")),
+        sample_interval_s=0.02,
+    )
+    report = run_sweep(config, Sweep.parse("concurrency=1,4"))
+    assert [v for v, _ in report.points] == [1.0, 4.0]
+    for value, point in report.points:
+        assert point.config["concurrency"] == int(value)
+        for result in point.results:
+            assert_consistent(result, max_inflight=4)
+            assert result.server is not None
+            assert result.server.inflight_peak <= value
+    document = json.loads(json.dumps(report.as_dict()))
+    assert schema_errors(document, SWEEP_SCHEMA) == []
+    assert document["sweep"] == {
+        "axis": "concurrency",
+        "values": [1.0, 4.0],
+        "spec": report.sweep.describe(),
+    }

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import json
 import subprocess
 import sys
@@ -10,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.burst.conftest import schema_errors
-from yieldgate.burst import SCHEMA
+from yieldgate.burst import CSV_COLUMNS, SCHEMA, SWEEP_SCHEMA
 
 
 def run_cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
@@ -61,10 +62,73 @@ def test_compare_writes_the_table_the_json_and_the_plot(tmp_path: Path) -> None:
     assert png.read_bytes()[:4] == b"\x89PNG"
 
 
+@pytest.mark.e2e
+def test_a_rate_sweep_writes_json_csv_and_plot(tmp_path: Path) -> None:
+    out, table, png = tmp_path / "sweep.json", tmp_path / "sweep.csv", tmp_path / "sweep.png"
+    result = run_cli(
+        "--target",
+        "openai+http://",
+        "--serve",
+        "--max-inflight 4 --exec-ms 10",
+        "--sweep",
+        "rate=100:200:x2",
+        "--burstiness",
+        "0.5",
+        "--requests",
+        "12",
+        "--compare",
+        "--strategy",
+        "yieldgate,naive",
+        "--stream",
+        "--max-tokens",
+        "4",
+        "--slo",
+        "ttft_ms=60000,e2e_ms=60000",
+        "--no-progress",
+        "--json",
+        str(out),
+        "--csv",
+        str(table),
+        "--plot",
+        str(png),
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "gamma:100:0.5" in result.stdout
+    assert "gamma:200:0.5" in result.stdout
+    document = json.loads(out.read_text())
+    assert schema_errors(document, SWEEP_SCHEMA) == []
+    assert document["sweep"]["values"] == [100, 200]
+    assert [p["config"]["profile"]["spec"] for p in document["points"]] == [
+        "gamma:100:0.5",
+        "gamma:200:0.5",
+    ]
+    for point in document["points"]:
+        assert [r["strategy"] for r in point["results"]] == ["yieldgate", "naive"]
+        assert point["config"]["slo"] == {"ttft_ms": 60000, "tpot_ms": None, "e2e_ms": 60000}
+        for r in point["results"]:
+            assert r["goodput"]["good"] == r["succeeded"]  # objectives nobody can miss
+            assert r["streaming"]["ttft_ms"]["count"] == r["succeeded"]
+    with table.open(newline="") as f:
+        reader = csv.DictReader(f)
+        assert tuple(reader.fieldnames or ()) == CSV_COLUMNS
+        rows = list(reader)
+    assert [(r["axis"], r["value"], r["strategy"]) for r in rows] == [
+        ("rate", "100", "yieldgate"),
+        ("rate", "100", "naive"),
+        ("rate", "200", "yieldgate"),
+        ("rate", "200", "naive"),
+    ]
+    assert all(r["ttft_ms_p50"] and r["tokens_per_s"] for r in rows if r["succeeded"] != "0")
+    assert png.read_bytes()[:4] == b"\x89PNG"
+
+
 def test_print_schema() -> None:
     result = run_cli("--print-schema")
     assert result.returncode == 0
     assert json.loads(result.stdout) == SCHEMA
+    result = run_cli("--print-schema", "sweep")
+    assert result.returncode == 0
+    assert json.loads(result.stdout) == SWEEP_SCHEMA
 
 
 @pytest.mark.parametrize(
@@ -78,6 +142,14 @@ def test_print_schema() -> None:
         (["--serve", "", "--policy", "/nonexistent.json"], "neither a preset"),
         (["--serve", "", "--prompt-tokens", "a:b"], "--prompt-tokens: bad entry"),
         (["--serve", "--max-inflight 0", "--requests", "1"], "did not start"),
+        (["--serve", "", "--sweep", "speed=1,2"], "--sweep: sweep 'speed=1,2': unknown axis"),
+        (["--serve", "", "--sweep", "rate=1:8:2"], "the step must be +N"),
+        (["--serve", "", "--sweep", "rate=1,2", "--profile", "ramp:1:2:3"], "rate sweep needs"),
+        (["--serve", "", "--burstiness", "0.5"], "--burstiness needs Poisson arrivals"),
+        (["--serve", "", "--slo", "ttft=5"], "--slo: bad entry 'ttft=5'"),
+        (["--serve", "", "--slo", "e2e_ms=-1"], "slo e2e_ms must be"),
+        (["--serve", "", "--concurrency", "0"], "concurrency must be >= 1"),
+        (["--serve", "", "--profile", "trace:/nonexistent.jsonl"], "cannot read it"),
     ],
 )
 def test_bad_input_is_one_line_and_status_2(args: list[str], message: str) -> None:

@@ -12,12 +12,14 @@ starts itself are ``yieldgate serve`` processes. docs/burst.md is the guide.
 >>> render_table(report)  # doctest: +SKIP
 """
 
+from yieldgate.burst._csv import CSV_COLUMNS, write_csv
 from yieldgate.burst._plot import write_plot
 from yieldgate.burst._presets import PRESETS, demo_settings
 from yieldgate.burst._profiles import ArrivalProfile
 from yieldgate.burst._report import markdown_table, render_table, summary_line
 from yieldgate.burst._results import (
     SCHEMA_ID,
+    SWEEP_SCHEMA_ID,
     BurstReport,
     Goal,
     Percentiles,
@@ -28,15 +30,19 @@ from yieldgate.burst._results import (
     makespan_lower_bound,
 )
 from yieldgate.burst._runner import BurstConfig, Progress, run_burst
-from yieldgate.burst._schema import SCHEMA
+from yieldgate.burst._schema import SCHEMA, SWEEP_SCHEMA
 from yieldgate.burst._strategies import STRATEGY_NAMES, Strategy, load_policy
+from yieldgate.burst._sweep import Sweep, SweepReport, run_sweep
 from yieldgate.burst._targets import Target, Workload
 
 __all__ = [
+    "CSV_COLUMNS",
     "PRESETS",
     "SCHEMA",
     "SCHEMA_ID",
     "STRATEGY_NAMES",
+    "SWEEP_SCHEMA",
+    "SWEEP_SCHEMA_ID",
     "ArrivalProfile",
     "BurstConfig",
     "BurstReport",
@@ -47,6 +53,8 @@ __all__ = [
     "Slo",
     "Strategy",
     "StrategyResult",
+    "Sweep",
+    "SweepReport",
     "Target",
     "TimelinePoint",
     "Workload",
@@ -56,6 +64,8 @@ __all__ = [
     "markdown_table",
     "render_table",
     "run_burst",
+    "run_sweep",
     "summary_line",
+    "write_csv",
     "write_plot",
 ]

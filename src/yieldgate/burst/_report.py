@@ -105,8 +105,10 @@ def _title(report: BurstReport) -> str:
     name = f"{c['scenario']}: " if c.get("scenario") else ""
     stream = ", streaming" if c.get("stream") else ""
     fresh = "fresh server per strategy" if c.get("fresh_server_per_strategy") else "shared server"
+    cap = f", concurrency {c['concurrency']}" if c.get("concurrency") else ""
     return (
-        f"{name}{c['requests']} requests, {c['profile']['spec']}{stream} -> {c['target']} ({fresh})"
+        f"{name}{c['requests']} requests, {c['profile']['spec']}{cap}{stream} -> {c['target']} "
+        f"({fresh})"
     )
 
 
@@ -126,7 +128,10 @@ def render_table(report: BurstReport, console: Any = None) -> None:
         console = Console()
         if not console.is_terminal:
             console = Console(width=120)  # piped: wide enough for four strategies
-    table = Table(title=_title(report), title_justify="left", show_lines=False)
+    from rich.text import Text
+
+    # Text, not a string: rich would read "gamma:100:0.5" as markup with a :100: emoji.
+    table = Table(title=Text(_title(report)), title_justify="left", show_lines=False)
     table.add_column("", style="bold")
     for r in report.results:
         table.add_column(r.label, justify="right")

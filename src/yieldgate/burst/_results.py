@@ -18,6 +18,7 @@ from yieldgate.burst._targets import Request
 
 __all__ = [
     "SCHEMA_ID",
+    "SWEEP_SCHEMA_ID",
     "BurstReport",
     "Goal",
     "Percentiles",
@@ -30,6 +31,7 @@ __all__ = [
 ]
 
 SCHEMA_ID = "yieldgate.burst/1"
+SWEEP_SCHEMA_ID = "yieldgate.burst-sweep/1"
 _COUNTERS = ("admitted", "executed", "failed", "cancelled", "yielded", "errors")
 
 
@@ -214,6 +216,8 @@ class StrategyResult:
     slo: Slo
     server: ServerCounters | None
     timeline: tuple[TimelinePoint, ...] = field(default=())
+    # Chunks the successes streamed (a chunk is a token); None when not streaming.
+    output_tokens: int | None = None
 
     @property
     def failed(self) -> int:
@@ -241,6 +245,18 @@ class StrategyResult:
     def goodput_per_s(self) -> float:
         return self.goodput_good / self.makespan_s if self.makespan_s > 0 else 0.0
 
+    @property
+    def throughput_per_s(self) -> float:
+        """Successes per second of makespan."""
+        return self.succeeded / self.makespan_s if self.makespan_s > 0 else 0.0
+
+    @property
+    def tokens_per_s(self) -> float | None:
+        """Streamed output tokens per second of makespan; ``None`` when not streaming."""
+        if self.output_tokens is None:
+            return None
+        return self.output_tokens / self.makespan_s if self.makespan_s > 0 else 0.0
+
     def as_dict(self, *, timeline: bool = True) -> dict[str, Any]:
         return {
             "strategy": self.strategy,
@@ -260,6 +276,9 @@ class StrategyResult:
             "streaming": None
             if self.streaming is None
             else {k: v.as_dict() for k, v in self.streaming.items()},
+            "throughput_per_s": self.throughput_per_s,
+            "output_tokens": self.output_tokens,
+            "tokens_per_s": self.tokens_per_s,
             "goodput": {
                 "slo": self.slo.as_dict(),
                 "good": self.goodput_good,
@@ -414,4 +433,5 @@ def summarise(
         slo=slo,
         server=server,
         timeline=tuple(timeline),
+        output_tokens=sum(len(r.chunk_s) for r in oks) if stream else None,
     )

@@ -47,6 +47,10 @@ class BurstConfig:
     starts ``yieldgate serve ARGS`` itself, fresh for each strategy, and the
     target may be a bare scheme (``tcp://``). Without it every strategy meets
     the same server, in whatever state the one before left it.
+
+    ``concurrency`` caps the requests the generator keeps outstanding (as
+    vLLM's ``--max-concurrency``): an arrival waits for one to end, and its
+    clock (latency, TTFT) starts when it is sent. ``None``: no cap.
     """
 
     target: str
@@ -63,10 +67,17 @@ class BurstConfig:
     sample_interval_s: float = 0.1
     scenario: str | None = None
     goal: Goal | None = None
+    concurrency: int | None = None
 
     def __post_init__(self) -> None:
         if self.requests < 1:
             raise ValueError("requests must be >= 1")
+        if self.concurrency is not None and self.concurrency < 1:
+            raise ValueError("concurrency must be >= 1")
+        if self.profile.kind == "trace" and self.requests > len(self.profile.entries):
+            raise ValueError(
+                f"the trace has {len(self.profile.entries)} requests, fewer than {self.requests}"
+            )
         if not self.strategies:
             raise ValueError("give at least one strategy")
         if not (self.sample_interval_s > 0 and math.isfinite(self.sample_interval_s)):
@@ -80,6 +91,7 @@ class BurstConfig:
             "scenario": self.scenario,
             "target": self.target,
             "requests": self.requests,
+            "concurrency": self.concurrency,
             "profile": self.profile.as_dict(),
             "strategies": [s.label for s in self.strategies],
             "stream": self.workload.stream,
@@ -146,7 +158,7 @@ def run_burst(config: BurstConfig, *, progress: Progress | None = None) -> Burst
     progress = progress or _Silent()
     target = Target.parse(config.target)
     offsets = config.profile.offsets(config.requests, seed=config.seed)
-    prompts = config.workload.prompts(config.requests, config.seed)
+    prompts = _prompts(config)
     results: list[StrategyResult] = []
     for n, strategy in enumerate(config.strategies):
         with _live_target(config, target) as live:
@@ -161,6 +173,17 @@ def run_burst(config: BurstConfig, *, progress: Progress | None = None) -> Burst
         results=tuple(results),
         goal=config.goal,
     )
+
+
+def _prompts(config: BurstConfig) -> list[str]:
+    """The workload's prompts, each replaced by its trace entry's own where it has one."""
+    prompts = config.workload.prompts(config.requests, config.seed)
+    for i, entry in enumerate(config.profile.entries[: config.requests]):
+        if entry.prompt is not None:
+            prompts[i] = entry.prompt
+        elif entry.prompt_chars is not None:
+            prompts[i] = config.workload.prompt_of_length(i, entry.prompt_chars)
+    return prompts
 
 
 @contextlib.contextmanager
@@ -214,6 +237,9 @@ async def _run_one(
 ) -> StrategyResult:
     gate = strategy.make_gate()
     requests = [Request(index=i, arrival_s=offset) for i, offset in enumerate(offsets)]
+    for request, entry in zip(requests, config.profile.entries, strict=False):
+        request.max_tokens = entry.max_tokens
+    slots = None if config.concurrency is None else anyio.CapacityLimiter(config.concurrency)
     timeline: list[TimelinePoint] = []
     finished = {"ok": 0, "failed": 0}
     async with open_target(
@@ -261,6 +287,15 @@ async def _run_one(
         async def one(request: Request, prompt: str) -> None:
             request.origin = t0
             await anyio.sleep_until(t0 + request.arrival_s)
+            if slots is None:
+                await attempt(request, prompt)
+                return
+            async with slots:
+                # Closed loop: the request exists for its caller once it is sent.
+                request.arrival_s = time.monotonic() - t0
+                await attempt(request, prompt)
+
+        async def attempt(request: Request, prompt: str) -> None:
             try:
                 await send(prompt, request)
             except Exception as exc:

@@ -1,4 +1,5 @@
-"""The JSON document ``yieldgate burst --json`` writes, as a JSON Schema (draft 2020-12).
+"""The JSON documents ``yieldgate burst --json`` writes, as JSON Schemas (draft 2020-12):
+``SCHEMA`` for one burst, ``SWEEP_SCHEMA`` for a sweep (its points reuse the burst's parts).
 
 docs/burst.md describes every field in prose; the tests check real output
 against this schema.
@@ -8,9 +9,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from yieldgate.burst._results import SCHEMA_ID
+from yieldgate.burst._results import SCHEMA_ID, SWEEP_SCHEMA_ID
 
-__all__ = ["SCHEMA"]
+__all__ = ["SCHEMA", "SWEEP_SCHEMA"]
 
 _NUM = {"type": "number"}
 _INT = {"type": "integer", "minimum": 0}
@@ -81,10 +82,62 @@ _RESULT = _obj(
         "makespan_ratio": _NUM_OR_NULL,
         "latency_s": _PCT,
         "streaming": _obj({"ttft_ms": _PCT, "tpot_ms": _PCT, "itl_ms": _PCT}, nullable=True),
+        "throughput_per_s": _NUM,
+        "output_tokens": _INT_OR_NULL,
+        "tokens_per_s": _NUM_OR_NULL,
         "goodput": _obj({"slo": _SLO, "good": _INT, "ratio": _NUM, "per_s": _NUM}),
         "server": _SERVER,
         "timeline": {"type": "array", "items": _POINT},
     }
+)
+
+_CONFIG = _obj(
+    {
+        "scenario": {"type": ["string", "null"]},
+        "target": {"type": "string"},
+        "requests": _INT,
+        "concurrency": _INT_OR_NULL,
+        "profile": _obj(
+            {
+                "kind": {"enum": ["all-at-once", "poisson", "gamma", "ramp", "exp-ramp", "trace"]},
+                "spec": {"type": "string"},
+                "rate": _NUM_OR_NULL,
+                "burstiness": _NUM_OR_NULL,
+                "start_rate": _NUM_OR_NULL,
+                "ramp_s": _NUM_OR_NULL,
+                "trace_requests": _INT_OR_NULL,
+            }
+        ),
+        "strategies": {"type": "array", "items": {"type": "string"}},
+        "stream": {"type": "boolean"},
+        "prompt_tokens": {"type": "array"},
+        "max_tokens": _INT_OR_NULL,
+        "model": {"type": "string"},
+        "dialect": {"type": ["string", "null"]},
+        "slo": _SLO,
+        "serve_args": {"type": ["array", "null"], "items": {"type": "string"}},
+        "fresh_server_per_strategy": {"type": "boolean"},
+        "wait_ready": {"type": "boolean"},
+        "seed": {"type": "integer"},
+        "sample_interval_s": _NUM,
+    }
+)
+_MACHINE = _obj(
+    {
+        "cpus": _INT_OR_NULL,
+        "platform": {"type": "string"},
+        "machine": {"type": "string"},
+        "python": {"type": "string"},
+        "yieldgate": {"type": "string"},
+    }
+)
+_GOAL = _obj(
+    {
+        "min_success_rate": _NUM,
+        "max_attempts_per_request": _NUM_OR_NULL,
+        "max_makespan_ratio": _NUM_OR_NULL,
+    },
+    nullable=True,
 )
 
 SCHEMA: dict[str, Any] = {
@@ -95,53 +148,42 @@ SCHEMA: dict[str, Any] = {
         {
             "schema": {"const": SCHEMA_ID},
             "created": {"type": "string"},
-            "config": _obj(
-                {
-                    "scenario": {"type": ["string", "null"]},
-                    "target": {"type": "string"},
-                    "requests": _INT,
-                    "profile": _obj(
-                        {
-                            "kind": {"enum": ["all-at-once", "poisson", "gamma", "ramp"]},
-                            "spec": {"type": "string"},
-                            "rate": _NUM_OR_NULL,
-                            "burstiness": _NUM_OR_NULL,
-                            "start_rate": _NUM_OR_NULL,
-                            "ramp_s": _NUM_OR_NULL,
-                        }
-                    ),
-                    "strategies": {"type": "array", "items": {"type": "string"}},
-                    "stream": {"type": "boolean"},
-                    "prompt_tokens": {"type": "array"},
-                    "max_tokens": _INT_OR_NULL,
-                    "model": {"type": "string"},
-                    "dialect": {"type": ["string", "null"]},
-                    "slo": _SLO,
-                    "serve_args": {"type": ["array", "null"], "items": {"type": "string"}},
-                    "fresh_server_per_strategy": {"type": "boolean"},
-                    "wait_ready": {"type": "boolean"},
-                    "seed": {"type": "integer"},
-                    "sample_interval_s": _NUM,
-                }
-            ),
-            "machine": _obj(
-                {
-                    "cpus": _INT_OR_NULL,
-                    "platform": {"type": "string"},
-                    "machine": {"type": "string"},
-                    "python": {"type": "string"},
-                    "yieldgate": {"type": "string"},
-                }
-            ),
-            "goal": _obj(
-                {
-                    "min_success_rate": _NUM,
-                    "max_attempts_per_request": _NUM_OR_NULL,
-                    "max_makespan_ratio": _NUM_OR_NULL,
-                },
-                nullable=True,
-            ),
+            "config": _CONFIG,
+            "machine": _MACHINE,
+            "goal": _GOAL,
             "results": {"type": "array", "items": _RESULT},
+        }
+    ),
+}
+
+SWEEP_SCHEMA: dict[str, Any] = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "$id": SWEEP_SCHEMA_ID,
+    "title": "yieldgate burst sweep",
+    **_obj(
+        {
+            "schema": {"const": SWEEP_SCHEMA_ID},
+            "created": {"type": "string"},
+            "sweep": _obj(
+                {
+                    "axis": {"enum": ["rate", "concurrency"]},
+                    "values": {"type": "array", "items": _NUM},
+                    "spec": {"type": "string"},
+                }
+            ),
+            "config": _CONFIG,
+            "machine": _MACHINE,
+            "points": {
+                "type": "array",
+                "items": _obj(
+                    {
+                        "value": _NUM,
+                        "config": _CONFIG,
+                        "goal": _GOAL,
+                        "results": {"type": "array", "items": _RESULT},
+                    }
+                ),
+            },
         }
     ),
 }

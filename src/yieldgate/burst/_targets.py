@@ -136,6 +136,12 @@ class Workload:
                 length = tokens
                 break
             edge -= weight
+        return self.prompt_of_length(index, length)
+
+    @staticmethod
+    def prompt_of_length(index: int, length: int) -> str:
+        """Request ``index``'s prompt, ``length`` characters long (a trace's ``prompt_chars``)."""
+        head = f"request {index} "
         # A distinct head keeps prefix caching from serving prompts for free.
         filler = "the quick brown fox jumps over the lazy dog. "
         text = head + filler * (length // len(filler) + 1)
@@ -153,6 +159,7 @@ class Request:
     error: str | None = None
     chunk_s: list[float] = field(default_factory=list)
     origin: float = 0.0  # time.monotonic() at the start of the run
+    max_tokens: int | None = None  # a trace's own; None: the workload's
 
     def restart(self) -> None:
         """A new attempt of the whole request (a baseline's retry): forget its chunks."""
@@ -214,6 +221,10 @@ def retry_signal(exc: BaseException) -> tuple[bool, float | None]:
     if isinstance(found, yieldgate.YieldExhaustedError | yieldgate.RetriesExhaustedError):
         return True, found.last_hint_s
     return False, None
+
+
+def _max_tokens(workload: Workload, request: Request) -> int | None:
+    return request.max_tokens if request.max_tokens is not None else workload.max_tokens
 
 
 # -- opening a target -----------------------------------------------------------------
@@ -281,11 +292,12 @@ def _http_stats(client: Any) -> StatsSource:
 async def _open_tcp(
     target: Target, gate: yieldgate.Gate, workload: Workload
 ) -> AsyncIterator[tuple[Send, StatsSource]]:
-    params = {"max_tokens": workload.max_tokens} if workload.max_tokens is not None else None
     async with yieldgate.GovernedClient(target.url, gate=gate) as client:
 
         async def send(prompt: str, request: Request) -> None:
             request.restart()
+            max_tokens = _max_tokens(workload, request)
+            params = {"max_tokens": max_tokens} if max_tokens is not None else None
             if not workload.stream:
                 await client.submit(prompt, params=params)
                 return
@@ -316,12 +328,13 @@ async def _open_openai(
         http_client=yieldgate.http_client(gate, dialect=dialect),
         max_retries=retries,
     )
-    extra: dict[str, Any] = {}
-    if workload.max_tokens is not None:
-        extra["max_tokens"] = workload.max_tokens
 
     async def send(prompt: str, request: Request) -> None:
         request.restart()
+        extra: dict[str, Any] = {}
+        max_tokens = _max_tokens(workload, request)
+        if max_tokens is not None:
+            extra["max_tokens"] = max_tokens
         messages: Any = [{"role": "user", "content": prompt}]
         if not workload.stream:
             await client.chat.completions.create(model=workload.model, messages=messages, **extra)
@@ -354,11 +367,12 @@ async def _open_hf(
 
             async def send(prompt: str, request: Request) -> None:
                 request.restart()
+                max_tokens = _max_tokens(workload, request)
                 if not workload.stream:
-                    await client.text_generation(prompt, max_new_tokens=workload.max_tokens)
+                    await client.text_generation(prompt, max_new_tokens=max_tokens)
                     return
                 tokens = await client.text_generation(
-                    prompt, max_new_tokens=workload.max_tokens, stream=True
+                    prompt, max_new_tokens=max_tokens, stream=True
                 )
                 async for token in tokens:
                     if token:
@@ -371,15 +385,16 @@ async def _open_hf(
 async def _open_tgi(
     target: Target, gate: yieldgate.Gate, workload: Workload, dialect: str
 ) -> AsyncIterator[Send]:
-    parameters: dict[str, Any] = {}
-    if workload.max_tokens is not None:
-        parameters["max_new_tokens"] = workload.max_tokens
     client = yieldgate.http_client(gate, dialect=dialect, flavor="httpx", base_url=target.http_base)
     client.timeout = 120.0  # the library's network timeouts, per attempt
     async with client:
 
         async def send(prompt: str, request: Request) -> None:
             request.restart()
+            parameters: dict[str, Any] = {}
+            max_tokens = _max_tokens(workload, request)
+            if max_tokens is not None:
+                parameters["max_new_tokens"] = max_tokens
             body = {"inputs": prompt, "parameters": parameters}
             if not workload.stream:
                 response = await client.post(f"{target.path}/generate", json=body)

@@ -52,8 +52,26 @@ def add_parser(sub: Any) -> None:
         "--profile",
         help=(
             "arrivals: all-at-once (default), poisson:RATE, gamma:RATE:BURSTINESS, "
-            "ramp:START_RATE:END_RATE:SECONDS"
+            "ramp:START_RATE:END_RATE:SECONDS (linear), exp-ramp:START_RATE:END_RATE:SECONDS, "
+            "trace:PATH (JSONL of offset_s, prompt or prompt_chars, max_tokens)"
         ),
+    )
+    p.add_argument(
+        "--burstiness",
+        type=float,
+        help="gamma shape of the inter-arrival times (1 is Poisson, below 1 burstier), "
+        "for poisson:RATE or a rate sweep",
+    )
+    p.add_argument(
+        "--concurrency",
+        type=int,
+        help="most requests outstanding at once; an arrival waits for one to end (no cap)",
+    )
+    p.add_argument(
+        "--sweep",
+        metavar="AXIS=VALUES",
+        help="run one point per value: rate=1,2,4,8, rate=1:16:x2 (multiply), "
+        "concurrency=4:16:+4 (add)",
     )
     p.add_argument(
         "--strategy",
@@ -78,6 +96,11 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--max-tokens", type=int, help="tokens to generate per request")
     p.add_argument("--model", help="model name for openai / hf targets (default yieldgate-sim)")
     p.add_argument("--dialect", help="dialect under the HTTP clients (default: the target's)")
+    p.add_argument(
+        "--slo",
+        metavar="NAME=MS,...",
+        help="objectives for goodput: ttft_ms=..., tpot_ms=..., e2e_ms=... (any of them)",
+    )
     p.add_argument("--slo-ttft-ms", type=float, help="TTFT objective for goodput (streaming)")
     p.add_argument("--slo-tpot-ms", type=float, help="TPOT objective for goodput (streaming)")
     p.add_argument("--slo-e2e-ms", type=float, help="end-to-end latency objective for goodput")
@@ -92,10 +115,22 @@ def add_parser(sub: Any) -> None:
         "--sample-ms", type=float, default=100.0, help="timeline sampling period (default 100)"
     )
     p.add_argument("--json", type=Path, metavar="PATH", help="write the results as JSON")
-    p.add_argument("--plot", type=Path, metavar="PATH", help="write a PNG plot of the timelines")
+    p.add_argument(
+        "--csv", type=Path, metavar="PATH", help="write one CSV row per strategy (per point)"
+    )
+    p.add_argument(
+        "--plot",
+        type=Path,
+        metavar="PATH",
+        help="write a PNG plot: the timelines, or for a sweep latency and goodput per point",
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument(
-        "--print-schema", action="store_true", help="print the JSON schema of --json and exit"
+        "--print-schema",
+        nargs="?",
+        const="burst",
+        choices=["burst", "sweep"],
+        help="print the JSON schema of --json (of one burst, or of a sweep) and exit",
     )
     p.set_defaults(run=run)
 
@@ -111,7 +146,45 @@ def _mix(text: str) -> tuple[tuple[int, float], ...]:
     return tuple(out)
 
 
-def build_config(args: argparse.Namespace) -> Any:
+def _slo_flags(text: str) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for part in text.split(","):
+        name, eq, value = part.strip().partition("=")
+        if name not in ("ttft_ms", "tpot_ms", "e2e_ms") or not eq:
+            raise ValueError(f"--slo: bad entry {part.strip()!r}: use ttft_ms=, tpot_ms=, e2e_ms=")
+        try:
+            out[name] = float(value)
+        except ValueError:
+            raise ValueError(f"--slo: {name} must be a number, got {value!r}") from None
+    return out
+
+
+def _burstiness(profile: Any, burstiness: float, sweep: Any) -> Any:
+    from yieldgate.burst import ArrivalProfile
+
+    if profile.kind == "poisson":
+        return ArrivalProfile.gamma(profile.rate, burstiness)
+    if profile.kind == "all-at-once" and sweep is not None and sweep.axis == "rate":
+        # Each point replaces the rate; this one is never fired.
+        return ArrivalProfile.gamma(1.0, burstiness)
+    raise ValueError(
+        "--burstiness needs Poisson arrivals to shape: --profile poisson:RATE or --sweep rate=..."
+    )
+
+
+def build_sweep(args: argparse.Namespace) -> Any:
+    """``--sweep`` into a ``Sweep`` (``None`` without it); bad syntax raises ``CliError``."""
+    if args.sweep is None:
+        return None
+    from yieldgate.burst import Sweep
+
+    try:
+        return Sweep.parse(args.sweep)
+    except ValueError as exc:
+        raise CliError(f"--sweep: {exc}") from None
+
+
+def build_config(args: argparse.Namespace, sweep: Any = None) -> Any:
     """Flags (over a preset) into a ``BurstConfig``; bad values raise ``CliError``."""
     from yieldgate.burst import (
         PRESETS,
@@ -133,6 +206,14 @@ def build_config(args: argparse.Namespace) -> Any:
             settings["requests"] = args.requests
         if args.profile is not None:
             settings["profile"] = ArrivalProfile.parse(args.profile)
+            if settings["profile"].kind == "trace" and args.requests is None:
+                settings["requests"] = len(settings["profile"].entries)
+        if args.burstiness is not None:
+            settings["profile"] = _burstiness(
+                settings.get("profile", ArrivalProfile()), args.burstiness, sweep
+            )
+        if args.concurrency is not None:
+            settings["concurrency"] = args.concurrency
         if args.strategy is not None:
             names = [n.strip() for n in args.strategy.split(",") if n.strip()]
         elif args.compare:
@@ -157,20 +238,24 @@ def build_config(args: argparse.Namespace) -> Any:
             model=old.model if args.model is None else args.model,
         )
         slo: Any = settings.get("slo", Slo())
-        settings["slo"] = Slo(
-            ttft_ms=slo.ttft_ms if args.slo_ttft_ms is None else args.slo_ttft_ms,
-            tpot_ms=slo.tpot_ms if args.slo_tpot_ms is None else args.slo_tpot_ms,
-            e2e_ms=slo.e2e_ms if args.slo_e2e_ms is None else args.slo_e2e_ms,
-        )
+        given = _slo_flags(args.slo) if args.slo is not None else {}
+        for name in ("ttft_ms", "tpot_ms", "e2e_ms"):
+            flag = getattr(args, f"slo_{name}")
+            if flag is not None:
+                given[name] = flag
+        settings["slo"] = Slo(**{**slo.as_dict(), **given})
         if args.dialect is not None:
             settings["dialect"] = args.dialect
         if args.wait_ready:
             settings["wait_ready"] = True
         settings["seed"] = args.seed
         settings["sample_interval_s"] = args.sample_ms / 1000
-        return BurstConfig(**settings)
+        config = BurstConfig(**settings)
+        for value in sweep.values if sweep is not None else ():
+            sweep.point(config, value)  # a sweep the profile cannot take fails before firing
     except ValueError as exc:
         raise CliError(str(exc)) from None
+    return config
 
 
 class _RichProgress:
@@ -212,21 +297,48 @@ class _RichProgress:
         self.bar.update(self.task, completed=result.requests)
 
 
-def execute(config: Any, *, progress: bool, json_path: Path | None, plot_path: Path | None) -> Any:
-    """Run ``config``, print the table, write the files; shared with ``yieldgate demo``."""
+def execute(
+    config: Any,
+    *,
+    progress: bool,
+    json_path: Path | None,
+    plot_path: Path | None,
+    csv_path: Path | None = None,
+    sweep: Any = None,
+) -> Any:
+    """Run ``config`` (at every point of ``sweep``, if given), print the tables, write the
+    files; shared with ``yieldgate demo``."""
 
-    from yieldgate.burst import render_table, run_burst, write_plot
+    from yieldgate.burst import (
+        SweepReport,
+        render_table,
+        run_burst,
+        run_sweep,
+        write_csv,
+        write_plot,
+    )
     from yieldgate.server import ServerStartError
+
+    def go(bar: Any) -> Any:
+        if sweep is not None:
+            return run_sweep(config, sweep, progress=bar)
+        return run_burst(config, progress=bar)
 
     try:
         if progress:
             with _RichProgress() as bar:
-                report = run_burst(config, progress=bar)
+                report = go(bar)
         else:
-            report = run_burst(config)
+            report = go(None)
     except (RuntimeError, ImportError, TimeoutError, ServerStartError) as exc:
         raise CliError(str(exc)) from None
-    render_table(report)
+    if isinstance(report, SweepReport):
+        for _, point in report.points:
+            render_table(point)
+    else:
+        render_table(report)
+    if csv_path is not None:
+        print(f"CSV written to {write_csv(report, csv_path)}")
     if json_path is not None:
         json_path.parent.mkdir(parents=True, exist_ok=True)
         json_path.write_text(json.dumps(report.as_dict(), indent=1) + "\n", encoding="utf-8")
@@ -248,16 +360,19 @@ def _check_extra() -> None:
 
 def run(args: argparse.Namespace) -> int:
     if args.print_schema:
-        from yieldgate.burst import SCHEMA
+        from yieldgate.burst import SCHEMA, SWEEP_SCHEMA
 
-        print(json.dumps(SCHEMA, indent=1))
+        print(json.dumps(SWEEP_SCHEMA if args.print_schema == "sweep" else SCHEMA, indent=1))
         return 0
     _check_extra()
-    config = build_config(args)
+    sweep = build_sweep(args)
+    config = build_config(args, sweep)
     execute(
         config,
         progress=not args.no_progress,
         json_path=args.json,
         plot_path=args.plot,
+        csv_path=args.csv,
+        sweep=sweep,
     )
     return 0
