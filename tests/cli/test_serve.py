@@ -118,6 +118,9 @@ def test_listening_line_reports_the_real_port() -> None:
         (["--http-port", "0", "--quota-tpm", "9", "--quota-window-s", "0"], "window_s"),
         (["--quota-tpm", "100"], "add --http-port"),
         (["--http-port", "0", "--quota-window-s", "5"], "--quota-window-s needs"),
+        (["--queue", "-1"], "--queue: must be a number of requests >= 0 or 'unbounded', got -1"),
+        (["--queue", "lots"], "--queue: must be a number of requests >= 0 or 'unbounded'"),
+        (["--queue", "2.5"], "--queue: must be a number of requests >= 0 or 'unbounded'"),
     ],
 )
 def test_bad_flags_are_one_clear_line_and_exit_2(args: list[str], message: str) -> None:

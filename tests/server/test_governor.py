@@ -406,3 +406,105 @@ def test_exec_ms_total_sums_measured_executions_only() -> None:
     stats = gov.stats()
     assert stats.exec_ms_total == pytest.approx(300)
     assert stats.as_dict()["exec_ms_total"] == pytest.approx(300)
+
+
+# -- the queue (serve --queue) ----------------------------------------------------
+
+
+def test_without_a_queue_nothing_ever_waits() -> None:
+    gov = make(FakeClock(), max_inflight=1)
+    admit(gov)
+    assert refuse(gov).reason is YieldReason.SATURATED
+    assert gov.stats().as_dict()["max_queued"] == 0
+    with pytest.raises(ValueError, match="max_queued"):
+        GovernorConfig(max_queued=-1)
+
+
+def test_queue_is_first_come_first_served_and_bounded() -> None:
+    clock = FakeClock()
+    gov = make(clock, max_inflight=1, max_queued=2)
+    running = admit(gov)
+    first, second = admit(gov), admit(gov)
+    assert first.is_waiting
+    assert second.is_waiting
+    woken: list[str] = []
+    first.on_granted(lambda: woken.append("first"))
+    second.on_granted(lambda: woken.append("second"))
+    # The queue is full: the next one is refused as without a queue, its hint
+    # counting the two ahead (two more executions of the initial 100 ms).
+    y = refuse(gov)
+    assert (y.reason, y.inflight, y.retry_hint_ms) == (YieldReason.SATURATED, 1, 300)
+    clock.advance_ms(40)
+    running.release("executed")
+    assert woken == ["first"]
+    assert not first.is_waiting
+    assert second.is_waiting
+    assert (gov.inflight, gov.queued) == (1, 1)
+    assert first.elapsed_ms() == 0  # execution is timed from the grant, not from arrival
+    first.release("executed")
+    assert woken == ["first", "second"]
+    s = gov.stats()
+    assert (s.admitted_total, s.queued_total, s.queued_peak, s.queued, s.yielded_total) == (
+        3,
+        2,
+        2,
+        0,
+        1,
+    )
+    assert s.queue_wait_ms_total == pytest.approx(80)  # 40 ms each
+
+
+def test_higher_priorities_leave_the_queue_first() -> None:
+    gov = make(FakeClock(), max_inflight=1, max_queued=None)
+    running = admit(gov)
+    low, normal, high = (admit(gov, p) for p in (Priority.LOW, Priority.NORMAL, Priority.HIGH))
+    order: list[Priority] = []
+    for slot in (low, normal, high):
+        slot.on_granted(lambda slot=slot: order.append(slot.priority))  # type: ignore[misc]
+    running.release("executed")
+    high.release("executed")
+    normal.release("executed")
+    assert order == [Priority.HIGH, Priority.NORMAL, Priority.LOW]
+
+
+def test_an_arrival_never_overtakes_the_queue() -> None:
+    gov = make(FakeClock(), max_inflight=2, max_queued=4)
+    a, b = admit(gov), admit(gov)
+    waiting = admit(gov)
+    gov.set_capacity(1)  # nothing frees: the queue keeps its place
+    a.release("executed")
+    assert waiting.is_waiting
+    assert gov.inflight == 1
+    gov.set_capacity(2)  # room again: the waiter gets it, not the next arrival
+    assert not waiting.is_waiting
+    assert admit(gov).is_waiting
+    b.release("executed")
+
+
+def test_a_waiter_that_leaves_frees_its_place() -> None:
+    clock = FakeClock()
+    gov = make(clock, max_inflight=1, max_queued=1)
+    running = admit(gov)
+    leaving = admit(gov)
+    refuse(gov)
+    clock.advance_ms(30)
+    assert leaving.release("cancelled") == 0.0  # withdrawn: never admitted, nothing measured
+    assert gov.queued == 0
+    staying = admit(gov)  # its place is free again
+    running.release("executed")
+    assert not staying.is_waiting
+    s = gov.stats()
+    assert (s.queue_abandoned_total, s.cancelled_total, s.admitted_total) == (1, 0, 2)
+    assert sum(s.queue_wait_buckets) == 2
+    assert s.queue_wait_buckets[4] == 1  # the 30 ms wait, in the (25, 50] bucket
+
+
+def test_an_unbounded_queue_takes_everything() -> None:
+    gov = make(FakeClock(), max_inflight=2, max_queued=None)
+    slots = [admit(gov) for _ in range(1_002)]
+    assert (gov.inflight, gov.queued) == (2, 1_000)
+    assert gov.stats().as_dict()["max_queued"] is None
+    for slot in slots:
+        slot.release("executed")
+    s = gov.stats()
+    assert (s.queued, s.executed_total, s.admitted_total) == (0, 1_002, 1_002)

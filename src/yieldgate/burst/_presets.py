@@ -1,4 +1,5 @@
-"""Named scenarios: the seed's cold start, the saturated burst, a provider quota, the demo."""
+"""Named scenarios: the seed's cold start, the saturated burst, a provider quota, buffering
+against governing, the demo."""
 
 from __future__ import annotations
 
@@ -50,6 +51,31 @@ _QUOTA_WORKLOAD = Workload(
     prompt_tokens=((200, 0.5), (800, 0.3), (2400, 0.2)), max_tokens=64, model="gpt-4o"
 )
 _QUOTA_TPM = round(quota_cost(_QUOTA_WORKLOAD, _QUOTA_REQUESTS) / 1.5)
+
+# Buffering against governing (issue 21): 8 slots of 50 ms serve 160 requests/s;
+# 600 chat completions arrive at twice that (Poisson, about 1.9 s), so the same
+# server either queues the excess (`--queue unbounded`, as vLLM and TGI do) or
+# yields it. A client that gives up after 1 s is the goodput objective.
+_BUFFERING_SERVER = ("--max-inflight", "8", "--exec-ms", "50")
+_BUFFERING_STRATEGIES = tuple(
+    Strategy(name=name) for name in ("naive", "openai-default", "yieldgate")
+)
+
+
+def _buffering(*, queue: str | None) -> dict[str, Any]:
+    """The ``buffering`` scenario against ``yieldgate serve --queue QUEUE`` (``None``: governed,
+    no queue): the same burst, strategies and objective either way."""
+    serve_args = _BUFFERING_SERVER if queue is None else (*_BUFFERING_SERVER, "--queue", queue)
+    return {
+        "scenario": "buffering" if queue is not None else "buffering-governed",
+        "target": "openai+http://",
+        "serve_args": serve_args,
+        "requests": 600,
+        "profile": ArrivalProfile.poisson(320.0),
+        "strategies": _BUFFERING_STRATEGIES,
+        "slo": Slo(e2e_ms=1000.0),
+    }
+
 
 #: ``BurstConfig`` keyword arguments per scenario; command-line flags override them.
 PRESETS: Mapping[str, Mapping[str, Any]] = {
@@ -108,6 +134,9 @@ PRESETS: Mapping[str, Mapping[str, Any]] = {
         "workload": _QUOTA_WORKLOAD,
         "goal": Goal(min_success_rate=1.0),
     },
+    # The buffering side and the governed side of one comparison (docs/burst.md).
+    "buffering": _buffering(queue="unbounded"),
+    "buffering-governed": _buffering(queue=None),
 }
 
 

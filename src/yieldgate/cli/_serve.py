@@ -158,6 +158,17 @@ def add_parser(sub: Any) -> None:
         help="further slots that low-priority submits may not use",
     )
     gov.add_argument(
+        "--queue",
+        type=_queue_bound,
+        default=0,
+        metavar="N|unbounded",
+        help=(
+            "buffer as vLLM and TGI do: up to N requests past --max-inflight wait for a slot "
+            "(FIFO within each priority, under their deadline) before any is refused; "
+            "'unbounded' for no limit; 0 (the default) yields at once"
+        ),
+    )
+    gov.add_argument(
         "--initial-exec-ms",
         type=float,
         help="execution-time estimate for hints until one is measured (default: the backend's)",
@@ -266,6 +277,23 @@ def _positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
+    return value
+
+
+def _queue_bound(text: str) -> int | None:
+    """``--queue``: a count >= 0, or ``unbounded`` (``None``)."""
+    if text.strip().lower() == "unbounded":
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"must be a number of requests >= 0 or 'unbounded', got {text!r}"
+        ) from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(
+            f"must be a number of requests >= 0 or 'unbounded', got {value}"
+        )
     return value
 
 
@@ -417,6 +445,7 @@ def build_server(args: argparse.Namespace) -> Any:
                     reserved_for_high=args.reserve_high, reserved_for_normal=args.reserve_normal
                 ),
                 initial_exec_ms=max(initial, 1.0),
+                max_queued=args.queue,
             )
         )
         secret = _read_secret(args.secret_file)

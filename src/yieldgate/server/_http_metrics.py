@@ -16,16 +16,22 @@ out.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.registry import Collector
 
 from yieldgate.protocol import ErrorCode, YieldReason
-from yieldgate.server.governor import GovernorStats
+from yieldgate.server.governor import QUEUE_WAIT_BUCKETS_MS, GovernorStats
 
 __all__ = ["CONTENT_TYPE", "MetricsExporter"]
 
@@ -51,6 +57,7 @@ class _GovernorCollector(Collector):
             "yieldgate_capacity", "Slots usable now (lower while capacity ramps).", s.capacity
         )
         yield GaugeMetricFamily("yieldgate_cold", "1 while the backend warms up.", int(s.cold))
+        yield from _queue_metrics(s)
         for name, value, doc in (
             ("admitted", s.admitted_total, "Submits admitted into a slot."),
             ("executed", s.executed_total, "Admitted submits whose execution finished."),
@@ -82,6 +89,39 @@ class _GovernorCollector(Collector):
         for (route, status), count in sorted(self._requests.items()):
             requests.add_metric([route, status], count)
         yield requests
+
+
+def _queue_metrics(s: GovernorStats) -> Iterator[Metric]:
+    """The queue (``serve --queue``): its length, its bound, and the time spent in it."""
+    yield GaugeMetricFamily("yieldgate_queued", "Submits waiting for a slot now.", s.queued)
+    yield GaugeMetricFamily(
+        "yieldgate_queued_peak", "The most submits that waited at once.", s.queued_peak
+    )
+    bound = math.inf if s.max_queued is None else s.max_queued
+    yield GaugeMetricFamily(
+        "yieldgate_max_queued", "How many may wait (0: none, yield at once).", bound
+    )
+    yield CounterMetricFamily(
+        "yieldgate_queue_entered", "Submits that waited for a slot.", s.queued_total
+    )
+    yield CounterMetricFamily(
+        "yieldgate_queue_abandoned",
+        "Queued submits that left before a slot (deadline, client gone).",
+        s.queue_abandoned_total,
+    )
+    cumulative = 0
+    buckets = []
+    for bound_ms, count in zip(
+        (*QUEUE_WAIT_BUCKETS_MS, math.inf), s.queue_wait_buckets, strict=True
+    ):
+        cumulative += count
+        buckets.append(("+Inf" if bound_ms == math.inf else f"{bound_ms / 1000:g}", cumulative))
+    yield HistogramMetricFamily(
+        "yieldgate_queue_wait_seconds",
+        "Time submits spent queued, counted when they leave the queue.",
+        buckets=buckets,
+        sum_value=s.queue_wait_ms_total / 1000,
+    )
 
 
 class _ConnectionCollector(Collector):

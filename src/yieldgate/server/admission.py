@@ -11,6 +11,12 @@ Order of checks, cheapest first: shutting down, a deadline already spent,
 ``Governor.refuse`` (cold or full: yield without looking at the work any
 further), the backend's ``estimate_ms`` (bad parameters cost no slot), and
 finally ``Governor.try_acquire``.
+
+With a queue (``GovernorConfig.max_queued``), ``admit`` may hand back work
+whose slot is still waiting; ``execute`` then waits for the slot first,
+under the same deadline (the client's budget counts from arrival), and a
+caller cancelled while it waits (the client left, a cancel frame) withdraws
+it from the queue. Without one, nothing here ever waits for a slot.
 """
 
 from __future__ import annotations
@@ -112,7 +118,8 @@ class Admission:
         stream: bool = False,
         deadline_ms: int | None = None,
     ) -> Admitted | Yield | Failure:
-        """Admit now, yield, or refuse; never waits. A ``Yield`` is already counted."""
+        """Admit now (or queue, when the Governor has a queue), yield, or refuse; never
+        waits. A ``Yield`` is already counted."""
         gov = self.governor
         if gov.shutting_down:
             return Failure(
@@ -158,12 +165,18 @@ class Admission:
         ``executed`` when the backend returned and ``finish`` made a reply of
         the result; ``failed`` when either raised; ``cancelled`` when the
         deadline passed (a ``deadline_exceeded`` failure) or the caller was
-        cancelled (the cancellation propagates).
+        cancelled (the cancellation propagates). A slot still waiting is
+        waited for first; one released while waiting only leaves the queue.
         """
         work, slot = admitted.work, admitted.slot
         timeout = math.inf if admitted.deadline_ms is None else admitted.deadline_ms / 1000.0
         try:
             with anyio.move_on_after(timeout):
+                if slot.is_waiting:
+                    # queued: the Governor hands it a slot as one frees
+                    granted = anyio.Event()
+                    slot.on_granted(granted.set)
+                    await granted.wait()
                 try:
                     result = await self.backend.execute(work, emit)
                 except BackendError as exc:
@@ -197,10 +210,11 @@ class Admission:
                 return reply
             # Only the deadline scope ends the block without a return; an outer
             # cancellation (disconnect, shutdown) propagates as an exception.
+            where = "waiting in the queue" if slot.is_waiting else "execution"
             slot.release("cancelled")
             return Failure(
                 code=ErrorCode.DEADLINE_EXCEEDED,
-                message=f"execution passed the client's deadline_ms={admitted.deadline_ms}",
+                message=f"{where} passed the client's deadline_ms={admitted.deadline_ms}",
                 retryable=False,
             )
         finally:

@@ -2,7 +2,19 @@
 
 Transport-agnostic and synchronous: a front (TCP, HTTP) asks ``try_acquire``
 and gets either a ``Slot`` to execute under or a ``Yield`` to send back at
-once. There is no queue anywhere: nobody ever waits for a slot here.
+once. By default there is no queue anywhere: nobody ever waits for a slot.
+
+Buffering, on request (``GovernorConfig.max_queued``, ``yieldgate serve
+--queue N``): to measure what governing is compared with, the Governor can
+buffer as vLLM and TGI do by default. A submit that finds every slot it may
+use busy then gets a *waiting* ``Slot`` while fewer than ``max_queued`` wait
+(``None``: no bound), and only past that a ``Yield``. A released slot is
+handed straight to the first waiter that may use it (highest priority
+first, then first come), so arrivals never overtake the queue. The Governor
+only keeps the books and calls the waiter's ``on_granted`` callback; the
+driver (``Admission.execute``) does the waiting, under the client's
+deadline, and releasing a waiting slot withdraws it from the queue. Queued
+work is not shown to the admission hook: a buffering server judges nothing.
 
 Hints. A ``Yield`` carries ``retry_hint_ms``: when a slot this submit may use is
 expected to free. Each slot in flight has an expected duration (the backend's
@@ -26,10 +38,12 @@ Counters only grow, and at every instant
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import math
+import sys
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
@@ -52,6 +66,9 @@ Clock = Callable[[], float]
 SlotOutcome = Literal["executed", "failed", "cancelled"]
 
 _MIN_RESIDUAL_SHARE: Final = 0.1
+#: Upper bounds (ms) of the buckets of time spent queued; the last bucket has none.
+QUEUE_WAIT_BUCKETS_MS: Final = (1, 5, 10, 25, 50, 100, 250, 500, 1_000, 2_500, 5_000, 10_000)
+_BY_RANK: Final = (Priority.HIGH, Priority.NORMAL, Priority.LOW)
 # Looked up once: an enum member read through its class costs a lookup per refusal.
 _NORMAL: Final = Priority.NORMAL
 _SATURATED: Final = YieldReason.SATURATED
@@ -92,8 +109,13 @@ class GovernorConfig:
     ewma_alpha: float = 0.2
     min_hint_ms: int = 1
     max_hint_ms: int = 300_000
+    # How many submits may wait for a slot: 0 (the default) yields at once, None
+    # has no bound. Buffering hides overload; it is here to be measured.
+    max_queued: int | None = 0
 
     def __post_init__(self) -> None:
+        if self.max_queued is not None and self.max_queued < 0:
+            raise ValueError(f"max_queued must be >= 0 or None, got {self.max_queued}")
         if self.max_inflight < 1:
             raise ValueError(f"max_inflight must be >= 1, got {self.max_inflight}")
         reserved = self.priority.reserved_for_high + self.priority.reserved_for_normal
@@ -167,6 +189,15 @@ class GovernorStats:
     exec_ms_total: float
     cold: bool
     shutting_down: bool
+    max_queued: int | None = 0
+    queued: int = 0
+    queued_peak: int = 0
+    queued_total: int = 0
+    queue_abandoned_total: int = 0
+    queue_wait_ms_total: float = 0.0
+    # Submits that left the queue (given a slot or abandoned), per bucket of
+    # QUEUE_WAIT_BUCKETS_MS and one past the last bound.
+    queue_wait_buckets: tuple[int, ...] = (0,) * (len(QUEUE_WAIT_BUCKETS_MS) + 1)
 
     def as_dict(self) -> dict[str, Any]:
         """The counters as the ``stats`` op reports them."""
@@ -187,26 +218,60 @@ class GovernorStats:
             "exec_ms_total": round(self.exec_ms_total, 3),
             "cold": self.cold,
             "shutting_down": self.shutting_down,
+            "max_queued": self.max_queued,
+            "queued": self.queued,
+            "queued_peak": self.queued_peak,
+            "queued_total": self.queued_total,
+            "queue_abandoned_total": self.queue_abandoned_total,
+            "queue_wait_ms_total": round(self.queue_wait_ms_total, 3),
+            "queue_waits_total": sum(self.queue_wait_buckets),
         }
 
 
 class Slot:
-    """One admitted unit of work. Release it exactly once, however the work ends."""
+    """One admitted unit of work. Release it exactly once, however the work ends.
 
-    __slots__ = ("_governor", "_released", "expected_ms", "priority", "started_at")
+    With a queue, a slot may be handed out *waiting* (``is_waiting``): it is
+    admitted once a slot frees (``on_granted`` says when), and releasing it
+    before that withdraws it from the queue.
+    """
+
+    __slots__ = (
+        "_governor",
+        "_released",
+        "_wake",
+        "expected_ms",
+        "is_waiting",
+        "priority",
+        "queued_at",
+        "started_at",
+    )
 
     def __init__(
-        self, governor: Governor, priority: Priority, started_at: float, expected_ms: float | None
+        self,
+        governor: Governor,
+        priority: Priority,
+        started_at: float,
+        expected_ms: float | None,
+        *,
+        waiting: bool = False,
     ) -> None:
         self._governor = governor
         self._released = False
+        self._wake: Callable[[], None] | None = None
         self.priority = priority
-        self.started_at = started_at
+        self.started_at = started_at  # when admitted; while waiting, when queued
+        self.queued_at = started_at if waiting else None
         self.expected_ms = expected_ms
+        self.is_waiting = waiting
 
     @property
     def released(self) -> bool:
         return self._released
+
+    def on_granted(self, wake: Callable[[], None]) -> None:
+        """Call ``wake`` (once, synchronously) when this waiting slot is admitted."""
+        self._wake = wake
 
     def elapsed_ms(self) -> float:
         """Time since admission, on the Governor's clock."""
@@ -262,12 +327,29 @@ class Governor:
         self._shutting_down = False
         self._last_yield = Yield(-1, _SATURATED, 0, 0)  # matches no real yield
         self._set_limits()
+        # The queue, when there is one: a deque per priority, highest first. A
+        # withdrawn slot stays in its deque (released) until it reaches the head.
+        max_queued = self.config.max_queued
+        self._queue_room = sys.maxsize if max_queued is None else max_queued
+        self._waiting: tuple[deque[Slot], ...] = (deque(), deque(), deque())
+        self._waiting_by_rank = [0, 0, 0]  # live waiters, withdrawn ones left out
+        self._queued = 0
+        self._queued_peak = 0
+        self._queued_total = 0
+        self._queue_abandoned = 0
+        self._queue_wait_ms = 0.0
+        self._queue_waits = [0] * (len(QUEUE_WAIT_BUCKETS_MS) + 1)
 
     # -- state --------------------------------------------------------------
 
     @property
     def inflight(self) -> int:
         return len(self._slots)
+
+    @property
+    def queued(self) -> int:
+        """Submits waiting for a slot now."""
+        return self._queued
 
     @property
     def capacity(self) -> int:
@@ -291,6 +373,8 @@ class Governor:
             raise ValueError(f"capacity must be in [1, {self.config.max_inflight}], got {capacity}")
         self._capacity = capacity
         self._set_limits()
+        if self._queued:
+            self._grant()
 
     def _set_limits(self) -> None:
         # Each priority's limit, worked out once per capacity change, not per submit.
@@ -342,7 +426,10 @@ class Governor:
         limit = self._limit_normal if priority is _NORMAL else self._limit(priority)
         if inflight < limit:
             return None
-        hint = self._saturated_hint(self._clock(), inflight - limit + 1)
+        queued = self._queued
+        if queued < self._queue_room:
+            return None  # there is room to wait: try_acquire queues it
+        hint = self._saturated_hint(self._clock(), inflight - limit + 1 + queued)
         return self._yield(_SATURATED, hint, inflight)
 
     def try_acquire(
@@ -356,13 +443,18 @@ class Governor:
         """Admit into a slot now, or say when to come back. Never waits.
 
         ``expected_ms`` is the backend's estimate of this work's duration, used
-        for hints while it runs; without it the measured average is used.
+        for hints while it runs; without it the measured average is used. With
+        a queue, the slot may be a waiting one (``Slot.is_waiting``).
         """
         refusal = self.refuse(priority)
         if refusal is not None:
             return refusal
         now = self._clock()
         inflight = len(self._slots)
+        if self._queue_room and (
+            inflight >= self._limit(priority) or (self._queued and self._ahead(priority))
+        ):
+            return self._enqueue(priority, now, expected_ms)
         if self.admission_hook is not None:
             rejection = self.admission_hook(
                 AdmissionRequest(
@@ -437,13 +529,88 @@ class Governor:
             expected = mean if slot.expected_ms is None else slot.expected_ms
             left = expected - (now - slot.started_at) * 1000.0
             remaining.append(left if left > 0 else residual)
+        if not remaining:
+            return mean
         # Capacity may have been lowered below what is in flight: wait for enough to end.
-        return heapq.nsmallest(min(need, len(remaining)), remaining)[-1]
+        soonest = heapq.nsmallest(min(need, len(remaining)), remaining)[-1]
+        # A queue ahead: each further round of the slots takes a whole execution.
+        return soonest + (need - 1) // len(remaining) * mean
+
+    # -- the queue ----------------------------------------------------------
+
+    def _ahead(self, priority: Priority) -> bool:
+        """Whether a submit of ``priority`` or higher waits (an arrival goes behind it)."""
+        return sum(self._waiting_by_rank[: _BY_RANK.index(priority) + 1]) > 0
+
+    def _enqueue(self, priority: Priority, now: float, expected_ms: float | None) -> Slot:
+        slot = Slot(self, priority, now, expected_ms, waiting=True)
+        rank = _BY_RANK.index(priority)
+        self._waiting[rank].append(slot)
+        self._waiting_by_rank[rank] += 1
+        self._queued += 1
+        self._queued_total += 1
+        if self._queued > self._queued_peak:
+            self._queued_peak = self._queued
+        return slot
+
+    def _head(self) -> Slot | None:
+        for waiting in self._waiting:
+            while waiting:
+                slot = waiting[0]
+                if not slot._released:
+                    return slot
+                waiting.popleft()  # withdrawn while it waited
+        return None
+
+    def _grant(self) -> None:
+        """Hand free slots to the waiters that may use them, in queue order."""
+        now = self._clock()
+        while self._queued:
+            slot = self._head()
+            if slot is None or len(self._slots) >= self._limit(slot.priority):
+                # A lower priority's limit is never higher: nobody behind fits either.
+                return
+            rank = _BY_RANK.index(slot.priority)
+            self._waiting[rank].popleft()
+            self._waiting_by_rank[rank] -= 1
+            self._queued -= 1
+            self._waited(slot, now)
+            slot.is_waiting = False
+            slot.started_at = now
+            self._slots.add(slot)
+            self._admitted += 1
+            if len(self._slots) > self._peak:
+                self._peak = len(self._slots)
+            wake = slot._wake
+            if wake is not None:
+                slot._wake = None
+                wake()
+
+    def _withdraw(self, slot: Slot) -> None:
+        # Left in its deque, released: skipped once it reaches the head.
+        rank = _BY_RANK.index(slot.priority)
+        self._waiting_by_rank[rank] -= 1
+        if not self._waiting_by_rank[rank]:
+            self._waiting[rank].clear()  # only withdrawn ones were left
+        self._queued -= 1
+        self._queue_abandoned += 1
+        self._waited(slot, self._clock())
+
+    def _waited(self, slot: Slot, now: float) -> None:
+        assert slot.queued_at is not None
+        waited_ms = (now - slot.queued_at) * 1000.0
+        self._queue_wait_ms += waited_ms
+        self._queue_waits[bisect.bisect_left(QUEUE_WAIT_BUCKETS_MS, waited_ms)] += 1
 
     # -- release ------------------------------------------------------------
 
     def _release(self, slot: Slot, outcome: SlotOutcome) -> float:
+        if slot.is_waiting:
+            self._withdraw(slot)  # never admitted: nothing ran, nothing to count
+            return 0.0
         self._slots.discard(slot)
+        if self._queued:
+            self._grant()
         elapsed_ms = (self._clock() - slot.started_at) * 1000.0
         if outcome == "cancelled":
             self._cancelled += 1
@@ -490,4 +657,11 @@ class Governor:
             exec_ms_total=self._exec_total,
             cold=self.is_cold,
             shutting_down=self._shutting_down,
+            max_queued=self.config.max_queued,
+            queued=self._queued,
+            queued_peak=self._queued_peak,
+            queued_total=self._queued_total,
+            queue_abandoned_total=self._queue_abandoned,
+            queue_wait_ms_total=self._queue_wait_ms,
+            queue_wait_buckets=tuple(self._queue_waits),
         )
