@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import argparse
 import csv
 import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -157,3 +159,21 @@ def test_bad_input_is_one_line_and_status_2(args: list[str], message: str) -> No
     assert result.returncode == 2, result.stdout + result.stderr
     assert message in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_the_preset_choices_are_the_presets() -> None:
+    from yieldgate.burst._presets import PRESETS
+    from yieldgate.cli import _burst
+
+    made: dict[str, argparse.ArgumentParser] = {}
+
+    class Sub:
+        def add_parser(self, name: str, **kwargs: Any) -> argparse.ArgumentParser:
+            kwargs.pop("help", None)
+            made[name] = argparse.ArgumentParser(name, **kwargs)
+            return made[name]
+
+    _burst.add_parser(Sub())
+    (preset,) = [a for a in made["burst"]._actions if a.dest == "preset"]
+    assert preset.choices is not None
+    assert sorted(preset.choices) == sorted(PRESETS)
