@@ -56,6 +56,27 @@ def send_line(sock: socket.socket, line: bytes) -> bytes:
     return bytes(reply)
 
 
+def free_port() -> int:
+    """A loopback port nobody listens on now: bound, then closed."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+@pytest.fixture
+def refused_url() -> str:
+    """An HTTP URL where every connection is refused."""
+    return f"http://127.0.0.1:{free_port()}"
+
+
+@pytest.fixture(scope="module")
+def slow_server() -> Iterator[ServerProcess]:
+    """A server whose every call takes 3 s: a call allowed less times out."""
+    with spawn("--max-inflight", "2", "--exec-ms", "3000", http=True) as proc:
+        yield proc
+
+
 def http_stats(server: ServerProcess) -> dict[str, Any]:
     """A server's ``GET /stats`` over its HTTP front."""
     response = httpx.get(f"{server.http_url}/stats", timeout=10)

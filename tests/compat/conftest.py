@@ -10,7 +10,6 @@ Run anywhere else, it stops at once and says where it belongs.
 from __future__ import annotations
 
 import os
-import socket
 from collections.abc import Iterator
 from importlib import metadata
 
@@ -44,19 +43,3 @@ def server() -> Iterator[ServerProcess]:
     """A server with few slots (``SLOTS``): a burst of ``CALLS`` overloads it."""
     with spawn("--max-inflight", str(SLOTS), "--exec-ms", "20", http=True) as proc:
         yield proc
-
-
-@pytest.fixture(scope="module")
-def slow_server() -> Iterator[ServerProcess]:
-    """Each call takes 3 s: a call allowed less times out."""
-    with spawn("--max-inflight", "2", "--exec-ms", "3000", http=True) as proc:
-        yield proc
-
-
-@pytest.fixture
-def refused_url() -> str:
-    """A port nobody listens on: bound, then closed."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    return f"http://127.0.0.1:{port}"

