@@ -1,10 +1,11 @@
 """Pacing by a provider's quota: the sans-IO buckets, and whole bursts on virtual time.
 
-The provider here is a function on the loop's clock that meters requests as
-OpenAI documents it: buckets that refill continuously and hold one window's
-limit, a request charged its prompt plus ``max_tokens`` at the door, the
-``x-ratelimit-*`` headers on every response, and a 429 whose message says
-when to try again (and no ``retry-after`` for tokens).
+The provider here is the reference server's quota emulation on the loop's
+clock, which meters requests as OpenAI documents it: buckets that refill
+continuously and hold one window's limit, a request charged its prompt plus
+``max_tokens`` at the door, the ``x-ratelimit-*`` headers on every response,
+and a 429 whose message says when to try again (and no ``retry-after`` for
+tokens).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from yieldgate import Cost, Gate, GatePolicy, Priority, QuotaPolicy, RequestTooL
 from yieldgate.dialects import OPENAI
 from yieldgate.gate import NullInstrumentation
 from yieldgate.gate._quota import Claim, Quota, QuotaReading
+from yieldgate.server.quota import ProviderQuota, QuotaConfig
 
 pytestmark = pytest.mark.anyio
 
@@ -150,64 +152,36 @@ def test_learning_off_ignores_readings() -> None:
 # -- a provider on the loop's clock -----------------------------------------------
 
 
-def go_duration(seconds: float) -> str:
-    return f"{seconds:.3f}s" if seconds < 60 else f"{int(seconds // 60)}m{seconds % 60:.0f}s"
-
-
 class Provider:
-    """An OpenAI-style token and request quota, metered at the door."""
+    """The reference server's quota emulation (``yieldgate.server.quota``) on the loop's
+    clock, answering as its HTTP front does: the headers on every answer, and
+    OpenAI's 429 body with its "Please try again in ..." message."""
 
     def __init__(self, clock: Callable[[], float], tpm: int, rpm: int, window_s: float) -> None:
-        self.clock = clock
-        self.limits = {"tokens": tpm, "requests": rpm}
-        self.levels = {"tokens": float(tpm), "requests": float(rpm)}
-        self.rates = {k: v / window_s for k, v in self.limits.items()}
-        self.updated = clock()
-        self.ok = 0
-        self.refused = 0
-        self.charged = 0
+        self.quota = ProviderQuota(QuotaConfig(rpm=rpm, tpm=tpm, window_s=window_s), clock=clock)
 
-    def _refill(self) -> None:
-        now = self.clock()
-        for k in self.levels:
-            self.levels[k] = min(
-                self.limits[k], self.levels[k] + (now - self.updated) * self.rates[k]
-            )
-        self.updated = now
+    @property
+    def refused(self) -> int:
+        stats = self.quota.statistics()
+        return stats.refused_requests + stats.refused_tokens
 
-    def _headers(self) -> dict[str, str]:
-        headers = {}
-        for k, suffix in (("tokens", "tokens"), ("requests", "requests")):
-            level = max(0.0, self.levels[k])
-            headers[f"x-ratelimit-limit-{suffix}"] = str(self.limits[k])
-            headers[f"x-ratelimit-remaining-{suffix}"] = str(int(level))
-            headers[f"x-ratelimit-reset-{suffix}"] = go_duration(
-                (self.limits[k] - level) / self.rates[k]
-            )
-        return headers
+    @property
+    def charged(self) -> int:
+        return self.quota.statistics().tokens_charged
 
     def admit(self, tokens: int) -> httpx.Response:
-        self._refill()
-        need = {"tokens": tokens, "requests": 1}
-        short = {k: need[k] - self.levels[k] for k in need if need[k] > self.levels[k]}
-        if short:
-            self.refused += 1
-            wait = max(short[k] / self.rates[k] for k in short)
-            which = "tokens" if "tokens" in short else "requests"
-            body = {
-                "error": {
-                    "message": f"Rate limit reached on {which}. Please try again in {wait:.3f}s.",
-                    "type": which,
-                    "param": None,
-                    "code": "rate_limit_exceeded",
-                }
-            }
-            return httpx.Response(429, json=body, headers=self._headers())
-        for k in need:
-            self.levels[k] -= need[k]
-        self.charged += tokens
-        self.ok += 1
-        return httpx.Response(200, json={"ok": True}, headers=self._headers())
+        decision = self.quota.charge(tokens, model="gpt-4o")
+        headers = dict(decision.headers)
+        refusal = decision.refusal
+        if refusal is None:
+            return httpx.Response(200, json={"ok": True}, headers=headers)
+        error = {
+            "message": refusal.message,
+            "type": refusal.resource,
+            "param": None,
+            "code": "rate_limit_exceeded",
+        }
+        return httpx.Response(429, json={"error": error}, headers=headers)
 
 
 def gate_for(clock: Callable[[], float], quota: QuotaPolicy | None = None) -> Gate:
