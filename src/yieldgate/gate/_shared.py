@@ -160,6 +160,7 @@ class Shared:
         wants = up.quota.wants(claim.cost)
         if not wants:
             return None
+        claim.wants = wants  # what it takes there, if granted (``seq`` says whether it was)
         return FleetOp("take", (up.name, wants))
 
     def took(
@@ -176,7 +177,6 @@ class Shared:
             up.quota.refund(claim, now)
             return False
         claim.seq = got.seq
-        claim.wants = up.quota.wants(claim.cost)
         return True
 
     def refund(self, up: Upstream, claim: Claim) -> None:
