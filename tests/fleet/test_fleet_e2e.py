@@ -8,28 +8,21 @@ their burst through ``AsyncOpenAI``. The bounds asserted are the server's
 
 from __future__ import annotations
 
-import json
 import math
-import os
 import signal
 import subprocess
-import sys
 import time
-from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.conftest import http_stats
 from tests.fleet.conftest import RedisServer
-from tests.fleet.member import jobs
+from tests.fleet.member import fairness, jobs, results, start
 from yieldgate.server import ServerProcess
 
 pytestmark = pytest.mark.e2e
 
-MEMBER = Path(__file__).with_name("member.py")
-ROOT = Path(__file__).resolve().parents[2]
 MEMBERS = 4
 REQUESTS = 100
 WINDOW_S = 12.0
@@ -38,57 +31,7 @@ WINDOW_S = 12.0
 def start_members(
     server: ServerProcess, redis_url: str | None, *extra: str, members: int = MEMBERS
 ) -> list[subprocess.Popen[str]]:
-    """Start the members, and once every one has said it is ready, tell them all to go."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    procs = []
-    for i in range(members):
-        args = [sys.executable, str(MEMBER), "--server", server.http_url, "--seed", str(i)]
-        args += list(extra)
-        if redis_url is not None:
-            args += ["--redis", redis_url]
-        procs.append(
-            subprocess.Popen(
-                args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env
-            )
-        )
-    for proc in procs:
-        assert proc.stdout is not None
-        assert proc.stdout.readline().strip() == "ready"
-    for proc in procs:
-        assert proc.stdin is not None
-        proc.stdin.write("go\n")
-        proc.stdin.flush()
-    return procs
-
-
-def results(procs: Sequence[subprocess.Popen[str]], timeout: float = 240.0) -> list[dict[str, Any]]:
-    out = []
-    try:
-        for proc in procs:
-            stdout, _ = proc.communicate(timeout=timeout)
-            assert proc.returncode == 0, stdout
-            out.append(json.loads(stdout.strip().splitlines()[-1]))
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-    return out
-
-
-def jain(counts: Sequence[float]) -> float:
-    total = sum(counts)
-    return total * total / (len(counts) * sum(c * c for c in counts)) if total else 1.0
-
-
-def fairness(runs: Sequence[dict[str, Any]]) -> float:
-    """The least Jain's index of the members' completed requests, at a quarter, half and
-    three quarters of the burst."""
-    end = max(run["makespan"] for run in runs)
-    return min(
-        jain([sum(1 for t in run["done"] if t <= end * q) for run in runs])
-        for q in (0.25, 0.5, 0.75)
-    )
+    return start(server.http_url, redis_url, members, *extra)
 
 
 def burst_cost() -> int:
