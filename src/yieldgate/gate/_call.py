@@ -31,10 +31,10 @@ from yieldgate.gate._core import GateCore
 from yieldgate.gate._outcome import Outcome, OutcomeKind
 from yieldgate.gate._quota import BLIND, NOTHING, ONE_REQUEST, Claim, Cost, Quota, QuotaReading
 from yieldgate.gate._retry import backoff_floor_s, backoff_s, hinted_floor_s, hinted_wait_s
-from yieldgate.gate._shared import RANKS, FleetOp
+from yieldgate.gate._shared import FleetOp
 from yieldgate.gate._telemetry import NULL_OBSERVER, AttemptDetails, CallObserver, WaitDetails
 from yieldgate.gate._upstream import Upstream
-from yieldgate.gate._window import Permit, Signal
+from yieldgate.gate._window import RANK, Permit, Signal
 from yieldgate.protocol import Priority
 
 __all__ = ["CallState"]
@@ -284,7 +284,7 @@ class CallState:
                 hint = None
                 if outcome is not None and outcome.is_congestion:
                     hint = outcome.hint_s
-                shared.ended(up, slot.claim, hold_s=hint, rank=RANKS[self.priority])
+                shared.ended(up, slot.claim, hold_s=hint, rank=RANK[self.priority])
             if won:
                 self.winner = attempt
                 self.won = outcome

@@ -9,14 +9,20 @@ and tokens per minute, for providers that say nothing), and paces each
 attempt by its ``Cost`` until every bucket holds it.
 
 Accounting, sans-IO: an attempt that may start takes its cost from every
-bucket (a ``Claim``), and is entered in a ledger in the order attempts are
-sent. A response's reading is the provider's count as of that attempt's
-arrival, so the bucket is set from it, refilled since the attempt was sent,
-less the costs of every claim sent after it or not sent yet (which the
-provider had not seen). A reading older than one already applied is stale and only updates
-the limit. Claims that never went out are refunded. The caller's own buckets
-(from the policy) are settled against what the attempt really used: the
-usage it reports, or nothing when the upstream refused it before work.
+bucket (a ``Claim``); once sent it is in flight until its response. A
+response's reading is the provider's count as of that attempt's arrival, at
+some time between its send and its answer: the bucket is set from it as of
+the answer (no refill is credited for a time the provider may not have had
+it), less the costs of every claim still in flight or not sent yet, since
+requests overtake each other on the way and any of those may be uncounted.
+That errs low by what the provider did count, which costs no throughput
+while callers wait (the bucket never fills), and each new response corrects
+it. The reading of the newest send sets the level either way; an older
+send's, answered late, may only lower it. Claims that never went out are
+refunded. The caller's own buckets (from the policy) are settled against
+what the attempt really used: the usage it reports, or nothing when the
+upstream refused it before work. An attempt sent while no bucket is known
+shares the one ``BLIND`` claim and counts in flight as a number.
 
 Waiting: one queue per upstream, by priority and then arrival; only the
 head sleeps, until its cost fits (the time each bucket needs to refill the
@@ -34,6 +40,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from yieldgate.gate._window import RANK
 from yieldgate.protocol import Priority
 
 __all__ = [
@@ -54,8 +61,6 @@ DEFAULT_WINDOW_S = 60.0
 # A reading whose used share is below this says too little about the refill rate.
 _MIN_USED_SHARE = 0.02
 _MIN_SLEEP_S = 1e-6
-_RANK = {Priority.HIGH: 0, Priority.NORMAL: 1, Priority.LOW: 2}
-RESOURCES = ("requests", "tokens", "input_tokens", "output_tokens")
 
 
 class Cost(NamedTuple):
@@ -130,7 +135,7 @@ class Bucket:
         self.level = limit
         self.updated = now
         self.learnt = learnt  # from headers (the provider's count), else the caller's own
-        self.applied = 0  # the ledger number of the newest reading applied
+        self.applied = 0  # the send number of the newest reading applied
 
     def level_at(self, now: float, cap: float = 1.0, pace: float = 1.0) -> float:
         """The level at ``now``, holding ``cap`` of the limit and refilling at ``pace``
@@ -193,7 +198,8 @@ sum (``Quota.blind``), not an entry. Never changed."""
 
 
 class Quota:
-    """An upstream's buckets, their ledger and queue (see the module docstring)."""
+    """An upstream's buckets, the claims it has in flight, and its queue (see the
+    module docstring)."""
 
     def __init__(
         self,
@@ -226,8 +232,6 @@ class Quota:
         self.blind_requests = 0  # those of them that cost ONE_REQUEST (most): a count
         self._queue: list[tuple[int, float, int, Claim]] = []
         self._arrivals = itertools.count()
-        self.waits = 0  # claims that had to queue
-        self.readings = 0  # readings applied
         # In a fleet: the fleet's buckets pace (``shared``) and, after a refusal, no
         # claim asks them again before ``poll_after``; learnt buckets hold ``cap`` of
         # what the provider says (1 / members: a member's fair share of a full
@@ -324,9 +328,8 @@ class Quota:
     def join(self, claim: Claim, wake: Callable[[], None]) -> None:
         """Queue ``claim``, by priority then arrival; a new head is woken."""
         claim.wake = wake
-        entry = (_RANK[claim.priority], claim.key, next(self._arrivals), claim)
+        entry = (-RANK[claim.priority], claim.key, next(self._arrivals), claim)
         bisect.insort(self._queue, entry)
-        self.waits += 1
         if self._queue[0][3] is claim and len(self._queue) > 1:
             # The old head sleeps towards its own start: it must stand back.
             old = self._queue[1][3].wake
@@ -412,7 +415,6 @@ class Quota:
                 bucket.limit = reading.limit
                 bucket.rate = rate
                 fresh = False
-            self.readings += 1
             # What the provider may not have counted yet: every claim still in
             # flight (requests overtake each other on the way), and those not sent.
             resource = bucket.resource

@@ -33,7 +33,7 @@ from yieldgate.gate._breaker import BreakerState
 from yieldgate.gate._policy import FleetPolicy, RetryBudgetPolicy
 from yieldgate.gate._quota import Claim, QuotaReading
 from yieldgate.gate._upstream import Upstream
-from yieldgate.protocol import Priority
+from yieldgate.gate._window import RANK
 
 __all__ = ["FleetOp", "Shared"]
 
@@ -42,8 +42,7 @@ HEARTBEAT_EVERY_S = 1.0
 # A member counts in the fleet's shares while it admitted a call this recently.
 ACTIVE_S = 3.0
 REJOIN_EVERY_S = 1.0
-RANKS = {Priority.LOW: 0, Priority.NORMAL: 1, Priority.HIGH: 2}
-PRIORITY_OF = {rank: priority for priority, rank in RANKS.items()}
+PRIORITY_OF = {rank: priority for priority, rank in RANK.items()}
 
 
 class FleetOp(NamedTuple):
