@@ -90,6 +90,33 @@ async def test_what_one_member_spends_of_the_quota_paces_the_other(gates: Any) -
     assert shared.available
 
 
+async def test_a_member_with_no_answer_yet_paces_by_the_fleets_buckets(gates: Any) -> None:
+    first, second = gates(), gates()
+
+    async def spent() -> httpx.Response:
+        # 1000 tokens refilled at 100 a second, none left.
+        return openai_reply(0, limit=1000, reset="10s")
+
+    await first.call(spent, cost=Cost(1, 100), classify=OPENAI)
+    sent = 0
+
+    async def count() -> str:
+        nonlocal sent
+        sent += 1
+        return "ok"
+
+    # The second has had no answer: it knows the bucket from the fleet, not from a
+    # response, and waits for the refill (500 tokens at 100 a second) instead of sending.
+    with anyio.move_on_after(1.0) as scope:
+        await second.call(count, cost=Cost(1, 500), classify=OPENAI)
+    assert scope.cancelled_caught
+    assert sent == 0
+    bucket = second._core.upstreams[0].quota.buckets["openai:tokens"]
+    assert (bucket.resource, bucket.limit, bucket.rate) == ("tokens", 1000, 100)
+    window = second.statistics().window
+    assert (window.inflight, window.waiting) == (0, 0)
+
+
 def test_calls_never_wait_on_a_slow_redis_past_the_budget(redis_server: RedisServer) -> None:
     with DelayProxy(redis_server.port, 3.0) as proxy:
         gate = Gate(

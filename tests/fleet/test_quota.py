@@ -15,6 +15,7 @@ import pytest
 import redis
 
 from tests.fleet.conftest import Either, wait_for
+from yieldgate.fleet import BucketShape
 
 pytestmark = pytest.mark.anyio
 
@@ -184,6 +185,24 @@ async def test_a_reading_sets_limit_and_rate_and_creates_a_missing_bucket(
     await fleet.observe(UP, "tokens", limit=6000, rate=100.0, remaining=5900, amount=0, seq=1)
     level = bucket(admin, gate, "tokens")["level"]
     assert 5500 <= level <= min(5900, 5500 + 100.0 * (time.monotonic() - start) + 1e-6)
+
+
+async def test_a_reading_with_its_resource_records_the_buckets_shape(fleet: Either) -> None:
+    assert await fleet.shapes(UP) == {}
+    await fleet.observe(UP, "tokens", limit=100, rate=0, remaining=50, amount=0, seq=0)
+    assert await fleet.shapes(UP) == {}  # no resource given: no shape
+    await fleet.observe(
+        UP, "tokens", limit=5000, rate=50.0, remaining=4000, amount=0, seq=1, resource="tokens"
+    )
+    await fleet.observe(
+        UP, "rpm", limit=60, rate=1.0, remaining=60, amount=0, seq=1, resource="requests"
+    )
+    assert await fleet.shapes(UP) == {
+        "tokens": BucketShape("tokens", 5000, 50.0),
+        "rpm": BucketShape("requests", 60, 1.0),
+    }
+    with pytest.raises(ValueError, match="resource"):
+        await fleet.observe(UP, "x", limit=1, rate=0, remaining=1, amount=0, seq=1, resource="a b")
 
 
 async def test_finished_takes_are_no_longer_unseen(

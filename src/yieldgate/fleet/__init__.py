@@ -9,7 +9,7 @@ Redis error: the Gate then goes on alone, at a conservative local share.
 
 What is shared, per upstream:
 
-- **Quota buckets** (``take``, ``refund``, ``observe``, ``finished``): the
+- **Quota buckets** (``take``, ``refund``, ``observe``, ``finished``, ``shapes``): the
   provider's request and token buckets, so the fleet paces as one, with the
   core's accounting of readings against sends not yet answered.
 - **Hint holds** (``hold``, ``holds``): a yield or a 429 seen by one member
@@ -58,6 +58,14 @@ yieldgate`` never imports it.
 from __future__ import annotations
 
 from yieldgate.fleet._fleet import AsyncClient, Fleet, SyncClient
-from yieldgate.fleet._records import BreakerView, FleetStatistics, Take
+from yieldgate.fleet._records import BreakerView, BucketShape, FleetStatistics, Take
 
-__all__ = ["AsyncClient", "BreakerView", "Fleet", "FleetStatistics", "SyncClient", "Take"]
+__all__ = [
+    "AsyncClient",
+    "BreakerView",
+    "BucketShape",
+    "Fleet",
+    "FleetStatistics",
+    "SyncClient",
+    "Take",
+]

@@ -33,7 +33,7 @@ from redis.retry import Retry
 
 from yieldgate.fleet._health import Health, Pass
 from yieldgate.fleet._keys import Keys, check_name
-from yieldgate.fleet._records import BreakerView, FleetStatistics, Take
+from yieldgate.fleet._records import BreakerView, BucketShape, FleetStatistics, Take
 from yieldgate.fleet._scripts import SCRIPTS
 from yieldgate.gate._breaker import BreakerState
 from yieldgate.gate._policy import BreakerPolicy, RetryBudgetPolicy
@@ -311,14 +311,23 @@ class Fleet:
         remaining: float,
         amount: float,
         seq: int,
+        resource: str | None,
     ) -> _Op[bool]:
-        keys = (self.keys.seq(upstream), self.keys.bucket(upstream, bucket))
+        keys = (
+            self.keys.seq(upstream),
+            self.keys.bucket(upstream, bucket),
+            self.keys.shapes(upstream),
+        )
+        if resource is not None and (not isinstance(resource, str) or not resource.isidentifier()):
+            raise ValueError(f"a resource must be a name like 'tokens', got {resource!r}")
         args = (
             _number("limit", limit, positive=True),
             _number("rate", rate),
             _number("remaining", remaining),
             _number("amount", amount),
             _count("seq", seq, least=0),
+            bucket,
+            resource or "",
         )
         return _Op("observe", keys, args, _flag)
 
@@ -332,6 +341,7 @@ class Fleet:
         remaining: float,
         amount: float,
         seq: int,
+        resource: str | None = None,
     ) -> bool | None:
         """Apply a response's reading of ``bucket``, for the take numbered ``seq``
         that took ``amount`` of it.
@@ -341,9 +351,10 @@ class Fleet:
         is still unseen (``remaining - unseen``) is the level if ``seq`` is
         newer than the newest reading applied; an older send's reading
         (answered late) may only lower the level. A missing bucket is created
-        from the reading.
+        from the reading. With ``resource`` (what the bucket counts: ``"requests"``,
+        ``"tokens"``...), the bucket's shape is recorded for ``shapes``.
         """
-        op = self._observe(upstream, bucket, limit, rate, remaining, amount, seq)
+        op = self._observe(upstream, bucket, limit, rate, remaining, amount, seq, resource)
         return await self._arun(op)
 
     def observe_sync(
@@ -356,9 +367,31 @@ class Fleet:
         remaining: float,
         amount: float,
         seq: int,
+        resource: str | None = None,
     ) -> bool | None:
         """``observe``, blocking (within the budget)."""
-        return self._run(self._observe(upstream, bucket, limit, rate, remaining, amount, seq))
+        op = self._observe(upstream, bucket, limit, rate, remaining, amount, seq, resource)
+        return self._run(op)
+
+    def _shapes(self, upstream: str) -> _Op[dict[str, BucketShape]]:
+        def decode(raw: Any) -> dict[str, BucketShape]:
+            shapes = {}
+            for i in range(0, len(raw) - 1, 2):
+                resource, limit, rate = _text(raw[i + 1]).rsplit(" ", 2)
+                shapes[_text(raw[i])] = BucketShape(resource, float(limit), float(rate))
+            return shapes
+
+        return _Op("shapes", (self.keys.shapes(upstream),), (), decode)
+
+    async def shapes(self, upstream: str) -> dict[str, BucketShape] | None:
+        """The buckets the fleet knows for ``upstream`` (bucket -> its resource, limit
+        and rate, as last observed with a resource): what a member that has had no
+        answer yet paces by, instead of sending blind."""
+        return await self._arun(self._shapes(upstream))
+
+    def shapes_sync(self, upstream: str) -> dict[str, BucketShape] | None:
+        """``shapes``, blocking (within the budget)."""
+        return self._run(self._shapes(upstream))
 
     async def finished(self, upstream: str, amounts: Sequence[tuple[str, float]]) -> bool | None:
         """A take was answered without a reading: its amounts are no longer unseen."""

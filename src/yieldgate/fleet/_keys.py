@@ -40,6 +40,9 @@ class Keys:
             raise ValueError(f"a bucket key must be a non-empty string, got {bucket!r}")
         return f"{self.tag(upstream)}:quota:{bucket}"
 
+    def shapes(self, upstream: str) -> str:
+        return f"{self.tag(upstream)}:shapes"
+
     def holds(self, upstream: str) -> str:
         return f"{self.tag(upstream)}:holds"
 

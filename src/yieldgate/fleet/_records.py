@@ -7,7 +7,7 @@ from typing import NamedTuple
 
 from yieldgate.gate._breaker import BreakerState
 
-__all__ = ["BreakerView", "FleetStatistics", "Take"]
+__all__ = ["BreakerView", "BucketShape", "FleetStatistics", "Take"]
 
 
 class Take(NamedTuple):
@@ -22,6 +22,15 @@ class Take(NamedTuple):
     ok: bool
     seq: int
     wait_s: float
+
+
+class BucketShape(NamedTuple):
+    """A quota bucket as the fleet last observed it: what it counts (``"requests"``,
+    ``"tokens"``...), its limit and its refill rate per second."""
+
+    resource: str
+    limit: float
+    rate: float
 
 
 class BreakerView(NamedTuple):

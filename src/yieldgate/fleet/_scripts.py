@@ -100,8 +100,10 @@ end
 return 1
 """
 
-# KEYS[1]: the send sequence; KEYS[2]: the bucket.
-# ARGV: limit, rate, remaining, amount (of the take with seq), seq.
+# KEYS[1]: the send sequence; KEYS[2]: the bucket; KEYS[3]: the upstream's shapes (a hash,
+# bucket -> "resource limit rate", for members that have not had an answer yet).
+# ARGV: limit, rate, remaining, amount (of the take with seq), seq, then the bucket's name
+# and its resource (the shape is recorded only when both are given).
 OBSERVE: Final = """
 local limit, rate = tonumber(ARGV[1]), tonumber(ARGV[2])
 local remaining, amount, seq = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
@@ -127,7 +129,16 @@ end
 redis.call('HSET', KEYS[2], 'limit', fmt(limit), 'rate', fmt(rate), 'level', fmt(level),
   'updated', fmt(updated), 'applied', fmt(applied), 'unseen', fmt(unseen))
 expire(KEYS[2], bucket_ttl(limit, rate))
+if KEYS[3] and ARGV[7] and ARGV[7] ~= '' then
+  redis.call('HSET', KEYS[3], ARGV[6], ARGV[7] .. ' ' .. fmt(limit) .. ' ' .. fmt(rate))
+  extend(KEYS[3], bucket_ttl(limit, rate))
+end
 return 1
+"""
+
+# KEYS[1]: the upstream's shapes. Returns bucket, "resource limit rate", ... (HGETALL).
+SHAPES: Final = """
+return redis.call('HGETALL', KEYS[1])
 """
 
 # KEYS: buckets. ARGV: the amount of each that is answered (no longer unseen).
@@ -337,6 +348,7 @@ SCRIPTS: Final = {
         "refund": REFUND,
         "observe": OBSERVE,
         "finished": FINISHED,
+        "shapes": SHAPES,
         "hold": HOLD,
         "holds": HOLDS,
         "acquire": ACQUIRE,

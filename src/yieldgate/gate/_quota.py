@@ -247,6 +247,11 @@ class Quota:
         """Whether any bucket is known: else every claim passes at once."""
         return bool(self.buckets)
 
+    @property
+    def learnt(self) -> bool:
+        """Whether a bucket was learnt (from a response's headers, or a fleet's shapes)."""
+        return any(b.learnt for b in self.buckets.values())
+
     # -- claiming ----------------------------------------------------------------
 
     def too_large(self, cost: Cost) -> Bucket | None:
@@ -435,6 +440,18 @@ class Quota:
                 bucket.level = min(bucket.level_at(now, self.cap, self.pace), level)
             bucket.updated = now
         self._wake_head()
+
+    def seed(self, key: str, resource: str, limit: float, rate: float, now: float) -> bool:
+        """Know a bucket before any answer, from its shape as a fleet last observed it:
+        a learnt bucket holding this member's share of its limit. ``False`` if it is
+        already known (or learning is off): an answer's reading is worth more."""
+        if not self.learn or key in self.buckets or limit <= 0 or rate < 0:
+            return False
+        bucket = Bucket(key, resource, limit, rate, now, learnt=True)
+        bucket.level = limit * self.cap
+        self.buckets[key] = bucket
+        self._wake_head()
+        return True
 
     def finished(self, claim: Claim) -> None:
         """``claim``'s attempt is over, answered or not: no longer in flight."""

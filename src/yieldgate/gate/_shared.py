@@ -7,6 +7,8 @@ things with the other members of its fleet through a ``yieldgate.fleet.Fleet``:
   buckets (``take``), the readings of its response are applied there
   (``observe``), and what never went out is given back (``refund``). The
   local buckets go on learning from every reading, as the fallback.
+  A member that has had no answer yet asks the fleet for the buckets' shapes
+  (``shapes``) and paces by them from its first call, instead of sending blind.
 - **hint holds**: a congestion hint one member sees holds everyone's
   attempts at that priority and below (``hold``); each member reads the
   holds at most every ``HOLDS_EVERY_S`` before admitting (``holds``).
@@ -67,6 +69,7 @@ class Shared:
         self.available = True
         self.backlog: deque[FleetOp] = deque()
         self._holds_read: dict[str, float] = {}
+        self._shapes_due: dict[str, float] = {}
         self._heartbeat_due: dict[str, float] = {}
         self.members: dict[str, int] = {}
         # Leases held now (id -> upstream), renewed by a thread every third of their TTL.
@@ -96,6 +99,15 @@ class Shared:
             self._deposited = now
             n, self.deposits = self.deposits, 0
             self.backlog.append(FleetOp("deposit", (self.gate, self.budget_policy, n)))
+        if (
+            self.available
+            and up.quota.learn
+            and not up.quota.learnt
+            and now >= self._shapes_due.get(up.name, -1.0)
+        ):
+            # No answer has taught this member the quota yet: the fleet may know it.
+            self._shapes_due[up.name] = now + HEARTBEAT_EVERY_S
+            ops.append(FleetOp("shapes", (up.name,)))
         if self.available and now - self._holds_read.get(up.name, -1.0) >= HOLDS_EVERY_S:
             self._holds_read[up.name] = now
             ops.append(FleetOp("holds", (up.name,)))
@@ -114,6 +126,12 @@ class Shared:
                 self.members[up.name] = max(1, int(got))
                 self._rejoin(ups)
             self._set_share(up)
+        elif op.name == "shapes":
+            if got is None:
+                self._unavailable(ups)
+                return
+            for key, shape in got.items():
+                up.quota.seed(key, shape.resource, shape.limit, shape.rate, now)
         elif op.name == "holds":
             if got is None:
                 self._unavailable(ups)
@@ -185,12 +203,13 @@ class Shared:
             claim.seq = 0
 
     def observe(self, up: Upstream, claim: Claim, readings: Sequence[QuotaReading]) -> None:
-        """A response's readings, for the fleet's buckets its claim took from."""
-        if not claim.seq:
-            return
-        taken = {key: amount for key, amount, _, _ in claim.wants}
+        """A response's readings, for the fleet's buckets its claim took from; or, for a
+        claim the fleet never numbered (sent before any bucket was known), for every
+        bucket read, as a reading older than any take (it may only lower a level, or
+        creates the bucket): so the fleet learns the quota from a member's first answer."""
+        taken = {key: amount for key, amount, _, _ in claim.wants} if claim.seq else None
         for reading in readings:
-            amount = taken.get(reading.key)
+            amount = 0.0 if taken is None else taken.get(reading.key)
             bucket = up.quota.buckets.get(reading.key)
             if amount is None or bucket is None:
                 continue
@@ -200,9 +219,11 @@ class Shared:
                 "remaining": reading.remaining,
                 "amount": amount,
                 "seq": claim.seq,
+                "resource": bucket.resource,
             }
             self.backlog.append(FleetOp("observe", (up.name, reading.key), kwargs))
-        claim.observed = True
+        if claim.seq:
+            claim.observed = True
 
     # -- after an attempt --------------------------------------------------------------
 
