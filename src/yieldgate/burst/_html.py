@@ -271,15 +271,16 @@ def pareto_front(points: Sequence[tuple[float, float]]) -> list[int]:
 
 def _pareto_candidates(
     report: BurstReport | SweepReport,
-) -> list[tuple[str, float | None, float, float]]:
-    """``(label, value, latency p99 s, throughput/s)`` of every run with a success."""
+) -> list[tuple[str, float | None, float, float, float]]:
+    """``(label, value, latency p99 s, throughput/s, success rate)`` of every run with
+    a success."""
     rows: list[tuple[float | None, StrategyResult]] = (
         [(v, r) for v, r in report.rows()]
         if isinstance(report, SweepReport)
         else [(None, r) for r in report.results]
     )
     return [
-        (r.label, v, r.latency_s.p99, r.throughput_per_s)
+        (r.label, v, r.latency_s.p99, r.throughput_per_s, r.success_rate)
         for v, r in rows
         if r.latency_s.p99 is not None
     ]
@@ -289,11 +290,12 @@ def _pareto_plot(
     report: BurstReport | SweepReport, colors: Mapping[str, str]
 ) -> tuple[str, list[str]]:
     candidates = _pareto_candidates(report)
-    front = pareto_front([(lat, thr) for _, _, lat, thr in candidates])
+    front = pareto_front([(lat, thr) for _, _, lat, thr, _ in candidates])
+    success = [c[4] for c in candidates]
     fig, axes = _figure(1, 4.2)
     ax = axes[0]
     for label in colors:
-        mine = [(v, lat, thr) for lbl, v, lat, thr in candidates if lbl == label]
+        mine = [(v, lat, thr) for lbl, v, lat, thr, _ in candidates if lbl == label]
         if not mine:
             continue
         ax.plot(
@@ -320,9 +322,9 @@ def _pareto_plot(
     axis = report.sweep.axis if isinstance(report, SweepReport) else ""
     names = []
     for i in front:
-        label, value, lat, thr = candidates[i]
+        label, value, lat, thr, _ = candidates[i]
         at = "" if value is None else f" at {axis}={value:g}"
-        names.append(f"{label}{at}: {thr:.1f}/s, p99 {lat:.3g} s")
+        names.append(f"{label}{at}: {thr:.1f}/s ({success[i]:.1%} success), p99 {lat:.3g} s")
     return _render(fig, "plot-pareto"), names
 
 
