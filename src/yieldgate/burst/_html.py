@@ -374,7 +374,7 @@ def _timeline_plot(report: BurstReport, colors: Mapping[str, str], prefix: str) 
     axes[2].set_title("requests completed (solid) and failed (dashed), cumulative", loc="left")
     for ax, key in zip(axes[3:], extras, strict=False):
         ax.set_title(_mpl(key), loc="left")
-    _legend(axes[0], "upper right")
+    _legend(axes[0], "best")
     axes[-1].set_xlabel("seconds since the first arrival")
     return _render(fig, prefix)
 
@@ -540,7 +540,8 @@ def _burst_page(report: BurstReport) -> str:
         body += ["<h3>Goal</h3>", _kv_table(report.goal.as_dict(), "goal")]
     body += ["</section>", "<section>\n<h2>Machine</h2>", _kv_table(report.machine, "machine")]
     body.append("</section>")
-    title = "yieldgate burst: " + str(report.config.get("scenario") or "report")
+    scenario = report.config.get("scenario")
+    title = f"yieldgate burst: {scenario}" if scenario else "yieldgate burst"
     return _page(title, [_title(report)], body, report.created)
 
 
