@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import importlib.util
 import json
 import subprocess
 import sys
@@ -13,6 +14,7 @@ from typing import Any
 import pytest
 
 from tests.burst.conftest import schema_errors
+from tests.burst.test_html import network_references, plot_images
 from yieldgate.burst import CSV_COLUMNS, SCHEMA, SWEEP_SCHEMA
 
 
@@ -177,3 +179,38 @@ def test_the_preset_choices_are_the_presets() -> None:
     (preset,) = [a for a in made["burst"]._actions if a.dest == "preset"]
     assert preset.choices is not None
     assert sorted(preset.choices) == sorted(PRESETS)
+
+
+@pytest.mark.e2e
+@pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="needs the harness extra")
+def test_a_sweep_against_the_harness_writes_json_csv_and_html(tmp_path: Path) -> None:
+    out, table, page = tmp_path / "s.json", tmp_path / "s.csv", tmp_path / "r" / "s.html"
+    result = run_cli(
+        *("--serve", "--backend harness --max-inflight 2", "--wait-ready"),
+        *("--sweep", "rate=100,200", "--requests", "6"),
+        *("--compare", "--strategy", "yieldgate,naive", "--stream", "--max-tokens", "4"),
+        *("--no-progress", "--json", str(out), "--csv", str(table), "--html", str(page)),
+        timeout=110,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"HTML report written to {page}" in result.stdout
+    document = json.loads(out.read_text())
+    assert schema_errors(document, SWEEP_SCHEMA) == []
+    assert document["config"]["serve_args"] == ["--backend", "harness", "--max-inflight", "2"]
+    for point in document["points"]:
+        for r in point["results"]:
+            assert r["server"]["serving"] is not None  # the harness's own metrics
+    with table.open(newline="") as f:
+        reader = csv.DictReader(f)
+        assert tuple(reader.fieldnames or ()) == CSV_COLUMNS
+        assert len(list(reader)) == 4
+    text = page.read_text(encoding="utf-8")
+    assert plot_images(text) == {
+        "plot-latency": 1,
+        "plot-goodput": 1,
+        "plot-pareto": 1,
+        "plot-timeline-1": 1,
+        "plot-timeline-2": 1,
+    }
+    assert network_references(text) == []
+    assert "--backend harness --max-inflight 2" in text

@@ -13,6 +13,7 @@ starts itself are ``yieldgate serve`` processes. docs/burst.md is the guide.
 """
 
 from yieldgate.burst._csv import CSV_COLUMNS, write_csv
+from yieldgate.burst._html import write_html
 from yieldgate.burst._plot import write_plot
 from yieldgate.burst._presets import PRESETS, demo_settings
 from yieldgate.burst._profiles import ArrivalProfile
@@ -67,5 +68,6 @@ __all__ = [
     "run_sweep",
     "summary_line",
     "write_csv",
+    "write_html",
     "write_plot",
 ]

@@ -125,6 +125,12 @@ def add_parser(sub: Any) -> None:
         metavar="PATH",
         help="write a PNG plot: the timelines, or for a sweep latency and goodput per point",
     )
+    p.add_argument(
+        "--html",
+        type=Path,
+        metavar="PATH",
+        help="write one self-contained HTML report (tables, plots, config; fetches nothing)",
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument(
         "--print-schema",
@@ -306,6 +312,7 @@ def execute(
     plot_path: Path | None,
     csv_path: Path | None = None,
     sweep: Any = None,
+    html_path: Path | None = None,
 ) -> Any:
     """Run ``config`` (at every point of ``sweep``, if given), print the tables, write the
     files; shared with ``yieldgate demo``."""
@@ -346,6 +353,10 @@ def execute(
         print(f"results written to {json_path}")
     if plot_path is not None:
         print(f"plot written to {write_plot(report, plot_path)}")
+    if html_path is not None:
+        from yieldgate.burst import write_html
+
+        print(f"HTML report written to {write_html(report, html_path)}")
     return report
 
 
@@ -375,5 +386,6 @@ def run(args: argparse.Namespace) -> int:
         plot_path=args.plot,
         csv_path=args.csv,
         sweep=sweep,
+        html_path=args.html,
     )
     return 0
