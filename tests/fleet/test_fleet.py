@@ -36,6 +36,7 @@ OPERATIONS: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = [
     ("observe", (UP, "tokens"), {"limit": 10, "rate": 0, "remaining": 5, "amount": 1, "seq": 1}),
     ("finished", (UP, [("tokens", 1)]), {}),
     ("shapes", (UP,), {}),
+    ("settle", (UP, [("tokens", -1.5)]), {}),
     ("hold", (UP, 1, 1.0), {}),
     ("holds", (UP,), {}),
     ("acquire", (UP, 4), {}),

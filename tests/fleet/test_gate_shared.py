@@ -197,6 +197,34 @@ def test_a_policy_budget_is_settled_by_the_usage_a_response_reports() -> None:
     assert bucket.level_at(bucket.updated) == pytest.approx(6000 - 10, abs=1.0)
 
 
+def test_in_a_fleet_a_policy_budget_is_settled_there(redis_server: RedisServer) -> None:
+    import yieldgate
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(
+            200, json={"usage": {"prompt_tokens": 3, "completion_tokens": 7, "total_tokens": 10}}
+        )
+
+    name = f"settle-{time.monotonic_ns()}"
+    # 1000 tokens a minute: 16.7 a second, so a refill of 500 would take 30 s.
+    policy = GatePolicy(quota=QuotaPolicy(tokens_per_minute=1000, learn=False))
+    with Gate(policy, name=name, shared=redis_server.url) as gate:
+        transport = yieldgate.gate_transport(
+            gate, sync=True, flavor="httpx", inner=httpx.MockTransport(handler)
+        )
+        with httpx.Client(transport=transport, base_url="http://provider") as client:
+            reply = client.post("/v1/completions", json={"prompt": "x" * 40, "max_tokens": 500})
+            reply.read()
+            gate.call_sync(lambda: None)  # flushes what the last attempt left to do
+        admin = redis_server.client()
+        keys = admin.keys(f"yieldgate:{name}:*:quota:policy:tokens")
+        assert len(keys) == 1
+        level = float(admin.hget(keys[0], "level"))  # type: ignore[arg-type]
+    # Estimated 10 + 500 = 510, used 10: the 500 came back (unsettled, the level would be
+    # 490 plus 16.7 a second since).
+    assert 1000 - 10 <= level <= 1000
+
+
 async def test_the_retry_budget_is_the_fleets(redis_server: RedisServer) -> None:
     # One retry per 10 s window for the whole fleet, whatever each member's traffic.
     budget = RetryBudgetPolicy(ratio=0.0, min_per_s=0.1, window_s=10.0)

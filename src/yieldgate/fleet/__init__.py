@@ -9,7 +9,8 @@ Redis error: the Gate then goes on alone, at a conservative local share.
 
 What is shared, per upstream:
 
-- **Quota buckets** (``take``, ``refund``, ``observe``, ``finished``, ``shapes``): the
+- **Quota buckets** (``take``, ``refund``, ``observe``, ``finished``, ``settle``,
+  ``shapes``): the
   provider's request and token buckets, so the fleet paces as one, with the
   core's accounting of readings against sends not yet answered.
 - **Hint holds** (``hold``, ``holds``): a yield or a 429 seen by one member

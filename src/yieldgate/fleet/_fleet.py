@@ -373,6 +373,28 @@ class Fleet:
         op = self._observe(upstream, bucket, limit, rate, remaining, amount, seq, resource)
         return self._run(op)
 
+    def _settle(self, upstream: str, corrections: Sequence[tuple[str, float]]) -> _Op[bool]:
+        keys = tuple(self.keys.bucket(upstream, bucket) for bucket, _ in corrections)
+        args = []
+        for _, delta in corrections:
+            finite = isinstance(delta, int | float) and math.isfinite(delta)
+            if isinstance(delta, bool) or not finite:
+                raise ValueError(f"a correction must be a finite number, got {delta!r}")
+            args.append(delta)
+        return _Op("settle", keys, tuple(args), _flag)
+
+    async def settle(self, upstream: str, corrections: Sequence[tuple[str, float]]) -> bool | None:
+        """Correct buckets by what answered requests really used (``(bucket, delta)``:
+        a positive delta gives back what was estimated and not used, up to the
+        limit; a negative one takes what was used beyond it, the level possibly
+        going below zero, so later takes wait for the refill). For the caller's own
+        budgets, which no provider's reading corrects. A missing bucket is left alone."""
+        return await self._arun(self._settle(upstream, corrections))
+
+    def settle_sync(self, upstream: str, corrections: Sequence[tuple[str, float]]) -> bool | None:
+        """``settle``, blocking (within the budget)."""
+        return self._run(self._settle(upstream, corrections))
+
     def _shapes(self, upstream: str) -> _Op[dict[str, BucketShape]]:
         def decode(raw: Any) -> dict[str, BucketShape]:
             shapes = {}

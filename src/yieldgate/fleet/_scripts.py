@@ -141,6 +141,21 @@ SHAPES: Final = """
 return redis.call('HGETALL', KEYS[1])
 """
 
+# KEYS: buckets. ARGV: each one's correction, signed (+: given back, -: taken more).
+# The caller's own budgets, settled by what an answered request really used.
+SETTLE: Final = """
+for i = 1, #KEYS do
+  local delta = tonumber(ARGV[i])
+  local h = redis.call('HMGET', KEYS[i], 'limit', 'rate', 'level', 'updated')
+  if h[1] then
+    local limit, rate, updated = tonumber(h[1]), tonumber(h[2]), tonumber(h[4])
+    local level = math.min(limit, refill(tonumber(h[3]), updated, limit, rate) + delta)
+    redis.call('HSET', KEYS[i], 'level', fmt(level), 'updated', fmt(math.max(updated, now)))
+  end
+end
+return 1
+"""
+
 # KEYS: buckets. ARGV: the amount of each that is answered (no longer unseen).
 FINISHED: Final = """
 for i = 1, #KEYS do
@@ -349,6 +364,7 @@ SCRIPTS: Final = {
         "observe": OBSERVE,
         "finished": FINISHED,
         "shapes": SHAPES,
+        "settle": SETTLE,
         "hold": HOLD,
         "holds": HOLDS,
         "acquire": ACQUIRE,

@@ -143,6 +143,8 @@ class CallState:
                 return
             attempt.settled = True
             attempt.slot.upstream.quota.settle_own(attempt.slot.claim, used, core.clock())
+            if core.shared is not None:
+                core.shared.settle(attempt.slot.upstream, attempt.slot.claim, used)
 
     # -- errors -------------------------------------------------------------
 
@@ -345,6 +347,8 @@ class CallState:
                 # Refused at the door, before any work: it used nothing.
                 attempt.settled = True
                 up.quota.settle_own(attempt.slot.claim, NOTHING, now)
+                if core.shared is not None:
+                    core.shared.settle(up, attempt.slot.claim, NOTHING)
         elif kind is OutcomeKind.OVERLOADED:
             counters.overloads += 1
         else:

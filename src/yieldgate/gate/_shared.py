@@ -33,7 +33,7 @@ from typing import Any, NamedTuple
 
 from yieldgate.gate._breaker import BreakerState
 from yieldgate.gate._policy import FleetPolicy, RetryBudgetPolicy
-from yieldgate.gate._quota import Claim, QuotaReading
+from yieldgate.gate._quota import Claim, Cost, QuotaReading
 from yieldgate.gate._upstream import Upstream
 from yieldgate.gate._window import RANK
 
@@ -224,6 +224,23 @@ class Shared:
             self.backlog.append(FleetOp("observe", (up.name, reading.key), kwargs))
         if claim.seq:
             claim.observed = True
+
+    def settle(self, up: Upstream, claim: Claim, used: Cost) -> None:
+        """What the attempt of a claim the fleet granted really used: the caller's own
+        budgets (``QuotaPolicy``'s buckets, which no provider's reading corrects) are
+        settled in the fleet, as they are locally when alone."""
+        if not claim.seq:
+            return
+        corrections = []
+        for key, amount, _, _ in claim.wants:
+            bucket = up.quota.buckets.get(key)
+            if bucket is None or bucket.learnt:
+                continue
+            delta = amount - used.amount(bucket.resource)
+            if delta:
+                corrections.append((key, float(delta)))
+        if corrections:
+            self.backlog.append(FleetOp("settle", (up.name, corrections)))
 
     # -- after an attempt --------------------------------------------------------------
 
