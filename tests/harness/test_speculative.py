@@ -1,0 +1,189 @@
+"""Speculative decoding: exact under greedy decoding, counted, bounded, rolled back."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from yieldgate.harness.engine import Engine, EngineConfig
+from yieldgate.harness.model import ModelConfig
+from yieldgate.harness.scheduler import SchedulerConfig
+from yieldgate.harness.sequence import SamplingParams
+from yieldgate.harness.speculative import SpeculativeConfig
+
+PROMPTS = [
+    list(b"Hi"),
+    list(b"The quick brown fox jumps over the lazy dog"),
+    list(b"0123456789abcdef"),  # exactly one block of 16
+    list(b"a longer prompt that spans several KV blocks of sixteen tokens each, and then some"),
+    list(b"stream 007: "),
+]
+MAX_TOKENS = 40
+# A quick distillation: the tests are about exactness, not acceptance.
+QUICK = {"distill_steps": 30, "distill_sequences": 4, "distill_tokens": 16}
+
+
+def make_engine(speculative: SpeculativeConfig | None = None, **overrides: Any) -> Engine:
+    config = {"device": "cpu", "num_blocks": 256, "speculative": speculative, **overrides}
+    return Engine(EngineConfig(**config))
+
+
+@pytest.fixture(scope="module")
+def references() -> list[list[int]]:
+    """Plain decoding, all prompts side by side."""
+    return make_engine().generate(PROMPTS, SamplingParams(max_tokens=MAX_TOKENS))
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        SpeculativeConfig(k=1, distill_steps=0),
+        SpeculativeConfig(k=4, **QUICK),
+        SpeculativeConfig(k=7, draft_layers=3, **QUICK),
+        # Branch wherever it can, two branch rows per step at most.
+        SpeculativeConfig(k=3, branch_threshold=1.0, max_extra_tokens=2, **QUICK),
+    ],
+    ids=["k1-naive", "k4", "k7-3layers", "k3-branches"],
+)
+@pytest.mark.parametrize("batch", [1, 2, 5])
+def test_greedy_output_is_identical_with_speculation(
+    references: list[list[int]], spec: SpeculativeConfig, batch: int
+) -> None:
+    engine = make_engine(spec)
+    outputs: list[list[int]] = []
+    for start in range(0, len(PROMPTS), batch):
+        chunk = PROMPTS[start : start + batch]
+        outputs += engine.generate(chunk, SamplingParams(max_tokens=MAX_TOKENS))
+    assert outputs == references
+    stats = engine.stats()
+    assert stats["spec_drafted"] > 0
+    assert stats["tokens_generated"] == len(PROMPTS) * MAX_TOKENS
+    # Every KV block, lookahead and scratch included, went back.
+    assert stats["kv_blocks_used"] == 0
+
+
+def test_branches_are_verified_bounded_and_sometimes_win(references: list[list[int]]) -> None:
+    spec = SpeculativeConfig(k=3, branch_threshold=1.0, max_extra_tokens=2, **QUICK)
+    engine = make_engine(spec)
+    assert engine.generate(PROMPTS, SamplingParams(max_tokens=MAX_TOKENS)) == references
+    stats = engine.stats()
+    assert stats["spec_branches"] > 0
+    assert stats["spec_extra_tokens"] == stats["spec_branches"]
+    assert stats["spec_branches"] <= 2 * stats["spec_steps"]
+    # A win keeps the branch token (its KV copied into the sequence) and the one after:
+    # exactness above covers that path only if it ran.
+    assert stats["spec_branch_hits"] > 0
+
+
+def test_counters_add_up() -> None:
+    engine = make_engine(SpeculativeConfig(k=4, **QUICK))
+    engine.generate(PROMPTS[:3], SamplingParams(max_tokens=MAX_TOKENS))
+    stats = engine.stats()
+    assert 0 < stats["spec_accepted"] <= stats["spec_drafted"]
+    assert stats["spec_acceptance_rate"] == stats["spec_accepted"] / stats["spec_drafted"]
+    assert stats["spec_branches"] == stats["spec_extra_tokens"] == 0  # threshold 0: never
+    assert stats["spec_steps"] == stats["decode_steps"]
+    # Three sequences, the first token of each from the prefill step.
+    decoded = 3 * (MAX_TOKENS - 1)
+    assert stats["spec_tokens_per_seq_step"] > 1.0
+    assert stats["spec_accepted"] + stats["spec_steps"] * 3 >= decoded
+    engine.reset_counters()
+    assert engine.stats()["spec_drafted"] == 0
+    assert engine.stats()["spec_acceptance_rate"] is None
+
+
+def test_off_by_default_adds_no_counters() -> None:
+    engine = make_engine()
+    assert engine.speculator is None
+    assert not any(key.startswith("spec_") for key in engine.stats())
+
+
+def test_a_step_lists_a_sequence_once_per_token_in_order() -> None:
+    engine = make_engine(SpeculativeConfig(k=4, **QUICK))
+    seq = engine.add(PROMPTS[1], SamplingParams(max_tokens=MAX_TOKENS))
+    streamed: list[int] = []
+    gained_several = False
+    while not seq.is_finished:
+        result = engine.step()
+        assert result is not None
+        assert all(s is seq for s in result.seqs)
+        streamed += result.tokens
+        gained_several = gained_several or len(result.tokens) > 1
+        # Rolled back: no block held past the tokens kept.
+        if not seq.is_finished:
+            assert len(seq.block_table) <= engine.blocks.blocks_for(len(seq.tokens))
+            assert seq.num_computed == len(seq.tokens) - 1
+    assert streamed == seq.output
+    assert gained_several
+    assert result.finished == [seq]
+
+
+def test_exact_under_preemption_pressure() -> None:
+    # 14 blocks of 16 for five sequences of up to 124 tokens: decode must preempt,
+    # and the lookahead finds few or no spare blocks.
+    params = SamplingParams(max_tokens=MAX_TOKENS)
+    tight = {"num_blocks": 14, "scheduler": SchedulerConfig(max_num_seqs=5)}
+    plain = make_engine(**tight)
+    expected = plain.generate(PROMPTS, params)
+    assert plain.stats()["preemptions"] > 0
+    engine = make_engine(SpeculativeConfig(k=4, **QUICK), **tight)
+    assert engine.generate(PROMPTS, params) == expected
+    assert engine.stats()["kv_blocks_used"] == 0
+
+
+def test_sampled_and_logprob_sequences_decode_plainly() -> None:
+    sampled = SamplingParams(max_tokens=24, temperature=0.8, seed=7)
+    logprobs = SamplingParams(max_tokens=24, logprobs=2)
+    plain = make_engine()
+    plain_seqs = [plain.add(PROMPTS[1], sampled), plain.add(PROMPTS[2], logprobs)]
+    plain.run_until_done(plain_seqs)
+    engine = make_engine(SpeculativeConfig(k=4, **QUICK))
+    seqs = [
+        engine.add(PROMPTS[1], sampled),
+        engine.add(PROMPTS[2], logprobs),
+        engine.add(PROMPTS[3], SamplingParams(max_tokens=24)),  # speculated alongside
+    ]
+    engine.run_until_done(seqs)
+    assert [s.output for s in seqs[:2]] == [s.output for s in plain_seqs]
+    assert len(seqs[1].logprobs) == 24
+    for got, want in zip(seqs[1].logprobs, plain_seqs[1].logprobs, strict=True):
+        assert got.token == want.token
+        assert got.logprob == pytest.approx(want.logprob, abs=1e-4)
+    stats = engine.stats()
+    assert stats["spec_plain_rows"] >= 2 * 23
+    assert stats["spec_drafted"] > 0
+
+
+@pytest.mark.parametrize(
+    ("overrides", "match"),
+    [
+        ({"k": 0}, "k must be"),
+        ({"k": 33}, "k must be"),
+        ({"draft_layers": 0}, "draft_layers"),
+        ({"branch_threshold": 1.5}, "branch_threshold"),
+        ({"branch_threshold": -0.1}, "branch_threshold"),
+        ({"max_extra_tokens": -1}, "max_extra_tokens"),
+        ({"distill_steps": -1}, "distill_steps"),
+        ({"distill_sequences": 0}, "distill_sequences"),
+        ({"k": 2.5}, "k must be"),
+    ],
+)
+def test_bad_config_is_refused(overrides: dict[str, Any], match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        SpeculativeConfig(**overrides)
+
+
+def test_a_draft_as_deep_as_the_target_is_refused() -> None:
+    with pytest.raises(ValueError, match="draft_layers"):
+        make_engine(
+            SpeculativeConfig(draft_layers=2, distill_steps=0), model=ModelConfig(n_layers=2)
+        )
+
+
+def test_config_is_frozen_and_keyword_only() -> None:
+    config = SpeculativeConfig()
+    with pytest.raises(AttributeError):
+        config.k = 2  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        SpeculativeConfig(1)  # type: ignore[misc]
