@@ -43,6 +43,7 @@ sampled by the runner exactly as a plain decode step would.
 
 from __future__ import annotations
 
+import itertools
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -284,6 +285,8 @@ class Speculator:
         self.emitted = 0
         self.rows = 0
         self.plain_rows = 0
+        self.draft_s = 0.0
+        self.verify_s = 0.0
 
     def stats(self) -> dict[str, Any]:
         return {
@@ -297,6 +300,13 @@ class Speculator:
             # Tokens a sequence gains per decode step (1.0 is plain decoding).
             "spec_tokens_per_seq_step": self.emitted / self.rows if self.rows else None,
             "spec_plain_rows": self.plain_rows,
+            # Where a step's time goes: drafting, and the target's verify forward.
+            "spec_draft_ms_per_step": self.draft_s * 1000 / self.num_steps
+            if self.num_steps
+            else None,
+            "spec_verify_ms_per_step": (
+                self.verify_s * 1000 / self.num_steps if self.num_steps else None
+            ),
         }
 
     # -- the step -------------------------------------------------------------
@@ -304,14 +314,18 @@ class Speculator:
     def step(self, batch: Batch) -> SpeculativeStep:
         """Decode ``batch`` (a scheduled decode batch) by one or more tokens per sequence."""
         seqs = batch.seqs
+        started = time.perf_counter()
         ks = [self._lookahead(seq) for seq in seqs]
         drafts, branches = self._draft(seqs, ks)
+        drafted = time.perf_counter()
         scratch = Sequence(-1, [0], SamplingParams())
         branches = self._scratch_for(scratch, branches)
         try:
             kept, logprobs = self._verify(seqs, drafts, branches, scratch)
         finally:
             self.blocks.shrink(scratch, 0)
+        self.draft_s += drafted - started
+        self.verify_s += time.perf_counter() - drafted
         finished: list[Sequence] = []
         for seq, tokens in zip(seqs, kept, strict=True):
             self.blocks.shrink(seq, len(seq.tokens) + len(tokens))
@@ -387,6 +401,34 @@ class Speculator:
             return branches
         return branches[: self.blocks.grow(scratch, len(branches))]
 
+    def _grid_attention(
+        self, contexts: list[Tensor], first: list[int], starts: list[int], slot_mapping: Tensor
+    ) -> AttentionBatch:
+        """Every row's queries on one padded grid: query ``q`` of row ``r`` sits at
+        position ``first[r] + q`` and sees its context up to there."""
+        device = self.device
+        rows = len(contexts)
+        counts = torch.tensor([hi - lo for lo, hi in itertools.pairwise(starts)], device=device)
+        width = int(counts.max())
+        matrix = nn.utils.rnn.pad_sequence(contexts, batch_first=True)
+        queries = torch.arange(width, device=device)
+        columns = torch.arange(matrix.shape[1], device=device)
+        valid = queries.unsqueeze(0) < counts.unsqueeze(1)
+        limit = torch.tensor(first, device=device).view(-1, 1, 1) + queries.view(1, -1, 1)
+        mask = (columns.view(1, 1, -1) <= limit) & valid.unsqueeze(2)
+        # A padding query sees one slot, so that its (discarded) softmax is not empty.
+        mask |= (~valid).unsqueeze(2) & (columns == 0)
+        index = (torch.arange(rows, device=device).unsqueeze(1) * width + queries).masked_select(
+            valid
+        )
+        return AttentionBatch(
+            is_prefill=False,
+            slot_mapping=slot_mapping,
+            context_slots=matrix,
+            context_mask=mask.unsqueeze(1),
+            query_index=index,
+        )
+
     def _verify(
         self,
         seqs: list[Sequence],
@@ -423,13 +465,7 @@ class Speculator:
             slot_mapping.append(slot)
             contexts.append(torch.cat((own_slots[branch.row][:at], slot)))
             cached.append(at)
-        attention = AttentionBatch(
-            is_prefill=True,
-            slot_mapping=torch.cat(slot_mapping),
-            context_slots=contexts,
-            query_starts=starts,
-            num_cached=cached,
-        )
+        attention = self._grid_attention(contexts, cached, starts, torch.cat(slot_mapping))
         logits = self.model.forward_paged(
             torch.tensor(tokens, device=device),
             torch.tensor(positions, device=device),
