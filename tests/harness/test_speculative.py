@@ -39,12 +39,13 @@ def references() -> list[list[int]]:
     "spec",
     [
         SpeculativeConfig(k=1, distill_steps=0),
+        SpeculativeConfig(k=2, draft_layers=0, **QUICK),
         SpeculativeConfig(k=4, **QUICK),
         SpeculativeConfig(k=7, draft_layers=3, **QUICK),
         # Branch wherever it can, two branch rows per step at most.
         SpeculativeConfig(k=3, branch_threshold=1.0, max_extra_tokens=2, **QUICK),
     ],
-    ids=["k1-naive", "k4", "k7-3layers", "k3-branches"],
+    ids=["k1-naive", "k2-0layers", "k4", "k7-3layers", "k3-branches"],
 )
 @pytest.mark.parametrize("batch", [1, 2, 5])
 def test_greedy_output_is_identical_with_speculation(
@@ -88,6 +89,9 @@ def test_counters_add_up() -> None:
     decoded = 3 * (MAX_TOKENS - 1)
     assert stats["spec_tokens_per_seq_step"] > 1.0
     assert stats["spec_accepted"] + stats["spec_steps"] * 3 >= decoded
+    # The distilled exit head agrees with the target more than the target's own head did.
+    report = engine.speculator.distillation  # type: ignore[union-attr]
+    assert report["agreement_after"] > report["agreement_before"]
     engine.reset_counters()
     assert engine.stats()["spec_drafted"] == 0
     assert engine.stats()["spec_acceptance_rate"] is None
@@ -160,7 +164,7 @@ def test_sampled_and_logprob_sequences_decode_plainly() -> None:
     [
         ({"k": 0}, "k must be"),
         ({"k": 33}, "k must be"),
-        ({"draft_layers": 0}, "draft_layers"),
+        ({"draft_layers": -1}, "draft_layers"),
         ({"branch_threshold": 1.5}, "branch_threshold"),
         ({"branch_threshold": -0.1}, "branch_threshold"),
         ({"max_extra_tokens": -1}, "max_extra_tokens"),
@@ -187,3 +191,19 @@ def test_config_is_frozen_and_keyword_only() -> None:
         config.k = 2  # type: ignore[misc]
     with pytest.raises(TypeError):
         SpeculativeConfig(1)  # type: ignore[misc]
+
+
+def test_serve_flags_turn_speculation_on_and_refuse_bad_values() -> None:
+    from yieldgate.cli import _parser
+    from yieldgate.cli._serve import _harness_backend
+
+    def engine_config(*flags: str) -> EngineConfig:
+        args = _parser().parse_args(["serve", "--backend", "harness", *flags])
+        config: EngineConfig = _harness_backend(args).config.engine
+        return config
+
+    assert engine_config().speculative is None
+    spec = engine_config("--speculative-k", "3", "--draft-layers", "2").speculative
+    assert spec == SpeculativeConfig(k=3, draft_layers=2)
+    with pytest.raises(ValueError, match="k must be"):
+        engine_config("--speculative-k", "-1")

@@ -69,7 +69,8 @@ class SpeculativeConfig:
     """Speculative decoding options (``EngineConfig.speculative``; ``None`` turns it off).
 
     ``draft_layers``: how many of the target's first layers the draft runs
-    (fewer than the target has). ``k``: tokens drafted per step.
+    (fewer than the target has; 0 leaves the embeddings and the exit head, a
+    bigram table in effect). ``k``: tokens drafted per step.
     ``branch_threshold``: a draft position whose top-1 probability is below
     it gets a second branch (its second choice) verified in the same step;
     0 never branches. ``max_extra_tokens``: the most branch tokens verified
@@ -89,11 +90,11 @@ class SpeculativeConfig:
     distill_seed: int = 0
 
     def __post_init__(self) -> None:
-        for name in ("draft_layers", "k", "distill_sequences", "distill_tokens"):
+        for name in ("k", "distill_sequences", "distill_tokens"):
             value = getattr(self, name)
             if type(value) is not int or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1")
-        for name in ("max_extra_tokens", "distill_steps", "distill_seed"):
+        for name in ("draft_layers", "max_extra_tokens", "distill_steps", "distill_seed"):
             value = getattr(self, name)
             if type(value) is not int or value < 0:
                 raise ValueError(f"{name} must be an integer >= 0")
@@ -108,9 +109,9 @@ class DraftModel(nn.Module):
 
     def __init__(self, target: TinyTransformer, num_layers: int) -> None:
         super().__init__()
-        if not 1 <= num_layers < target.config.n_layers:
+        if not 0 <= num_layers < target.config.n_layers:
             raise ValueError(
-                f"draft_layers must be in [1, {target.config.n_layers - 1}] "
+                f"draft_layers must be in [0, {target.config.n_layers - 1}] "
                 f"for a target of {target.config.n_layers} layers"
             )
         self.target = [target]  # a list: not registered as a submodule
