@@ -207,3 +207,37 @@ def test_serve_flags_turn_speculation_on_and_refuse_bad_values() -> None:
     assert spec == SpeculativeConfig(k=3, draft_layers=2)
     with pytest.raises(ValueError, match="k must be"):
         engine_config("--speculative-k", "-1")
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_the_server_backend_streams_speculated_tokens_one_chunk_each(
+    anyio_backend: str,
+) -> None:
+    import anyio
+
+    from yieldgate.harness.backend import HarnessBackend, HarnessConfig
+    from yieldgate.server.backends import Work
+    from yieldgate.server.governor import Governor, GovernorConfig
+
+    engine = EngineConfig(device="cpu", num_blocks=64, speculative=SpeculativeConfig(k=4, **QUICK))
+    harness = HarnessBackend(HarnessConfig(engine=engine))
+    chunks: list[Any] = []
+
+    async def emit(data: Any) -> None:
+        chunks.append(data)
+
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(harness.start, Governor(GovernorConfig(max_inflight=2)))
+        body = "The quick brown fox jumps over the lazy dog"
+        work = Work(id="s", body=body, params={"max_tokens": 30}, stream=True)
+        result = await harness.execute(work, emit)
+        assert harness.engine is not None
+        stats = harness.engine.stats()
+    finally:
+        await harness.aclose()
+    expected = make_engine().generate([list(body.encode())], SamplingParams(max_tokens=30))[0]
+    assert result["token_ids"] == expected
+    assert [c["token_ids"][0] for c in chunks] == expected
+    assert stats["spec_accepted"] > 0
