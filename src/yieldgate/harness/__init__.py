@@ -8,6 +8,7 @@ package unless asked: ``yieldgate serve --backend harness`` does, lazily.
 - ``scheduler``: continuous batching with preemption by recompute.
 - ``runner``: batch to tensors, forward pass, sampling.
 - ``engine``: the three stepped together (synchronous).
+- ``speculative``: a draft of the target's first layers, verify and roll back.
 - ``backend``: the engine on its own thread as a server backend.
 """
 
