@@ -19,7 +19,7 @@ PROMPTS = [
     list(b"a longer prompt that spans several KV blocks of sixteen tokens each, and then some"),
     list(b"stream 007: "),
 ]
-MAX_TOKENS = 40
+MAX_TOKENS = 32
 # A quick distillation: the tests are about exactness, not acceptance.
 QUICK = {"distill_steps": 30, "distill_sequences": 4, "distill_tokens": 16}
 
@@ -47,7 +47,7 @@ def references() -> list[list[int]]:
     ],
     ids=["k1-naive", "k2-0layers", "k4", "k7-3layers", "k3-branches"],
 )
-@pytest.mark.parametrize("batch", [1, 2, 5])
+@pytest.mark.parametrize("batch", [1, 5])
 def test_greedy_output_is_identical_with_speculation(
     references: list[list[int]], spec: SpeculativeConfig, batch: int
 ) -> None:

@@ -18,6 +18,7 @@ from yieldgate.harness.engine import Engine, EngineConfig, StepResult, pick_devi
 from yieldgate.harness.model import ModelConfig, TinyTransformer, load_checkpoint, save_checkpoint
 from yieldgate.harness.scheduler import Scheduler, SchedulerConfig
 from yieldgate.harness.sequence import SamplingParams, Sequence
+from yieldgate.harness.speculative import SpeculativeConfig
 
 __all__ = [
     "BlockManager",
@@ -30,6 +31,7 @@ __all__ = [
     "Scheduler",
     "SchedulerConfig",
     "Sequence",
+    "SpeculativeConfig",
     "StepResult",
     "TinyTransformer",
     "load_checkpoint",
