@@ -9,7 +9,7 @@ import pytest
 from yieldgate.harness.engine import Engine, EngineConfig
 from yieldgate.harness.model import ModelConfig
 from yieldgate.harness.scheduler import SchedulerConfig
-from yieldgate.harness.sequence import SamplingParams
+from yieldgate.harness.sequence import SamplingParams, Sequence
 from yieldgate.harness.speculative import SpeculativeConfig
 
 PROMPTS = [
@@ -241,3 +241,54 @@ async def test_the_server_backend_streams_speculated_tokens_one_chunk_each(
     assert result["token_ids"] == expected
     assert [c["token_ids"][0] for c in chunks] == expected
     assert stats["spec_accepted"] > 0
+
+
+def test_the_verify_grid_gives_the_full_forward_logits() -> None:
+    """Two rows of several queries and a branch row, against plain causal passes."""
+    import torch
+
+    engine = make_engine(SpeculativeConfig(k=4, distill_steps=0))
+    speculator = engine.speculator
+    assert speculator is not None
+    params = SamplingParams(max_tokens=8)
+    seqs = [engine.add(PROMPTS[1], params), engine.add(PROMPTS[3], params)]
+    engine.step()  # prefill: every prompt token but none of the new ones is in the cache
+    extra = [list(b"xyz!"), list(b"ab")]  # stand-ins for drafts
+    for seq, more in zip(seqs, extra, strict=True):
+        engine.blocks.grow(seq, len(seq.tokens) + len(more))
+    # Branch: the second sequence's second new token replaced by "Q".
+    first = seqs[1]
+    at = len(first.tokens) + 1
+    spare = Sequence(-1, [0], SamplingParams())
+    engine.blocks.grow(spare, 1)
+    scratch = speculator._slots(spare)[:1]
+    own = [speculator._slots(seq) for seq in seqs]
+    tokens, positions, contexts, starts, cached, mapping = [], [], [], [0], [], []
+    for seq, more, slots in zip(seqs, extra, own, strict=True):
+        n = len(seq.tokens)
+        tokens += [seq.tokens[-1], *more]
+        positions += range(n - 1, n + len(more))
+        contexts.append(slots[: n + len(more)])
+        starts.append(starts[-1] + 1 + len(more))
+        cached.append(n - 1)
+        mapping.append(slots[n - 1 : n + len(more)])
+    tokens.append(ord("Q"))
+    positions.append(at)
+    contexts.append(torch.cat((own[1][:at], scratch)))
+    starts.append(starts[-1] + 1)
+    cached.append(at)
+    mapping.append(scratch)
+    attention = speculator._grid_attention(contexts, cached, starts, torch.cat(mapping))
+    logits = engine.model.forward_paged(
+        torch.tensor(tokens),
+        torch.tensor(positions),
+        engine.cache,
+        attention,
+        torch.arange(len(tokens)),
+    )
+    full = [
+        engine.model.forward_full(torch.tensor(seq.tokens + more))[len(seq.tokens) - 1 :]
+        for seq, more in zip(seqs, extra, strict=True)
+    ]
+    branch = engine.model.forward_full(torch.tensor([*first.tokens, extra[1][0], ord("Q")]))[-1:]
+    torch.testing.assert_close(logits, torch.cat([*full, branch]), atol=1e-4, rtol=1e-4)
