@@ -19,12 +19,12 @@ One speculative decode step, for the greedy sequences of a decode batch:
    Where the draft's top-1 probability is below ``branch_threshold``, the
    first such position of a sequence becomes a branch candidate: its
    second choice.
-3. *Verify.* One multi-token forward of the target over the paged cache (the
-   prefill path, as for a cached prompt): per sequence its last token and
-   its drafts, plus one extra row per branch (at most ``max_extra_tokens``,
-   the least confident first). A branch row attends over the main row's
-   keys up to the divergence, which the same layer has just written, and
-   keeps its own key in a scratch slot.
+3. *Verify.* One multi-token forward of the target over the paged cache
+   (every row's queries on one padded grid, a causal mask per row): per
+   sequence its last token and its drafts, plus one extra row per branch
+   (at most ``max_extra_tokens``, the least confident first). A branch row
+   attends over the main row's keys up to the divergence, which the same
+   layer has just written, and keeps its own key in a scratch slot.
 4. *Accept.* The longest prefix of drafts equal to the target's greedy
    choices is kept, then the target's own next token; where the draft went
    wrong exactly at a branch and the branch's token is the target's choice,
@@ -38,7 +38,7 @@ One speculative decode step, for the greedy sequences of a decode batch:
 
 Sequences that sample (``temperature > 0``) or ask for log-probabilities
 are not speculated: they take one row of the same verify forward and are
-sampled by the runner exactly as a plain decode step would.
+sampled by the runner as a plain decode step would.
 """
 
 from __future__ import annotations
@@ -302,9 +302,9 @@ class Speculator:
             "spec_tokens_per_seq_step": self.emitted / self.rows if self.rows else None,
             "spec_plain_rows": self.plain_rows,
             # Where a step's time goes: drafting, and the target's verify forward.
-            "spec_draft_ms_per_step": self.draft_s * 1000 / self.num_steps
-            if self.num_steps
-            else None,
+            "spec_draft_ms_per_step": (
+                self.draft_s * 1000 / self.num_steps if self.num_steps else None
+            ),
             "spec_verify_ms_per_step": (
                 self.verify_s * 1000 / self.num_steps if self.num_steps else None
             ),
