@@ -241,6 +241,18 @@ def add_parser(sub: Any) -> None:
         help="prefill worker processes (0: prefill colocated with decode)",
     )
     har.add_argument(
+        "--speculative-k",
+        type=int,
+        default=0,
+        help="draft this many tokens per decode step for greedy requests (default 0: off)",
+    )
+    har.add_argument(
+        "--draft-layers",
+        type=int,
+        default=1,
+        help="layers of the speculative draft (the target's first ones; default 1)",
+    )
+    har.add_argument(
         "--qos",
         action="store_true",
         help="reject early (yield 'slo') requests whose estimated TTFT would miss its objective",
@@ -352,6 +364,7 @@ def _harness_backend(args: argparse.Namespace) -> Any:
         )
         from yieldgate.harness.qos import SloConfig
         from yieldgate.harness.router import RouterConfig, RouterConfigFile
+        from yieldgate.harness.speculative import SpeculativeConfig
     except ImportError as exc:
         raise CliError(
             f"--backend harness needs torch ({exc}); install the extra: "
@@ -365,6 +378,11 @@ def _harness_backend(args: argparse.Namespace) -> Any:
         block_size=args.block_size,
         scheduler=SchedulerConfig(
             max_num_seqs=args.max_inflight, max_num_batched_tokens=args.max_num_batched_tokens
+        ),
+        speculative=(
+            SpeculativeConfig(k=args.speculative_k, draft_layers=args.draft_layers)
+            if args.speculative_k
+            else None
         ),
     )
     low, normal, high = _parse_slo_ttft(args.slo_ttft_ms)

@@ -8,6 +8,7 @@ package unless asked: ``yieldgate serve --backend harness`` does, lazily.
 - ``scheduler``: continuous batching with preemption by recompute.
 - ``runner``: batch to tensors, forward pass, sampling.
 - ``engine``: the three stepped together (synchronous).
+- ``speculative``: a draft of the target's first layers, verify and roll back.
 - ``backend``: the engine on its own thread as a server backend.
 """
 
@@ -17,6 +18,7 @@ from yieldgate.harness.engine import Engine, EngineConfig, StepResult, pick_devi
 from yieldgate.harness.model import ModelConfig, TinyTransformer, load_checkpoint, save_checkpoint
 from yieldgate.harness.scheduler import Scheduler, SchedulerConfig
 from yieldgate.harness.sequence import SamplingParams, Sequence
+from yieldgate.harness.speculative import SpeculativeConfig
 
 __all__ = [
     "BlockManager",
@@ -29,6 +31,7 @@ __all__ = [
     "Scheduler",
     "SchedulerConfig",
     "Sequence",
+    "SpeculativeConfig",
     "StepResult",
     "TinyTransformer",
     "load_checkpoint",

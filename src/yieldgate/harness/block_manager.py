@@ -178,6 +178,29 @@ class BlockManager:
         if full > seq.num_committed:
             seq.num_committed, seq.last_hash = full, prev
 
+    def grow(self, seq: Sequence, num_tokens: int) -> int:
+        """Extend ``seq``'s block table towards ``num_tokens`` positions, as far as blocks allow.
+
+        Returns how many positions the table covers now (at most
+        ``num_tokens``). Speculative decoding's lookahead: the blocks go back
+        with ``shrink`` once the step knows how many tokens it kept.
+        """
+        while len(seq.block_table) * self.block_size < num_tokens and self.num_available:
+            seq.block_table.append(self._take().id)
+        return min(num_tokens, len(seq.block_table) * self.block_size)
+
+    def shrink(self, seq: Sequence, num_tokens: int) -> None:
+        """Give back the blocks of ``seq`` past the first ``blocks_for(num_tokens)``."""
+        keep = self.blocks_for(num_tokens)
+        while len(seq.block_table) > keep:
+            block = self._blocks[seq.block_table.pop()]
+            block.ref_count -= 1
+            if block.ref_count == 0:
+                if block.hash != _NO_HASH:
+                    self._evictable[block.id] = None
+                else:
+                    self._free.append(block.id)
+
     def _take(self) -> _Block:
         if self._free:
             block = self._blocks[self._free.pop()]

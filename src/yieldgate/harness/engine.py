@@ -20,6 +20,7 @@ from yieldgate.harness.model import KVCache, ModelConfig, TinyTransformer, load_
 from yieldgate.harness.runner import ModelRunner
 from yieldgate.harness.scheduler import Batch, Scheduler, SchedulerConfig
 from yieldgate.harness.sequence import SamplingParams, Sequence, TokenLogprob
+from yieldgate.harness.speculative import SpeculativeConfig, Speculator
 
 __all__ = ["Engine", "EngineConfig", "StepResult", "pick_device"]
 
@@ -47,6 +48,8 @@ class EngineConfig:
     num_blocks: int = 1024
     block_size: int = 16
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    # Speculative decoding of greedy sequences (``yieldgate.harness.speculative``); off when None.
+    speculative: SpeculativeConfig | None = None
 
     def __post_init__(self) -> None:
         if self.num_blocks < 1:
@@ -95,6 +98,16 @@ class Engine:
         self.scheduler = Scheduler(config.scheduler, self.blocks)
         self.runner = ModelRunner(model, self.cache)
         self._next_id = 0
+        self.speculator: Speculator | None = None
+        if config.speculative is not None:
+            self.speculator = Speculator(
+                config.speculative,
+                model=model,
+                cache=self.cache,
+                blocks=self.blocks,
+                scheduler=self.scheduler,
+                runner=self.runner,
+            )
         self.prefill_ms_per_token: float | None = None
         self.decode_step_ms: float | None = None
         self.reset_counters()
@@ -109,6 +122,8 @@ class Engine:
         self.tokens_generated = 0
         self.scheduler.num_preemptions = 0
         self.blocks.evictions = 0
+        if self.speculator is not None:
+            self.speculator.reset_counters()
 
     # -- requests -------------------------------------------------------------
 
@@ -195,6 +210,8 @@ class Engine:
         batch = self.scheduler.schedule()
         if batch is None:
             return None
+        if self.speculator is not None and not batch.is_prefill:
+            return self._step_speculative(self.speculator, batch)
         new_tokens = batch.num_new_tokens
         cached = sum(seq.num_cached for seq in batch.seqs) if batch.is_prefill else 0
         started = time.perf_counter()
@@ -216,6 +233,42 @@ class Engine:
             finished=finished,
             duration_ms=duration_ms,
             num_new_tokens=new_tokens,
+            logprobs=logprobs,
+        )
+
+    def _step_speculative(self, speculator: Speculator, batch: Batch) -> StepResult:
+        """A decode step through the speculator: each sequence may gain several tokens.
+
+        The result lists a sequence once per token it gained, in order.
+        ``decode_step_ms`` is kept per token gained (the step's time over the
+        mean tokens per sequence), so the hints stay honest.
+        """
+        started = time.perf_counter()
+        out = speculator.step(batch)
+        duration_ms = (time.perf_counter() - started) * 1000.0
+        seqs: list[Sequence] = []
+        tokens: list[int] = []
+        logprobs: list[TokenLogprob | None] = []
+        for seq, kept, kept_logprobs in zip(batch.seqs, out.tokens, out.logprobs, strict=True):
+            seqs += [seq] * len(kept)
+            tokens += kept
+            logprobs += kept_logprobs
+            seq.logprobs += [entry for entry in kept_logprobs if entry is not None]
+        for seq in out.finished:
+            self.runner.forget(seq)
+        self.num_steps += 1
+        self.num_decode_steps += 1
+        self.tokens_generated += len(tokens)
+        self.decode_step_ms = _ewma(
+            self.decode_step_ms, duration_ms * len(batch.seqs) / len(tokens)
+        )
+        return StepResult(
+            is_prefill=False,
+            seqs=seqs,
+            tokens=tokens,
+            finished=out.finished,
+            duration_ms=duration_ms,
+            num_new_tokens=len(tokens),
             logprobs=logprobs,
         )
 
@@ -268,7 +321,7 @@ class Engine:
             "kv_evictions": blocks.evictions,
             "prefill_ms_per_token": self.prefill_ms_per_token,
             "decode_step_ms": self.decode_step_ms,
-        }
+        } | (self.speculator.stats() if self.speculator is not None else {})
 
 
 def _ewma(previous: float | None, value: float) -> float:

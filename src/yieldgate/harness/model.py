@@ -102,6 +102,11 @@ class AttentionBatch:
     every sequence has one new token and attends over the row
     ``context_slots[j]`` of a padded matrix whose ``context_mask`` is true
     where a slot is real.
+
+    A decode batch with ``query_index`` set has several new tokens per row
+    (speculative verification): new token ``i`` is query ``query_index[i]``
+    of the flattened ``(rows, queries)`` grid, and ``context_mask`` has a
+    row per query, ``(rows, 1, queries, context)``.
     """
 
     is_prefill: bool
@@ -110,6 +115,7 @@ class AttentionBatch:
     query_starts: list[int] | None = None
     num_cached: list[int] | None = None
     context_mask: Tensor | None = None
+    query_index: Tensor | None = None
 
 
 class _Block(nn.Module):
@@ -148,6 +154,8 @@ class _Block(nn.Module):
         v_cache.index_copy_(0, batch.slot_mapping, v)
         if batch.is_prefill:
             out = self._attend_prefill(q, k, v, k_cache, v_cache, batch)
+        elif batch.query_index is not None:
+            out = self._attend_multi(q, k_cache, v_cache, batch)
         else:
             out = self._attend_decode(q, k_cache, v_cache, batch)
         x = x + self.proj(out)
@@ -201,6 +209,27 @@ class _Block(nn.Module):
             attn_mask=batch.context_mask,
         )
         return out.reshape(b, -1)
+
+    def _attend_multi(
+        self, q: Tensor, k_cache: Tensor, v_cache: Tensor, batch: AttentionBatch
+    ) -> Tensor:
+        slots, mask, index = batch.context_slots, batch.context_mask, batch.query_index
+        assert isinstance(slots, Tensor)
+        assert mask is not None
+        assert index is not None
+        b, length = slots.shape
+        queries = mask.shape[2]
+        flat = slots.reshape(-1)
+        k = k_cache.index_select(0, flat).view(b, length, self.n_heads, self.head_dim)
+        v = v_cache.index_select(0, flat).view(b, length, self.n_heads, self.head_dim)
+        grid = q.new_zeros(b * queries, self.n_heads, self.head_dim).index_copy_(0, index, q)
+        out = F.scaled_dot_product_attention(
+            grid.view(b, queries, self.n_heads, self.head_dim).transpose(1, 2),
+            k.transpose(1, 2),
+            v.transpose(1, 2),
+            attn_mask=mask,
+        )
+        return out.transpose(1, 2).reshape(b * queries, -1).index_select(0, index)
 
 
 _PRINTABLE = torch.tensor([10, *range(32, 127)])
