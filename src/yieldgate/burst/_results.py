@@ -409,7 +409,8 @@ def summarise(
 
     ``attempt_log`` (every attempt the Gate saw end) gives the hint accuracy
     and the recovery of yields, ``probes`` the recovery of latency,
-    ``priorities`` (request index to class) the per-priority figures; each is left out (``None``, empty) when not given.
+    ``priorities`` (request index to class) the per-priority figures; each
+    is left out (``None``, empty) when not given.
     """
     ends = [r.end_s for r in requests if r.end_s is not None]
     makespan = max(ends) if ends else 0.0
