@@ -162,7 +162,7 @@ def test_bad_input_is_one_line_and_status_2(args: list[str], message: str) -> No
 
 
 def test_the_preset_choices_are_the_presets() -> None:
-    from yieldgate.burst._presets import PRESETS
+    from yieldgate.burst._presets import COMPARISONS, PRESETS
     from yieldgate.cli import _burst
 
     made: dict[str, argparse.ArgumentParser] = {}
@@ -176,4 +176,4 @@ def test_the_preset_choices_are_the_presets() -> None:
     _burst.add_parser(Sub())
     (preset,) = [a for a in made["burst"]._actions if a.dest == "preset"]
     assert preset.choices is not None
-    assert sorted(preset.choices) == sorted(PRESETS)
+    assert sorted(preset.choices) == sorted([*PRESETS, *COMPARISONS])
