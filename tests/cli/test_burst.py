@@ -152,6 +152,17 @@ def test_print_schema() -> None:
         (["--serve", "", "--slo", "e2e_ms=-1"], "slo e2e_ms must be"),
         (["--serve", "", "--concurrency", "0"], "concurrency must be >= 1"),
         (["--serve", "", "--profile", "trace:/nonexistent.jsonl"], "cannot read it"),
+        (["--serve", "", "--timeout-s", "0"], "timeout_s must be a finite number > 0"),
+        (["--serve", "", "--priority-mix", "urgent=1"], "unknown priority 'urgent'"),
+        (
+            ["--serve", "", "--target", "hf+http://", "--priority-mix", "high=1"],
+            "cannot send priorities",
+        ),
+        (["--serve", "", "--scrape", "localhost:9/metrics"], "give an http:// URL"),
+        (
+            ["--preset", "buffering-vs-governed", "--sweep", "rate=1,2"],
+            "runs several presets: it takes no --sweep",
+        ),
     ],
 )
 def test_bad_input_is_one_line_and_status_2(args: list[str], message: str) -> None:

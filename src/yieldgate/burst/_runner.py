@@ -17,7 +17,7 @@ from typing import Any, Protocol
 import anyio
 
 import yieldgate
-from yieldgate.burst._metrics import AttemptLog, Probe, draw_priorities
+from yieldgate.burst._metrics import AttemptLog, Probe, draw_priorities, recovery
 from yieldgate.burst._profiles import ArrivalProfile
 from yieldgate.burst._results import (
     BurstReport,
@@ -425,16 +425,13 @@ async def _run_one(
             assert probes is not None
             assert config.recovery_probe_s is not None
             last_arrival = max(offsets, default=0.0)
-            good = 0
             while True:
                 now = time.monotonic() - t0
                 if now > last_arrival + config.recovery_limit_s:
                     return
                 sent, ended, ok = await probe()
                 probes.append(Probe(sent_s=sent - t0, end_s=ended - t0, clean=ok))
-                fine = ok and (sent - t0) >= last_arrival
-                good = good + 1 if fine else 0
-                if done.is_set() and good >= _PROBE_RUN:
+                if done.is_set() and recovery((), last_arrival, probes).latency_s is not None:
                     return
                 await anyio.sleep_until(sent + config.recovery_probe_s)
 
@@ -481,11 +478,6 @@ async def _run_one(
         probes=probes,
         priorities=priorities or None,
     )
-
-
-# A probe run long enough to call the server recovered (the rule is _metrics.recovery's;
-# the prober only needs to know when it may stop).
-_PROBE_RUN = 3
 
 
 @contextlib.asynccontextmanager
