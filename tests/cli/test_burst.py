@@ -188,3 +188,35 @@ def test_the_preset_choices_are_the_presets() -> None:
     (preset,) = [a for a in made["burst"]._actions if a.dest == "preset"]
     assert preset.choices is not None
     assert sorted(preset.choices) == sorted([*PRESETS, *COMPARISONS])
+
+
+def test_the_comparison_preset_builds_one_config_per_part(monkeypatch: pytest.MonkeyPatch) -> None:
+    from yieldgate.cli import _burst
+
+    made: dict[str, argparse.ArgumentParser] = {}
+
+    class Sub:
+        def add_parser(self, name: str, **kwargs: Any) -> argparse.ArgumentParser:
+            kwargs.pop("help", None)
+            made[name] = argparse.ArgumentParser(name, **kwargs)
+            return made[name]
+
+    _burst.add_parser(Sub())
+    seen: dict[str, Any] = {}
+
+    def fake_execute(config: Any, **kwargs: Any) -> None:
+        seen["config"], seen["kwargs"] = config, kwargs
+
+    monkeypatch.setattr(_burst, "execute", fake_execute)
+    args = made["burst"].parse_args(
+        ["--preset", "buffering-vs-governed", "--requests", "50", "--timeout-s", "2"]
+    )
+    assert _burst.run(args) == 0
+    assert seen["kwargs"]["comparison"] == "buffering-vs-governed"
+    (label_a, a), (label_b, b) = seen["config"]
+    assert (label_a, label_b) == ("buffering", "governed")
+    assert a.serve_args == (*b.serve_args, "--queue", "unbounded")
+    assert a.requests == b.requests == 50  # flags apply to every part
+    assert a.timeout_s == b.timeout_s == 2.0
+    assert a.scenario == "buffering"
+    assert b.scenario == "buffering-governed"
