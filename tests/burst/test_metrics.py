@@ -210,3 +210,78 @@ def test_summarise_carries_the_new_figures() -> None:
     assert document["timeouts"] == 1
     assert document["recovery"]["latency_s"] is None
     assert document["server_rss_peak_bytes"] is None
+
+
+def test_the_table_and_the_csv_show_the_new_figures() -> None:
+    from rich.console import Console
+
+    from yieldgate.burst import BurstReport, TimelinePoint, render_table
+    from yieldgate.burst._csv import csv_rows
+
+    requests = [_request(0, 0.1), _request(1, None), _request(2, 0.3)]
+    requests[1].error = "timeout"
+    timeline = [
+        TimelinePoint(
+            t_s=0.1 * k,
+            client_inflight=0,
+            client_attempts=k,
+            client_yields=0,
+            completed=k,
+            failed=0,
+            scraped_queue=float(k),
+            scraped_running=2.0,
+            server_rss_bytes=(50 + k) * 2**20,
+        )
+        for k in range(3)
+    ]
+    result = summarise(
+        strategy="naive",
+        label="naive",
+        requests=requests,
+        attempts=4,
+        yields=1,
+        slo=Slo(),
+        stream=False,
+        server=None,
+        timeline=timeline,
+        attempt_log=[_yield(1.05, 0.05), _ok(1.1)],
+        probes=[_probe(-1.0, 0.01), *(_probe(1.5 + 0.1 * k, 0.01) for k in range(3))],
+        priorities={0: "high", 1: "high", 2: "low"},
+    )
+    report = BurstReport(
+        config={
+            "target": "tcp://127.0.0.1:1",
+            "requests": 3,
+            "profile": {"spec": "all-at-once"},
+            "timeout_s": 0.5,
+        },
+        machine={},
+        created="2026-01-01T00:00:00+00:00",
+        results=(result,),
+    )
+    console = Console(record=True, width=200)
+    render_table(report, console)
+    text = console.export_text()
+    for needle in (
+        "time-outs",
+        "hint error p50/p90 ms (within)",
+        "0.0 / 0.0 (100% of 1)",  # admitted 50 ms after a 50 ms hint
+        "recovery s (yields / latency)",
+        "0.05 / 0.50",  # all arrived at 1.0; the probes from 1.5 on are clean
+        "high: success, p99, Jain",
+        "50.0%, 0.10 s, 0.50",
+        "low: success, p99, Jain",
+        "scraped queue / running peak",
+        "2 / 2",
+        "server RSS peak MiB",
+        "52",
+    ):
+        assert needle in text, needle
+    (row,) = csv_rows(report)
+    assert row["timeouts"] == 1
+    assert row["recovery_latency_s"] == pytest.approx(0.5)
+    assert row["priority_high_success_rate"] == 0.5
+    assert row["priority_normal_requests"] == ""
+    assert row["scraped_queue_peak"] == 2.0
+    assert row["scraped_kv_cache_peak"] == ""
+    assert row["server_rss_peak_mb"] == pytest.approx(52.0)

@@ -39,6 +39,8 @@ def test_time_outs_priorities_probes_and_scraping_against_a_queueing_server() ->
     assert set(classes) == {"high", "normal"}
     assert sum(c.requests for c in classes.values()) == 12
     assert sum(c.succeeded for c in classes.values()) == result.succeeded
+    # The server's queue serves high before normal: the header reached it.
+    assert classes["high"].success_rate >= classes["normal"].success_rate
     # The queue was scraped from the server's /metrics while it ran.
     assert max(p.scraped_queue or 0 for p in result.timeline) >= 1
     assert max(p.scraped_running or 0 for p in result.timeline) >= 1

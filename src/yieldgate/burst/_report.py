@@ -117,6 +117,14 @@ def _recovery(r: StrategyResult) -> str:
     return f"{_f(rec.yields_s)} / {latency}"
 
 
+def _scraped(r: StrategyResult) -> str:
+    def peak(name: str) -> str:
+        values = [v for p in r.timeline if (v := getattr(p, name)) is not None]
+        return f"{max(values):g}" if values else "-"
+
+    return f"{peak('scraped_queue')} / {peak('scraped_running')}"
+
+
 def _priority_cell(name: str) -> Callable[[StrategyResult], str]:
     def cell(r: StrategyResult) -> str:
         found = next((c for c in r.priorities if c.priority == name), None)
@@ -144,6 +152,8 @@ def _new_rows(report: BurstReport) -> list[tuple[str, Callable[[StrategyResult],
     ]
     for name in names:
         rows.append((f"{name}: success, p99, Jain", _priority_cell(name)))
+    if any(p.scraped_queue is not None for r in results for p in r.timeline):
+        rows.append(("scraped queue / running peak", _scraped))
     if any(r.server_rss_peak_bytes is not None for r in results):
         rows.append(
             (
