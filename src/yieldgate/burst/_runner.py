@@ -459,6 +459,16 @@ async def _run_one(
             await probing.wait()
         await sample()
         after = await stats()
+    never = sum(1 for r in requests if not r.ok and r.error is None)
+    if never:
+        # A cancellation that escaped one request ends the whole burst; say so.
+        _log.warning(
+            "%s: %d of %d requests ended with neither a reply nor an error (counted as "
+            "'unfinished'): a cancellation escaped a request and cut the burst short",
+            strategy.label,
+            never,
+            len(requests),
+        )
     g = gate.statistics()
     server = None
     if before is not None and after is not None:
