@@ -154,6 +154,17 @@ def test_print_schema() -> None:
         (["--serve", "", "--slo", "e2e_ms=-1"], "slo e2e_ms must be"),
         (["--serve", "", "--concurrency", "0"], "concurrency must be >= 1"),
         (["--serve", "", "--profile", "trace:/nonexistent.jsonl"], "cannot read it"),
+        (["--serve", "", "--timeout-s", "0"], "timeout_s must be a finite number > 0"),
+        (["--serve", "", "--priority-mix", "urgent=1"], "unknown priority 'urgent'"),
+        (
+            ["--serve", "", "--target", "hf+http://", "--priority-mix", "high=1"],
+            "cannot send priorities",
+        ),
+        (["--serve", "", "--scrape", "localhost:9/metrics"], "give an http:// URL"),
+        (
+            ["--preset", "buffering-vs-governed", "--sweep", "rate=1,2"],
+            "runs several presets: it takes no --sweep",
+        ),
     ],
 )
 def test_bad_input_is_one_line_and_status_2(args: list[str], message: str) -> None:
@@ -164,7 +175,7 @@ def test_bad_input_is_one_line_and_status_2(args: list[str], message: str) -> No
 
 
 def test_the_preset_choices_are_the_presets() -> None:
-    from yieldgate.burst._presets import PRESETS
+    from yieldgate.burst._presets import COMPARISONS, PRESETS
     from yieldgate.cli import _burst
 
     made: dict[str, argparse.ArgumentParser] = {}
@@ -178,7 +189,7 @@ def test_the_preset_choices_are_the_presets() -> None:
     _burst.add_parser(Sub())
     (preset,) = [a for a in made["burst"]._actions if a.dest == "preset"]
     assert preset.choices is not None
-    assert sorted(preset.choices) == sorted(PRESETS)
+    assert sorted(preset.choices) == sorted([*PRESETS, *COMPARISONS])
 
 
 @pytest.mark.e2e
@@ -214,3 +225,35 @@ def test_a_sweep_against_the_harness_writes_json_csv_and_html(tmp_path: Path) ->
     }
     assert network_references(text) == []
     assert "--backend harness --max-inflight 2" in text
+
+
+def test_the_comparison_preset_builds_one_config_per_part(monkeypatch: pytest.MonkeyPatch) -> None:
+    from yieldgate.cli import _burst
+
+    made: dict[str, argparse.ArgumentParser] = {}
+
+    class Sub:
+        def add_parser(self, name: str, **kwargs: Any) -> argparse.ArgumentParser:
+            kwargs.pop("help", None)
+            made[name] = argparse.ArgumentParser(name, **kwargs)
+            return made[name]
+
+    _burst.add_parser(Sub())
+    seen: dict[str, Any] = {}
+
+    def fake_execute(config: Any, **kwargs: Any) -> None:
+        seen["config"], seen["kwargs"] = config, kwargs
+
+    monkeypatch.setattr(_burst, "execute", fake_execute)
+    args = made["burst"].parse_args(
+        ["--preset", "buffering-vs-governed", "--requests", "50", "--timeout-s", "2"]
+    )
+    assert _burst.run(args) == 0
+    assert seen["kwargs"]["comparison"] == "buffering-vs-governed"
+    (label_a, a), (label_b, b) = seen["config"]
+    assert (label_a, label_b) == ("buffering", "governed")
+    assert a.serve_args == (*b.serve_args, "--queue", "unbounded")
+    assert a.requests == b.requests == 50  # flags apply to every part
+    assert a.timeout_s == b.timeout_s == 2.0
+    assert a.scenario == "buffering"
+    assert b.scenario == "buffering-governed"

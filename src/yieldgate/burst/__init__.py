@@ -12,10 +12,11 @@ starts itself are ``yieldgate serve`` processes. docs/burst.md is the guide.
 >>> render_table(report)  # doctest: +SKIP
 """
 
+from yieldgate.burst._compare import run_comparison
 from yieldgate.burst._csv import CSV_COLUMNS, write_csv
 from yieldgate.burst._html import write_html
 from yieldgate.burst._plot import write_plot
-from yieldgate.burst._presets import PRESETS, demo_settings
+from yieldgate.burst._presets import COMPARISONS, PRESETS, demo_settings
 from yieldgate.burst._profiles import ArrivalProfile
 from yieldgate.burst._report import markdown_table, render_table, summary_line
 from yieldgate.burst._results import (
@@ -37,6 +38,7 @@ from yieldgate.burst._sweep import Sweep, SweepReport, run_sweep
 from yieldgate.burst._targets import Target, Workload
 
 __all__ = [
+    "COMPARISONS",
     "CSV_COLUMNS",
     "PRESETS",
     "SCHEMA",
@@ -65,6 +67,7 @@ __all__ = [
     "markdown_table",
     "render_table",
     "run_burst",
+    "run_comparison",
     "run_sweep",
     "summary_line",
     "write_csv",

@@ -19,6 +19,7 @@ __all__ = ["CSV_COLUMNS", "csv_rows", "write_csv"]
 
 _QUANTILES = ("p50", "p95", "p99")
 _LATENCIES = ("e2e_ms", "ttft_ms", "tpot_ms", "itl_ms")
+_PRIORITIES = ("high", "normal", "low")
 
 CSV_COLUMNS: tuple[str, ...] = (
     "axis",
@@ -43,6 +44,24 @@ CSV_COLUMNS: tuple[str, ...] = (
     *(f"{name}_{q}" for name in _LATENCIES for q in _QUANTILES),
     "goodput_ratio",
     "goodput_per_s",
+    # Issue 21, items 3 to 5: appended, so the columns above keep their places.
+    "timeouts",
+    "hint_count",
+    "hint_error_ms_p50",
+    "hint_error_ms_p90",
+    "hint_within",
+    "recovery_yields_s",
+    "recovery_latency_s",
+    "recovery_s",
+    *(
+        f"priority_{name}_{figure}"
+        for name in _PRIORITIES
+        for figure in ("requests", "success_rate", "e2e_ms_p99", "jain")
+    ),
+    "scraped_queue_peak",
+    "scraped_running_peak",
+    "scraped_kv_cache_peak",
+    "server_rss_peak_mb",
 )
 
 
@@ -89,6 +108,42 @@ def _row(
         for q in _QUANTILES:
             figure = None if p is None else getattr(p, q)
             row[f"{name}_{q}"] = "" if figure is None else figure
+    row.update(_new_figures(r))
+    return row
+
+
+def _cell(value: float | None) -> Any:
+    return "" if value is None else value
+
+
+def _new_figures(r: StrategyResult) -> dict[str, Any]:
+    """Time-outs, hint accuracy, recovery, priorities, scraped peaks, memory."""
+    hints, rec = r.hint_accuracy, r.recovery
+    row: dict[str, Any] = {
+        "timeouts": r.timeouts,
+        "hint_count": "" if hints is None else hints.hints,
+        "hint_error_ms_p50": _cell(None if hints is None else hints.error_ms_p50),
+        "hint_error_ms_p90": _cell(None if hints is None else hints.error_ms_p90),
+        "hint_within": _cell(None if hints is None else hints.within),
+        "recovery_yields_s": _cell(None if rec is None else rec.yields_s),
+        "recovery_latency_s": _cell(None if rec is None else rec.latency_s),
+        "recovery_s": _cell(None if rec is None else rec.recovery_s),
+        "server_rss_peak_mb": _cell(
+            None if r.server_rss_peak_bytes is None else r.server_rss_peak_bytes / 2**20
+        ),
+    }
+    classes = {c.priority: c for c in r.priorities}
+    for name in _PRIORITIES:
+        c = classes.get(name)
+        row[f"priority_{name}_requests"] = "" if c is None else c.requests
+        row[f"priority_{name}_success_rate"] = "" if c is None else c.success_rate
+        row[f"priority_{name}_e2e_ms_p99"] = _cell(
+            None if c is None or c.latency_s_p99 is None else c.latency_s_p99 * 1000
+        )
+        row[f"priority_{name}_jain"] = _cell(None if c is None else c.jain)
+    for series in ("queue", "running", "kv_cache"):
+        values = [v for p in r.timeline if (v := getattr(p, f"scraped_{series}")) is not None]
+        row[f"scraped_{series}_peak"] = max(values) if values else ""
     return row
 
 

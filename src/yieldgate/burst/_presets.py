@@ -14,7 +14,7 @@ from yieldgate.burst._results import Goal, Slo
 from yieldgate.burst._strategies import STRATEGY_NAMES, Strategy
 from yieldgate.burst._targets import Workload
 
-__all__ = ["COLD_START_RAMP", "PRESETS", "demo_settings", "quota_cost"]
+__all__ = ["COLD_START_RAMP", "COMPARISONS", "PRESETS", "demo_settings", "quota_cost"]
 
 _ALL = tuple(Strategy(name=name) for name in STRATEGY_NAMES)
 
@@ -74,6 +74,9 @@ def _buffering(*, queue: str | None) -> dict[str, Any]:
         "profile": ArrivalProfile.poisson(320.0),
         "strategies": _BUFFERING_STRATEGIES,
         "slo": Slo(e2e_ms=1000.0),
+        # Every client gives up after 1 s: a buffering server's queue then holds
+        # work nobody waits for until it notices the client is gone.
+        "timeout_s": 1.0,
     }
 
 
@@ -137,6 +140,13 @@ PRESETS: Mapping[str, Mapping[str, Any]] = {
     # The buffering side and the governed side of one comparison (docs/burst.md).
     "buffering": _buffering(queue="unbounded"),
     "buffering-governed": _buffering(queue=None),
+}
+
+
+#: Presets run one after the other into one report (``--preset NAME``), each
+#: result labelled ``PART: strategy``: ``(part label, preset name)`` pairs.
+COMPARISONS: Mapping[str, tuple[tuple[str, str], ...]] = {
+    "buffering-vs-governed": (("buffering", "buffering"), ("governed", "buffering-governed")),
 }
 
 

@@ -94,9 +94,77 @@ def _rows(report: BurstReport, sep: str) -> list[tuple[str, Callable[[StrategyRe
                 lambda r: "-" if r.server is None else _f(r.server.exec_ms_mean, 1),
             )
         )
+    rows.extend(_new_rows(report))
     if any(r.server is not None and r.server.serving for r in report.results):
         rows.append(("server TTFT p50/p95/p99 ms", lambda r: _serving(r, "ttft_ms")))
         rows.append(("server TPOT p50/p95/p99 ms", lambda r: _serving(r, "tpot_ms")))
+    return rows
+
+
+def _hints(r: StrategyResult) -> str:
+    h = r.hint_accuracy
+    if h is None or not h.resolved:
+        return "-"
+    within = "-" if h.within is None else f"{h.within:.0%}"
+    return f"{_f(h.error_ms_p50, 1)} / {_f(h.error_ms_p90, 1)} ({within} of {h.resolved})"
+
+
+def _recovery(r: StrategyResult) -> str:
+    rec = r.recovery
+    if rec is None:
+        return "-"
+    latency = "-" if rec.latency_s is None else _f(rec.latency_s)
+    return f"{_f(rec.yields_s)} / {latency}"
+
+
+def _scraped(r: StrategyResult) -> str:
+    def peak(name: str) -> str:
+        values = [v for p in r.timeline if (v := getattr(p, name)) is not None]
+        return f"{max(values):g}" if values else "-"
+
+    return f"{peak('scraped_queue')} / {peak('scraped_running')}"
+
+
+def _priority_cell(name: str) -> Callable[[StrategyResult], str]:
+    def cell(r: StrategyResult) -> str:
+        found = next((c for c in r.priorities if c.priority == name), None)
+        if found is None:
+            return "-"
+        return f"{found.success_rate:.1%}, {_f(found.latency_s_p99)} s, {_f(found.jain)}"
+
+    return cell
+
+
+def _new_rows(report: BurstReport) -> list[tuple[str, Callable[[StrategyResult], str]]]:
+    """Time-outs, hint accuracy, recovery, per-priority figures, server memory (issue 21)."""
+    rows: list[tuple[str, Callable[[StrategyResult], str]]] = []
+    results = report.results
+    if report.config.get("timeout_s") is not None or any(r.timeouts for r in results):
+        rows.append(("time-outs", lambda r: str(r.timeouts)))
+    if any(r.hint_accuracy is not None and r.hint_accuracy.resolved for r in results):
+        rows.append(("hint error p50/p90 ms (within)", _hints))
+    if any(r.recovery is not None for r in results):
+        rows.append(("recovery s (yields / latency)", _recovery))
+    names = [
+        n
+        for n in ("high", "normal", "low")
+        if any(c.priority == n for r in results for c in r.priorities)
+    ]
+    for name in names:
+        rows.append((f"{name}: success, p99, Jain", _priority_cell(name)))
+    if any(p.scraped_queue is not None for r in results for p in r.timeline):
+        rows.append(("scraped queue / running peak", _scraped))
+    if any(r.server_rss_peak_bytes is not None for r in results):
+        rows.append(
+            (
+                "server RSS peak MiB",
+                lambda r: (
+                    "-"
+                    if r.server_rss_peak_bytes is None
+                    else f"{r.server_rss_peak_bytes / 2**20:.0f}"
+                ),
+            )
+        )
     return rows
 
 

@@ -14,6 +14,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from yieldgate._stats import percentile
+from yieldgate.burst._metrics import (
+    AttemptRecord,
+    HintAccuracy,
+    PriorityClass,
+    Probe,
+    Recovery,
+    hint_accuracy,
+    priority_fairness,
+    recovery,
+)
 from yieldgate.burst._targets import Request
 
 __all__ = [
@@ -131,6 +141,13 @@ class TimelinePoint:
     server_inflight: int | None = None
     server_executed: int | None = None
     server_yielded: int | None = None
+    # From the scraped Prometheus endpoint (--scrape), mapped to common series
+    # (yieldgate.burst._scrape); None when not scraped or the server has no such metric.
+    scraped_queue: float | None = None
+    scraped_running: float | None = None
+    scraped_kv_cache: float | None = None
+    # Resident memory of the server process (and its children), when the tool started it.
+    server_rss_bytes: int | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -143,6 +160,10 @@ class TimelinePoint:
             "server_inflight": self.server_inflight,
             "server_executed": self.server_executed,
             "server_yielded": self.server_yielded,
+            "scraped_queue": self.scraped_queue,
+            "scraped_running": self.scraped_running,
+            "scraped_kv_cache": self.scraped_kv_cache,
+            "server_rss_bytes": self.server_rss_bytes,
         }
 
 
@@ -218,6 +239,17 @@ class StrategyResult:
     timeline: tuple[TimelinePoint, ...] = field(default=())
     # Chunks the successes streamed (a chunk is a token); None when not streaming.
     output_tokens: int | None = None
+    # docs/burst.md, "Metrics nobody reports" (yieldgate.burst._metrics).
+    hint_accuracy: HintAccuracy | None = None
+    recovery: Recovery | None = None
+    priorities: tuple[PriorityClass, ...] = ()
+    # The most resident memory sampled of a server the tool started (None otherwise).
+    server_rss_peak_bytes: int | None = None
+
+    @property
+    def timeouts(self) -> int:
+        """Requests the client gave up on at its time-out (``--timeout-s``)."""
+        return self.errors_by_kind.get("timeout", 0)
 
     @property
     def failed(self) -> int:
@@ -286,6 +318,11 @@ class StrategyResult:
                 "per_s": self.goodput_per_s,
             },
             "server": None if self.server is None else self.server.as_dict(),
+            "timeouts": self.timeouts,
+            "hint_accuracy": None if self.hint_accuracy is None else self.hint_accuracy.as_dict(),
+            "recovery": None if self.recovery is None else self.recovery.as_dict(),
+            "priorities": [c.as_dict() for c in self.priorities],
+            "server_rss_peak_bytes": self.server_rss_peak_bytes,
             "timeline": [p.as_dict() for p in self.timeline] if timeline else [],
         }
 
@@ -364,8 +401,17 @@ def summarise(
     timeline: Sequence[TimelinePoint],
     cold_start_s: float = 0.0,
     ramp_s: float = 0.0,
+    attempt_log: Sequence[AttemptRecord] | None = None,
+    probes: Sequence[Probe] | None = None,
+    priorities: Mapping[int, str] | None = None,
 ) -> StrategyResult:
-    """Turn the raw records of one run into its figures."""
+    """Turn the raw records of one run into its figures.
+
+    ``attempt_log`` (every attempt the Gate saw end) gives the hint accuracy
+    and the recovery of yields, ``probes`` the recovery of latency,
+    ``priorities`` (request index to class) the per-priority figures; each
+    is left out (``None``, empty) when not given.
+    """
     ends = [r.end_s for r in requests if r.end_s is not None]
     makespan = max(ends) if ends else 0.0
     oks = [r for r in requests if r.ok]
@@ -434,4 +480,13 @@ def summarise(
         server=server,
         timeline=tuple(timeline),
         output_tokens=sum(len(r.chunk_s) for r in oks) if stream else None,
+        hint_accuracy=None if attempt_log is None else hint_accuracy(attempt_log),
+        recovery=None
+        if attempt_log is None
+        else recovery(attempt_log, max((r.arrival_s for r in requests), default=0.0), probes),
+        priorities=() if not priorities else priority_fairness(requests, priorities),
+        server_rss_peak_bytes=max(
+            (p.server_rss_bytes for p in timeline if p.server_rss_bytes is not None),
+            default=None,
+        ),
     )

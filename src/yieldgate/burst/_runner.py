@@ -10,13 +10,14 @@ import math
 import os
 import platform
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import anyio
 
 import yieldgate
+from yieldgate.burst._metrics import AttemptLog, Probe, draw_priorities, recovery
 from yieldgate.burst._profiles import ArrivalProfile
 from yieldgate.burst._results import (
     BurstReport,
@@ -27,6 +28,7 @@ from yieldgate.burst._results import (
     TimelinePoint,
     summarise,
 )
+from yieldgate.burst._scrape import common_series, parse_exposition, process_rss_bytes
 from yieldgate.burst._strategies import Strategy
 from yieldgate.burst._targets import Request, StatsSource, Target, Workload, error_kind, open_target
 
@@ -51,6 +53,16 @@ class BurstConfig:
     ``concurrency`` caps the requests the generator keeps outstanding (as
     vLLM's ``--max-concurrency``): an arrival waits for one to end, and its
     clock (latency, TTFT) starts when it is sent. ``None``: no cap.
+
+    ``timeout_s``: each request's client-side time-out, from its arrival (its
+    sending, in a closed loop); a request still unanswered then is cancelled and
+    counts as failed with the kind ``timeout``. ``priority_mix``: weights of
+    ``high`` / ``normal`` / ``low`` drawn per request and sent as its priority
+    (the Gate call's and the server's). ``scrape``: a Prometheus endpoint read
+    at every sample into the timeline; ``scrape_auto`` scrapes a server the tool
+    started itself when it has an HTTP front. ``recovery_probe_s``: sends a
+    quiet probe that often, before and after the burst, for the recovery time
+    (docs/burst.md).
     """
 
     target: str
@@ -68,6 +80,13 @@ class BurstConfig:
     scenario: str | None = None
     goal: Goal | None = None
     concurrency: int | None = None
+    timeout_s: float | None = None
+    priority_mix: tuple[tuple[str, float], ...] = ()
+    scrape: str | None = None
+    scrape_auto: bool = True
+    recovery_probe_s: float | None = None
+    recovery_limit_s: float = 30.0
+    baseline_probes: int = 5
 
     def __post_init__(self) -> None:
         if self.requests < 1:
@@ -82,9 +101,34 @@ class BurstConfig:
             raise ValueError("give at least one strategy")
         if not (self.sample_interval_s > 0 and math.isfinite(self.sample_interval_s)):
             raise ValueError("sample_interval_s must be > 0")
+        if self.timeout_s is not None and not (
+            self.timeout_s > 0 and math.isfinite(self.timeout_s)
+        ):
+            raise ValueError("timeout_s must be a finite number > 0")
+        if self.recovery_probe_s is not None and not (
+            self.recovery_probe_s > 0 and math.isfinite(self.recovery_probe_s)
+        ):
+            raise ValueError("recovery_probe_s must be a finite number > 0")
+        if not (self.recovery_limit_s > 0 and math.isfinite(self.recovery_limit_s)):
+            raise ValueError("recovery_limit_s must be a finite number > 0")
+        if self.baseline_probes < 1:
+            raise ValueError("baseline_probes must be >= 1")
+        for name, weight in self.priority_mix:
+            if name not in ("high", "normal", "low") or not (weight > 0 and math.isfinite(weight)):
+                raise ValueError("priority_mix takes high, normal, low with weights > 0")
+        if self.scrape is not None and not self.scrape.startswith(("http://", "https://")):
+            raise ValueError(f"scrape {self.scrape!r}: give an http:// URL of a metrics endpoint")
         target = Target.parse(self.target)
         if self.serve_args is None:
             target.require_address()
+        if target.kind == "hf" and self.priority_mix:
+            raise ValueError(
+                "an hf+http:// target cannot send priorities (its client takes no headers)"
+            )
+        if target.kind == "hf" and self.recovery_probe_s is not None:
+            raise ValueError(
+                "an hf+http:// target cannot be probed (huggingface_hub's client factory is global)"
+            )
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -105,6 +149,10 @@ class BurstConfig:
             "wait_ready": self.wait_ready,
             "seed": self.seed,
             "sample_interval_s": self.sample_interval_s,
+            "timeout_s": self.timeout_s,
+            "priority_mix": [[name, weight] for name, weight in self.priority_mix],
+            "scrape": self.scrape,
+            "recovery_probe_s": self.recovery_probe_s,
         }
 
 
@@ -161,7 +209,7 @@ def run_burst(config: BurstConfig, *, progress: Progress | None = None) -> Burst
     prompts = _prompts(config)
     results: list[StrategyResult] = []
     for n, strategy in enumerate(config.strategies):
-        with _live_target(config, target) as live:
+        with _live_server(config, target) as live:
             progress.start(strategy.label, config.requests)
             result = _run_async(_run_one, config, strategy, live, offsets, prompts, n, progress)
             progress.finish(result)
@@ -186,15 +234,35 @@ def _prompts(config: BurstConfig) -> list[str]:
     return prompts
 
 
+@dataclass(frozen=True, slots=True)
+class _Live:
+    """The target a strategy meets, the started server's process id and what to scrape."""
+
+    target: Target
+    pid: int | None = None
+    scrape: str | None = None
+
+
 @contextlib.contextmanager
-def _live_target(config: BurstConfig, target: Target) -> Iterator[Target]:
+def _live_server(config: BurstConfig, target: Target) -> Iterator[_Live]:
     if config.serve_args is None:
-        yield target
+        yield _Live(target, scrape=config.scrape)
         return
+    with _live_target(config, target) as (live, server):
+        auto = None
+        if config.scrape_auto and server.http_address is not None:
+            auto = f"http://{server.http_address[0]}:{server.http_address[1]}/metrics"
+        yield _Live(live, pid=server.pid, scrape=config.scrape or auto)
+
+
+@contextlib.contextmanager
+def _live_target(config: BurstConfig, target: Target) -> Iterator[tuple[Target, Any]]:
+    """A started server (``config.serve_args``): the target at its address, and its handle."""
     # Here, not at the top: the server runs in a child process, and importing
     # yieldgate.burst loads no server module.
     from yieldgate.server import spawn
 
+    assert config.serve_args is not None
     with spawn(
         "--grace-s",
         "0",
@@ -203,7 +271,7 @@ def _live_target(config: BurstConfig, target: Target) -> Iterator[Target]:
         ready_timeout=config.ready_timeout_s,
     ) as server:
         address = server.http_address if target.is_http else None
-        yield target.at(*(address or (server.host, server.port)))
+        yield target.at(*(address or (server.host, server.port))), server
 
 
 def _run_async(fn: Callable[..., Any], *args: Any) -> Any:
@@ -229,34 +297,64 @@ async def _wait_ready(stats: StatsSource, timeout_s: float) -> None:
 async def _run_one(
     config: BurstConfig,
     strategy: Strategy,
-    target: Target,
+    live: _Live,
     offsets: Sequence[float],
     prompts: Sequence[str],
     run_index: int,
     progress: Progress,
 ) -> StrategyResult:
-    gate = strategy.make_gate()
+    target = live.target
+    log = AttemptLog()
+    gate = strategy.make_gate(log)
     requests = [Request(index=i, arrival_s=offset) for i, offset in enumerate(offsets)]
     for request, entry in zip(requests, config.profile.entries, strict=False):
         request.max_tokens = entry.max_tokens
+    priorities: dict[int, str] = {}
+    if config.priority_mix:
+        drawn = draw_priorities(config.priority_mix, len(requests), config.seed)
+        for request, priority in zip(requests, drawn, strict=True):
+            request.priority = priority
+            priorities[request.index] = priority
     slots = None if config.concurrency is None else anyio.CapacityLimiter(config.concurrency)
     timeline: list[TimelinePoint] = []
     finished = {"ok": 0, "failed": 0}
-    async with open_target(
-        target,
-        gate,
-        config.workload,
-        dialect=config.dialect,
-        native_retries=strategy.native_retries(target.kind),
-    ) as (send, stats):
+    probes: list[Probe] | None = None if config.recovery_probe_s is None else []
+    async with contextlib.AsyncExitStack() as stack:
+        send, stats = await stack.enter_async_context(
+            open_target(
+                target,
+                gate,
+                config.workload,
+                dialect=config.dialect,
+                native_retries=strategy.native_retries(target.kind),
+            )
+        )
         send = strategy.wrap(send, target.kind, seed=config.seed + run_index)
+        scrape = None
+        if live.scrape is not None:
+            scrape = await stack.enter_async_context(_scraper(live.scrape))
+        probe = None
+        if probes is not None:
+            probe = await stack.enter_async_context(_prober(config, target))
         if config.wait_ready:
             await _wait_ready(stats, config.ready_timeout_s)
+        baseline: list[tuple[float, float, bool]] = []
+        if probe is not None:
+            for _ in range(config.baseline_probes):
+                baseline.append(await probe())
+        if scrape is not None:
+            await scrape()  # once before the clock starts: the first render costs the most
         before = await stats()
         t0 = time.monotonic()
+        log.t0 = t0
+        log.records.clear()
+        if probes is not None:
+            probes.extend(Probe(sent_s=a - t0, end_s=b - t0, clean=ok) for a, b, ok in baseline)
 
         async def sample() -> None:
             counters = await stats() if before is not None else None
+            series = await scrape() if scrape is not None else None
+            rss = None if live.pid is None else process_rss_bytes(live.pid)
             g = gate.statistics()
             timeline.append(
                 TimelinePoint(
@@ -273,6 +371,10 @@ async def _run_one(
                     server_yielded=None
                     if counters is None or before is None
                     else counters["yielded_total"] - before["yielded_total"],
+                    scraped_queue=None if series is None else series.queue,
+                    scraped_running=None if series is None else series.running,
+                    scraped_kv_cache=None if series is None else series.kv_cache,
+                    server_rss_bytes=rss,
                 )
             )
 
@@ -296,8 +398,12 @@ async def _run_one(
                 await attempt(request, prompt)
 
         async def attempt(request: Request, prompt: str) -> None:
+            deadline = math.inf
+            if config.timeout_s is not None:
+                deadline = t0 + request.arrival_s + config.timeout_s
             try:
-                await send(prompt, request)
+                with anyio.CancelScope(deadline=deadline) as scope:
+                    await send(prompt, request)
             except Exception as exc:
                 request.error = error_kind(exc)
                 finished["failed"] += 1
@@ -306,21 +412,63 @@ async def _run_one(
                     reported.add(request.error)
                     _log.error("request failed with a programming error", exc_info=exc)
             else:
-                request.ok = True
-                finished["ok"] += 1
+                if scope.cancelled_caught:
+                    request.error = "timeout"
+                    finished["failed"] += 1
+                else:
+                    request.ok = True
+                    finished["ok"] += 1
             finally:
                 request.end_s = time.monotonic() - t0
                 progress.advance()
 
+        async def prober(done: anyio.Event) -> None:
+            assert probe is not None
+            assert probes is not None
+            assert config.recovery_probe_s is not None
+            last_arrival = max(offsets, default=0.0)
+            while True:
+                now = time.monotonic() - t0
+                if now > last_arrival + config.recovery_limit_s:
+                    return
+                sent, ended, ok = await probe()
+                probes.append(Probe(sent_s=sent - t0, end_s=ended - t0, clean=ok))
+                if done.is_set() and recovery((), last_arrival, probes).latency_s is not None:
+                    return
+                await anyio.sleep_until(sent + config.recovery_probe_s)
+
         done = anyio.Event()
         async with anyio.create_task_group() as tg:
             tg.start_soon(sampler, done)
+            probing = anyio.Event()
+            if probe is not None:
+
+                async def probe_then_mark() -> None:
+                    try:
+                        await prober(done)
+                    finally:
+                        probing.set()
+
+                tg.start_soon(probe_then_mark)
+            else:
+                probing.set()
             async with anyio.create_task_group() as fire:
                 for request, prompt in zip(requests, prompts, strict=True):
                     fire.start_soon(one, request, prompt)
             done.set()
+            await probing.wait()
         await sample()
         after = await stats()
+    never = sum(1 for r in requests if not r.ok and r.error is None)
+    if never:
+        # A cancellation that escaped one request ends the whole burst; say so.
+        _log.warning(
+            "%s: %d of %d requests ended with neither a reply nor an error (counted as "
+            "'unfinished'): a cancellation escaped a request and cut the burst short",
+            strategy.label,
+            never,
+            len(requests),
+        )
     g = gate.statistics()
     server = None
     if before is not None and after is not None:
@@ -338,4 +486,56 @@ async def _run_one(
         timeline=timeline,
         cold_start_s=cold_start_s,
         ramp_s=ramp_s,
+        attempt_log=log.records,
+        probes=probes,
+        priorities=priorities or None,
     )
+
+
+@contextlib.asynccontextmanager
+async def _scraper(url: str) -> AsyncIterator[Callable[[], Awaitable[Any]]]:
+    """A ``scrape()`` reading ``url``'s Prometheus text into common series (``None`` on failure)."""
+    import httpx
+
+    async with httpx.AsyncClient(timeout=5.0) as client:
+        warned = False
+
+        async def scrape() -> Any:
+            nonlocal warned
+            try:
+                response = await client.get(url)
+                response.raise_for_status()
+                return common_series(parse_exposition(response.text))
+            except (httpx.HTTPError, ValueError) as exc:
+                if not warned:
+                    warned = True
+                    _log.warning("scraping %s failed: %s", url, exc)
+                return None
+
+        yield scrape
+
+
+@contextlib.asynccontextmanager
+async def _prober(
+    config: BurstConfig, target: Target
+) -> AsyncIterator[Callable[[], Awaitable[tuple[float, float, bool]]]]:
+    """A ``probe()`` sending one lone request through a pass-through Gate of its own:
+    ``(sent, ended, succeeded)`` in ``time.monotonic()`` seconds."""
+    gate = Strategy(name="naive").make_gate()
+    async with open_target(target, gate, config.workload, dialect=config.dialect) as (send, _):
+        count = 0
+
+        async def probe() -> tuple[float, float, bool]:
+            nonlocal count
+            count += 1
+            request = Request(index=-count, arrival_s=0.0)
+            request.origin = time.monotonic()
+            sent = time.monotonic()
+            try:
+                with anyio.fail_after(max(config.recovery_limit_s, 1.0)):
+                    await send(f"probe {count}", request)
+            except Exception:  # a refused or failed probe is the measurement
+                return sent, time.monotonic(), False
+            return sent, time.monotonic(), True
+
+        yield probe

@@ -49,6 +49,43 @@ _POINT = _obj(
         "server_inflight": _INT_OR_NULL,
         "server_executed": _INT_OR_NULL,
         "server_yielded": _INT_OR_NULL,
+        "scraped_queue": _NUM_OR_NULL,
+        "scraped_running": _NUM_OR_NULL,
+        "scraped_kv_cache": _NUM_OR_NULL,
+        "server_rss_bytes": _INT_OR_NULL,
+    }
+)
+_HINTS = _obj(
+    {
+        "hints": _INT,
+        "resolved": _INT,
+        "error_ms_p50": _NUM_OR_NULL,
+        "error_ms_p90": _NUM_OR_NULL,
+        "within": {"type": ["number", "null"], "minimum": 0, "maximum": 1},
+        "hint_ms_p50": _NUM_OR_NULL,
+    },
+    nullable=True,
+)
+_RECOVERY = _obj(
+    {
+        "yields_s": _NUM,
+        "baseline_ms": _NUM_OR_NULL,
+        "threshold_ms": _NUM_OR_NULL,
+        "latency_s": _NUM_OR_NULL,
+        "recovery_s": _NUM_OR_NULL,
+        "probes": _INT,
+    },
+    nullable=True,
+)
+_PRIORITY = _obj(
+    {
+        "priority": {"enum": ["high", "normal", "low"]},
+        "requests": _INT,
+        "succeeded": _INT,
+        "success_rate": {"type": "number", "minimum": 0, "maximum": 1},
+        "latency_s_p50": _NUM_OR_NULL,
+        "latency_s_p99": _NUM_OR_NULL,
+        "jain": {"type": ["number", "null"], "minimum": 0, "maximum": 1},
     }
 )
 _SERVER = _obj(
@@ -87,6 +124,11 @@ _RESULT = _obj(
         "tokens_per_s": _NUM_OR_NULL,
         "goodput": _obj({"slo": _SLO, "good": _INT, "ratio": _NUM, "per_s": _NUM}),
         "server": _SERVER,
+        "timeouts": _INT,
+        "hint_accuracy": _HINTS,
+        "recovery": _RECOVERY,
+        "priorities": {"type": "array", "items": _PRIORITY},
+        "server_rss_peak_bytes": _INT_OR_NULL,
         "timeline": {"type": "array", "items": _POINT},
     }
 )
@@ -120,6 +162,10 @@ _CONFIG = _obj(
         "wait_ready": {"type": "boolean"},
         "seed": {"type": "integer"},
         "sample_interval_s": _NUM,
+        "timeout_s": _NUM_OR_NULL,
+        "priority_mix": {"type": "array", "items": {"type": "array"}},
+        "scrape": {"type": ["string", "null"]},
+        "recovery_probe_s": _NUM_OR_NULL,
     }
 )
 _MACHINE = _obj(

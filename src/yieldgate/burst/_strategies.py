@@ -114,7 +114,7 @@ def _section(current: Any, cls: Any, name: str, values: Any) -> Any:
     return replace(current, **values)
 
 
-def _pass_through_gate() -> yieldgate.Gate:
+def _pass_through_gate(instrumentation: Any = None) -> yieldgate.Gate:
     """One attempt, no waiting, no limit, no breaker: a transport that only counts."""
     return yieldgate.Gate(
         yieldgate.GatePolicy(
@@ -123,6 +123,7 @@ def _pass_through_gate() -> yieldgate.Gate:
             breaker=yieldgate.BreakerPolicy.disabled(),
         ),
         name="pass-through",
+        instrumentation=instrumentation,
     )
 
 
@@ -153,10 +154,15 @@ class Strategy:
             return f"yieldgate ({self.policy_label})"
         return self.name
 
-    def make_gate(self) -> yieldgate.Gate:
+    def make_gate(self, instrumentation: Any = None) -> yieldgate.Gate:
+        """This strategy's Gate; ``instrumentation`` hears its attempts (the attempt log)."""
         if self.name == "yieldgate":
-            return yieldgate.Gate(self.policy or yieldgate.GatePolicy(), name="burst")
-        return _pass_through_gate()
+            return yieldgate.Gate(
+                self.policy or yieldgate.GatePolicy(),
+                name="burst",
+                instrumentation=instrumentation,
+            )
+        return _pass_through_gate(instrumentation)
 
     def native_retries(self, kind: TargetKind) -> int:
         """The official openai client's ``max_retries`` for this strategy on ``kind``."""

@@ -22,6 +22,7 @@ from typing import Any, Literal
 from urllib.parse import urlsplit
 
 import yieldgate
+from yieldgate.protocol import PRIORITY_HEADER
 
 __all__ = ["Request", "Send", "StatsSource", "Target", "TargetKind", "Workload", "open_target"]
 
@@ -160,6 +161,7 @@ class Request:
     chunk_s: list[float] = field(default_factory=list)
     origin: float = 0.0  # time.monotonic() at the start of the run
     max_tokens: int | None = None  # a trace's own; None: the workload's
+    priority: str | None = None  # --priority-mix: high, normal or low; None: not sent
 
     def restart(self) -> None:
         """A new attempt of the whole request (a baseline's retry): forget its chunks."""
@@ -299,9 +301,9 @@ async def _open_tcp(
             max_tokens = _max_tokens(workload, request)
             params = {"max_tokens": max_tokens} if max_tokens is not None else None
             if not workload.stream:
-                await client.submit(prompt, params=params)
+                await client.submit(prompt, params=params, priority=request.priority)
                 return
-            async with client.stream(prompt, params=params) as chunks:
+            async with client.stream(prompt, params=params, priority=request.priority) as chunks:
                 async for _ in chunks:
                     request.chunk()
 
@@ -335,6 +337,8 @@ async def _open_openai(
         max_tokens = _max_tokens(workload, request)
         if max_tokens is not None:
             extra["max_tokens"] = max_tokens
+        if request.priority is not None:
+            extra["extra_headers"] = {PRIORITY_HEADER: request.priority}
         messages: Any = [{"role": "user", "content": prompt}]
         if not workload.stream:
             await client.chat.completions.create(model=workload.model, messages=messages, **extra)
@@ -396,12 +400,15 @@ async def _open_tgi(
             if max_tokens is not None:
                 parameters["max_new_tokens"] = max_tokens
             body = {"inputs": prompt, "parameters": parameters}
+            headers = {} if request.priority is None else {PRIORITY_HEADER: request.priority}
             if not workload.stream:
-                response = await client.post(f"{target.path}/generate", json=body)
+                response = await client.post(f"{target.path}/generate", json=body, headers=headers)
                 if response.status_code >= 400:
                     raise HttpStatusFailure(response)
                 return
-            async with client.stream("POST", f"{target.path}/generate_stream", json=body) as reply:
+            async with client.stream(
+                "POST", f"{target.path}/generate_stream", json=body, headers=headers
+            ) as reply:
                 if reply.status_code >= 400:
                     await reply.aread()
                     raise HttpStatusFailure(reply)

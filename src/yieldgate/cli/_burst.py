@@ -45,8 +45,16 @@ def add_parser(sub: Any) -> None:
     p.add_argument(
         "--preset",
         # Spelled here so that `--help` imports no burst code; a test keeps it PRESETS'.
-        choices=["buffering", "buffering-governed", "cold-start", "quota", "saturated"],
-        help="a named scenario; other flags override its settings (docs/burst.md)",
+        choices=[
+            "buffering",
+            "buffering-governed",
+            "buffering-vs-governed",
+            "cold-start",
+            "quota",
+            "saturated",
+        ],
+        help="a named scenario; other flags override its settings (docs/burst.md); "
+        "buffering-vs-governed runs buffering and buffering-governed into one report",
     )
     p.add_argument("--requests", "-n", type=int, help="requests per strategy (default 100)")
     p.add_argument(
@@ -110,6 +118,35 @@ def add_parser(sub: Any) -> None:
         action="store_true",
         default=None,
         help="before firing, wait until the server's stats say it is no longer cold",
+    )
+    p.add_argument(
+        "--timeout-s",
+        type=float,
+        help="each request's client-side time-out from its arrival; counted as 'timeout'",
+    )
+    p.add_argument(
+        "--priority-mix",
+        metavar="NAME=WEIGHT,...",
+        help="send each request with a priority drawn from this mix, e.g. high=0.2,normal=0.8 "
+        "(high, normal, low); reports success, latency and Jain's index per priority",
+    )
+    p.add_argument(
+        "--scrape",
+        metavar="URL",
+        help="a Prometheus endpoint to read at every sample into the timeline (yieldgate's, "
+        "vLLM's, TGI's...); a server started with --serve and an HTTP front is scraped anyway",
+    )
+    p.add_argument(
+        "--no-scrape",
+        action="store_true",
+        help="do not scrape the /metrics of a server the tool started",
+    )
+    p.add_argument(
+        "--recovery-probe-ms",
+        type=float,
+        metavar="MS",
+        help="send a lone probe request every MS, before and after the burst, to measure "
+        "the recovery of latency (the probes count in the server's counters)",
     )
     p.add_argument("--seed", type=int, default=0, help="seed of arrivals, prompts and jitter")
     p.add_argument(
@@ -201,6 +238,7 @@ def build_config(args: argparse.Namespace, sweep: Any = None) -> Any:
         Strategy,
         Workload,
     )
+    from yieldgate.burst._metrics import parse_priority_mix
 
     settings: dict[str, Any] = dict(PRESETS[args.preset]) if args.preset else {}
     try:
@@ -257,6 +295,16 @@ def build_config(args: argparse.Namespace, sweep: Any = None) -> Any:
             settings["wait_ready"] = True
         settings["seed"] = args.seed
         settings["sample_interval_s"] = args.sample_ms / 1000
+        if args.timeout_s is not None:
+            settings["timeout_s"] = args.timeout_s
+        if args.priority_mix is not None:
+            settings["priority_mix"] = parse_priority_mix(args.priority_mix)
+        if args.scrape is not None:
+            settings["scrape"] = args.scrape
+        if args.no_scrape:
+            settings["scrape_auto"] = False
+        if args.recovery_probe_ms is not None:
+            settings["recovery_probe_s"] = args.recovery_probe_ms / 1000
         config = BurstConfig(**settings)
         for value in sweep.values if sweep is not None else ():
             sweep.point(config, value)  # a sweep the profile cannot take fails before firing
@@ -313,9 +361,11 @@ def execute(
     csv_path: Path | None = None,
     sweep: Any = None,
     html_path: Path | None = None,
+    comparison: str | None = None,
 ) -> Any:
     """Run ``config`` (at every point of ``sweep``, if given), print the tables, write the
-    files; shared with ``yieldgate demo``."""
+    files; shared with ``yieldgate demo``. With ``comparison`` (a name), ``config`` is a
+    list of ``(label, BurstConfig)`` parts run into one report."""
 
     from yieldgate.burst import (
         SweepReport,
@@ -328,6 +378,10 @@ def execute(
     from yieldgate.server import ServerStartError
 
     def go(bar: Any) -> Any:
+        if comparison is not None:
+            from yieldgate.burst._compare import run_comparison
+
+            return run_comparison(config, name=comparison, progress=bar)
         if sweep is not None:
             return run_sweep(config, sweep, progress=bar)
         return run_burst(config, progress=bar)
@@ -378,9 +432,21 @@ def run(args: argparse.Namespace) -> int:
         return 0
     _check_extra()
     sweep = build_sweep(args)
-    config = build_config(args, sweep)
+    from yieldgate.burst._presets import COMPARISONS
+
+    comparison = args.preset if args.preset in COMPARISONS else None
+    if comparison is not None:
+        if sweep is not None:
+            raise CliError(f"--preset {comparison} runs several presets: it takes no --sweep")
+        config: Any = [
+            (label, build_config(argparse.Namespace(**{**vars(args), "preset": preset})))
+            for label, preset in COMPARISONS[comparison]
+        ]
+    else:
+        config = build_config(args, sweep)
     execute(
         config,
+        comparison=comparison,
         progress=not args.no_progress,
         json_path=args.json,
         plot_path=args.plot,

@@ -1,0 +1,71 @@
+"""Several presets (or configurations) run one after the other into one report.
+
+``run_comparison(parts)`` runs each ``(label, BurstConfig)`` with
+``run_burst`` and returns one ``BurstReport`` whose results are every part's,
+in order, each labelled ``PART: strategy`` (``buffering: naive``,
+``governed: naive``...). The report's ``config`` is the first part's, with
+the comparison's name as its scenario and every part's own configuration
+under ``parts``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+from collections.abc import Sequence
+from typing import Any
+
+from yieldgate.burst._results import BurstReport, StrategyResult
+from yieldgate.burst._runner import BurstConfig, Progress, run_burst
+
+__all__ = ["run_comparison"]
+
+
+class _Prefixed:
+    """Progress for one part: each strategy's label carries the part's."""
+
+    def __init__(self, inner: Progress, prefix: str) -> None:
+        self.inner, self.prefix = inner, prefix
+
+    def start(self, label: str, total: int) -> None:
+        self.inner.start(f"{self.prefix}: {label}", total)
+
+    def advance(self) -> None:
+        self.inner.advance()
+
+    def finish(self, result: StrategyResult) -> None:
+        self.inner.finish(result)
+
+
+def run_comparison(
+    parts: Sequence[tuple[str, BurstConfig]],
+    *,
+    name: str,
+    progress: Progress | None = None,
+) -> BurstReport:
+    """Run every part in order; one report with each result labelled by its part."""
+    if not parts:
+        raise ValueError("a comparison needs at least one part")
+    labels = [label for label, _ in parts]
+    if len(set(labels)) != len(labels):
+        raise ValueError("a comparison's parts need different labels")
+    reports = []
+    for label, part in parts:
+        shown = None if progress is None else _Prefixed(progress, label)
+        reports.append((label, run_burst(part, progress=shown)))
+    results = tuple(
+        dataclasses.replace(r, label=f"{label}: {r.label}")
+        for label, report in reports
+        for r in report.results
+    )
+    config: dict[str, Any] = dict(reports[0][1].config)
+    config["scenario"] = name
+    config["strategies"] = [r.label for r in results]
+    config["parts"] = [{"label": label, **report.config} for label, report in reports]
+    return BurstReport(
+        config=config,
+        machine=reports[0][1].machine,
+        created=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        results=results,
+        goal=reports[0][1].goal,
+    )
