@@ -1276,3 +1276,43 @@ async def test_item10_calls_that_never_await_leave_no_pile_of_timers(anyio_backe
 
     deadlines = _deadlines._LOOPS[asyncio.get_running_loop()]
     assert len(deadlines.heap) <= 2 * _deadlines._SWEEP_AT + 2
+
+
+async def test_an_enclosing_scope_cancelled_as_the_attempt_times_out_keeps_its_cancellation(
+    anyio_backend: Any,
+) -> None:
+    # The attempt's deadline cancels first; while the attempt's task group winds down
+    # (as anyio.connect_tcp's does), the caller's own scope is cancelled too. asyncio
+    # folds both into the first CancelledError, the Gate's, which has no message, and
+    # anyio keeps it over its own: the caller's scope must still catch it, not let it
+    # escape as if the task had been cancelled from outside (which cut bursts short).
+    g = gate(timeout=TimeoutPolicy(attempt_s=1.0), retry=RetryPolicy(max_attempts=1))
+    outer = anyio.CancelScope()
+
+    async def child() -> None:
+        try:
+            await anyio.sleep_forever()
+        finally:
+            outer.cancel()
+
+    async def connect() -> None:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(child)
+            await anyio.Event().wait()
+
+    escaped: BaseException | None = None
+    try:
+        with outer:
+            await g.call(connect)
+    except BaseException as exc:  # what escapes is the finding
+        escaped = exc
+    assert escaped is None or isinstance(escaped, YieldgateError), repr(escaped)
+    assert outer.cancel_called
+    if anyio_backend[0] == "asyncio":
+        import asyncio
+
+        task = asyncio.current_task()
+        assert task is not None
+        assert task.cancelling() == 0
+    # The Gate is left as it was: nothing in flight.
+    assert g.statistics().window.inflight == 0

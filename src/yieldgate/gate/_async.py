@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import math
 import sys
 import threading
 from collections.abc import Awaitable, Callable
@@ -40,6 +41,20 @@ T = TypeVar("T")
 
 AsyncFn = Callable[..., Awaitable[Any]]
 AsyncDiscard = Callable[[Any], Awaitable[None]]
+
+
+def _scope_redelivers(entry: _deadlines.Deadline) -> bool:
+    """After a ``CancelledError`` that this attempt's deadline fired, when another
+    cancellation is pending too: whether that other one is an enclosing anyio cancel
+    scope's, which anyio delivers again at the next checkpoint (with its own message).
+
+    asyncio folds two cancellations requested in one loop iteration into one
+    ``CancelledError``, and anyio keeps a native one (ours, which has no message)
+    over its own; re-raised, ours would not be recognised by the enclosing scope,
+    which would let it escape as if the task had been cancelled from outside.
+    The attempt timed out; the scope's cancellation follows at the next checkpoint.
+    """
+    return entry.fired and anyio.current_effective_deadline() == -math.inf
 
 
 class AsyncSignal:
@@ -266,11 +281,11 @@ class _Driver:
                 try:
                     outcome = await self._invoke()
                 except asyncio.CancelledError:
-                    if not entry.timed_out():
+                    if not entry.timed_out() and not _scope_redelivers(entry):
                         raise
                     outcome = call.timed_out(attempt)
                 else:
-                    if entry.expired:  # the attempt swallowed its cancellation
+                    if entry.fired:  # the attempt swallowed its cancellation
                         task.uncancel()
                 finally:
                     entry.done()

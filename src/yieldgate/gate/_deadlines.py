@@ -30,9 +30,17 @@ _SWEEP_AT: Final = 1024
 
 
 class Deadline:
-    """One attempt's deadline: ``expired`` once it has passed while the attempt ran."""
+    """One attempt's deadline: ``expired`` once it has passed while the attempt ran, and
+    ``fired`` if it cancelled the task then.
 
-    __slots__ = ("active", "cancelling", "expired", "owner", "task", "when")
+    It does not cancel a task whose cancellation someone else has already asked for
+    since the attempt began (an enclosing cancel scope whose deadline is the same
+    instant, say): that cancellation ends the attempt anyway, and a second
+    ``Task.cancel`` would replace its message, by which anyio's scopes know their
+    own, so the enclosing scope would let the ``CancelledError`` escape.
+    """
+
+    __slots__ = ("active", "cancelling", "expired", "fired", "owner", "task", "when")
 
     def __init__(self, owner: _Deadlines, when: float, task: asyncio.Task[Any]) -> None:
         self.owner = owner
@@ -41,16 +49,24 @@ class Deadline:
         self.cancelling = task.cancelling()
         self.active = True
         self.expired = False
+        self.fired = False
 
     def timed_out(self) -> bool:
         """After a ``CancelledError``: whether it was this deadline's doing alone."""
-        return self.expired and self.task.uncancel() <= self.cancelling
+        return self.fired and self.task.uncancel() <= self.cancelling
 
     def done(self) -> None:
-        """The attempt ended: the deadline no longer applies. If it had passed and
-        the attempt swallowed the cancellation, the task's count is set right."""
+        """The attempt ended: the deadline no longer applies."""
         if self.active:
             self.owner.remove(self)
+
+    def expire(self) -> None:
+        """The deadline has passed: cancel the task, unless a cancellation is pending."""
+        self.active = False
+        self.expired = True
+        if self.task.cancelling() <= self.cancelling:
+            self.fired = True
+            self.task.cancel()
 
 
 class _Deadlines:
@@ -95,9 +111,7 @@ class _Deadlines:
         while heap and (heap[0][0] <= now or not heap[0][2].active):
             _, _, entry = heapq.heappop(heap)
             if entry.active:
-                entry.active = False
-                entry.expired = True
-                entry.task.cancel()
+                entry.expire()
             else:
                 self.dead -= 1
         if heap:
