@@ -51,6 +51,9 @@ class BurstConfig:
     ``concurrency`` caps the requests the generator keeps outstanding (as
     vLLM's ``--max-concurrency``): an arrival waits for one to end, and its
     clock (latency, TTFT) starts when it is sent. ``None``: no cap.
+
+    ``workers`` > 1 sends the burst from that many processes, each its share
+    of every strategy's requests, into one merged report (``_workers``).
     """
 
     target: str
@@ -68,10 +71,15 @@ class BurstConfig:
     scenario: str | None = None
     goal: Goal | None = None
     concurrency: int | None = None
+    workers: int = 1
 
     def __post_init__(self) -> None:
         if self.requests < 1:
             raise ValueError("requests must be >= 1")
+        if self.workers < 1:
+            raise ValueError("workers must be >= 1")
+        if self.concurrency is not None and self.concurrency < self.workers:
+            raise ValueError("concurrency must be >= workers (each worker needs one slot)")
         if self.concurrency is not None and self.concurrency < 1:
             raise ValueError("concurrency must be >= 1")
         if self.profile.kind == "trace" and self.requests > len(self.profile.entries):
@@ -105,7 +113,23 @@ class BurstConfig:
             "wait_ready": self.wait_ready,
             "seed": self.seed,
             "sample_interval_s": self.sample_interval_s,
+            "workers": self.workers,
         }
+
+
+class Share(Protocol):
+    """One worker's part of a strategy's run (``_workers``): which requests it sends,
+    when the run starts on the common clock, and where its raw records go."""
+
+    indices: Sequence[int]
+
+    async def start(self) -> float:
+        """Wait for the go; the ``time.monotonic()`` every worker counts from."""
+
+    def collect(
+        self, requests: list[Request], timeline: list[TimelinePoint], attempts: int, yields: int
+    ) -> Any:
+        """What the run returns in place of its summary."""
 
 
 class Progress(Protocol):
@@ -156,6 +180,10 @@ def _sim_ramp(serve_args: Sequence[str] | None) -> tuple[float, float]:
 def run_burst(config: BurstConfig, *, progress: Progress | None = None) -> BurstReport:
     """Run ``config`` once per strategy, in order, and return the report."""
     progress = progress or _Silent()
+    if config.workers > 1:
+        from yieldgate.burst._workers import run_workers
+
+        return run_workers(config, progress)
     target = Target.parse(config.target)
     offsets = config.profile.offsets(config.requests, seed=config.seed)
     prompts = _prompts(config)
@@ -234,11 +262,15 @@ async def _run_one(
     prompts: Sequence[str],
     run_index: int,
     progress: Progress,
-) -> StrategyResult:
+    share: Share | None = None,
+) -> Any:
     gate = strategy.make_gate()
     requests = [Request(index=i, arrival_s=offset) for i, offset in enumerate(offsets)]
     for request, entry in zip(requests, config.profile.entries, strict=False):
         request.max_tokens = entry.max_tokens
+    if share is not None:
+        requests = [requests[i] for i in share.indices]
+        prompts = [prompts[i] for i in share.indices]
     slots = None if config.concurrency is None else anyio.CapacityLimiter(config.concurrency)
     timeline: list[TimelinePoint] = []
     finished = {"ok": 0, "failed": 0}
@@ -252,8 +284,9 @@ async def _run_one(
         send = strategy.wrap(send, target.kind, seed=config.seed + run_index)
         if config.wait_ready:
             await _wait_ready(stats, config.ready_timeout_s)
-        before = await stats()
-        t0 = time.monotonic()
+        # A worker's server counters are read by its parent, once around all workers.
+        before = await stats() if share is None else None
+        t0 = time.monotonic() if share is None else await share.start()
 
         async def sample() -> None:
             counters = await stats() if before is not None else None
@@ -320,8 +353,10 @@ async def _run_one(
                     fire.start_soon(one, request, prompt)
             done.set()
         await sample()
-        after = await stats()
+        after = await stats() if share is None else None
     g = gate.statistics()
+    if share is not None:
+        return share.collect(requests, timeline, g.attempts, g.yields + g.overloads)
     server = None
     if before is not None and after is not None:
         server = ServerCounters.between(before, after)

@@ -120,6 +120,7 @@ _CONFIG = _obj(
         "wait_ready": {"type": "boolean"},
         "seed": {"type": "integer"},
         "sample_interval_s": _NUM,
+        "workers": {"type": "integer", "minimum": 1},
     }
 )
 _MACHINE = _obj(
