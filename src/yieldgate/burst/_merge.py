@@ -20,6 +20,7 @@ from yieldgate.burst._targets import Request
 
 __all__ = ["Part", "merge_requests", "merge_timelines", "split_concurrency", "split_requests"]
 
+_SAME_S = 0.002
 _SUMMED = ("client_inflight", "client_attempts", "client_yields", "completed", "failed")
 
 
@@ -87,7 +88,13 @@ def merge_timelines(
     ordered = [sorted(points, key=lambda p: p.t_s) for points in timelines]
     times = [[p.t_s for p in points] for points in ordered]
     server_times = [t for t, _ in server]
-    instants = sorted({p.t_s for points in ordered for p in points})
+    instants: list[float] = []
+    for t in sorted(p.t_s for points in ordered for p in points):
+        # Workers sample on their own ticks: instants closer than this are one.
+        if instants and t - instants[-1] < _SAME_S:
+            instants[-1] = t
+        else:
+            instants.append(t)
     merged: list[TimelinePoint] = []
     for t in instants:
         sums = dict.fromkeys(_SUMMED, 0)

@@ -290,6 +290,9 @@ async def _drive(
     server = None
     if before is not None and after is not None:
         server = ServerCounters.between(before, after)
+        # The counters after the run belong on the timeline's last point.
+        last = max((p.timeline[-1].t_s for p in parts if p.timeline), default=0.0)
+        samples = [(t, c) for t, c in samples if t < last] + [(last, after)]
     cold_start_s, ramp_s = _sim_ramp(config.serve_args)
     return summarise(
         strategy=strategy.name,
