@@ -237,26 +237,26 @@ class _Strategic:
             raise error  # no reply: a connection failure, retryable
         return response
 
-    def _once(self, prompt: str, counts: dict[str, int]) -> tuple[Any, Any]:
+    def _once(self, prompt: str) -> tuple[Any, Any]:
         """One attempt and its Outcome (what the Gate's classifier makes of it)."""
-        counts["attempts"] += 1
+        _COUNTERS.add(self.label, attempts=1)
         try:
             response = self._attempt(prompt)
         except Exception as exc:
             return None, yieldgate.default_classify(None, exc)
         outcome = self.dialect(response, None)
         if outcome.kind in _YIELDS:
-            counts["yields"] += 1
+            _COUNTERS.add(self.label, yields=1)
         return response, outcome
 
-    def _send(self, prompt: str, counts: dict[str, int]) -> Any:
+    def _send(self, prompt: str) -> Any:
         if self.gate is not None:
-            return self._through_gate(prompt, counts)
+            return self._through_gate(prompt)
         if self.strategy == "tenacity":
-            return self._tenacity(prompt, counts)
+            return self._tenacity(prompt)
         attempts = 1 if self.strategy == "naive" else OPENAI_MAX_RETRIES + 1
         for n in range(attempts):
-            response, outcome = self._once(prompt, counts)
+            response, outcome = self._once(prompt)
             if outcome.kind is OutcomeKind.OK:
                 return response
             if outcome.kind not in _RETRYABLE or n == attempts - 1:
@@ -268,7 +268,7 @@ class _Strategic:
                 time.sleep(min(0.5 * 2**n, 8.0) * (1 - 0.25 * self.rng.random()))
         raise AssertionError("unreachable")  # pragma: no cover
 
-    def _tenacity(self, prompt: str, counts: dict[str, int]) -> Any:
+    def _tenacity(self, prompt: str) -> Any:
         from tenacity import (
             Retrying,
             retry_if_exception_type,
@@ -277,7 +277,7 @@ class _Strategic:
         )
 
         def one() -> Any:
-            response, outcome = self._once(prompt, counts)
+            response, outcome = self._once(prompt)
             if outcome.kind is OutcomeKind.OK:
                 return response
             if outcome.kind in _RETRYABLE:
@@ -293,11 +293,11 @@ class _Strategic:
         )
         return retrying(one)
 
-    def _through_gate(self, prompt: str, counts: dict[str, int]) -> Any:
+    def _through_gate(self, prompt: str) -> Any:
         assert self.gate is not None
 
         def attempt() -> Any:
-            counts["attempts"] += 1
+            _COUNTERS.add(self.label, attempts=1)
             return self._attempt(prompt)
 
         def classify(value: Any, error: BaseException | None) -> Any:
@@ -306,7 +306,7 @@ class _Strategic:
             else:
                 outcome = self.dialect(value, None)
             if outcome.kind in _YIELDS:
-                counts["yields"] += 1
+                _COUNTERS.add(self.label, yields=1)
             return outcome
 
         try:
@@ -317,18 +317,17 @@ class _Strategic:
     def chat(self) -> None:
         prompt = self.workload.prompt(self.sent, 0.0)
         self.sent += 1
-        counts = dict.fromkeys(COUNTER_NAMES, 0)
-        counts["requests"] = 1
         started = time.perf_counter()
         response: Any = None
         error: BaseException | None = None
         try:
-            response = self._send(prompt, counts)
+            response = self._send(prompt)
         except _Failed as exc:
             error = exc
         elapsed_ms = (time.perf_counter() - started) * 1000
-        counts["succeeded" if error is None else "failed"] = 1
-        _COUNTERS.add(self.label, **counts)
+        # Attempts and yields were counted as they happened: a request cut off when the
+        # run stops leaves its attempts counted (as the server saw them), not itself.
+        _COUNTERS.add(self.label, requests=1, **{"succeeded" if error is None else "failed": 1})
         length = 0
         if response is not None:
             with contextlib.suppress(Exception):
