@@ -47,7 +47,9 @@ SIM = ("--max-inflight", "4", "--exec-ms", "20")
 
 def _request(i: int, *, ok: bool = True, end: float | None = None) -> Request:
     arrival = i * 0.01
-    request = Request(index=i, arrival_s=arrival, end_s=arrival + 0.05 + i * 0.001 if end is None else end)
+    request = Request(
+        index=i, arrival_s=arrival, end_s=arrival + 0.05 + i * 0.001 if end is None else end
+    )
     request.ok = ok
     request.error = None if ok else "HTTP 429"
     request.chunk_s = [arrival + 0.01, arrival + 0.02, arrival + 0.04] if ok else []
@@ -126,9 +128,10 @@ def test_merged_records_summarise_as_one_process_would() -> None:
     one = summary(whole, 33, 3)
     many = summary(merged, sum(p.attempts for p in parts), sum(p.yields for p in parts))
     assert many.as_dict() == one.as_dict()
-    assert many.requests == 30 and many.succeeded == 24 and many.attempts == 33
+    assert (many.requests, many.succeeded, many.attempts) == (30, 24, 33)
     assert many.latency_s.count == 24
-    assert many.streaming is not None and many.streaming["ttft_ms"].count == 24
+    assert many.streaming is not None
+    assert many.streaming["ttft_ms"].count == 24
 
 
 def test_every_request_comes_back_exactly_once() -> None:

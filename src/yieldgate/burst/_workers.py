@@ -239,7 +239,8 @@ def _pool(config: BurstConfig, offsets: Sequence[float], prompts: Sequence[str])
 async def _await(pool: _Pool, expect: str, timeout_s: float | None) -> dict[int, Any]:
     answers: dict[int, Any] = {}
     with anyio.fail_after(timeout_s):
-        while not pool.poll(expect, answers):
+        # The answers come down pipes from other processes: nothing here to wait on.
+        while not pool.poll(expect, answers):  # noqa: ASYNC110
             await anyio.sleep(_POLL_S)
     return answers
 

@@ -35,11 +35,11 @@ import json
 import random
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
-from locust import FastHttpUser, HttpUser, constant, events, task
+from locust import FastHttpUser, HttpUser, constant, events
 from locust.event import EventHook
 from locust.runners import WorkerRunner
 
@@ -93,7 +93,9 @@ class _Counters:
 
     def snapshot(self) -> dict[str, dict[str, Any]]:
         with self._lock:
-            rows = {s: dict(row) for s, row in sorted(self._total.items())}
+            rows: dict[str, dict[str, Any]] = {
+                s: dict(row) for s, row in sorted(self._total.items())
+            }
         for row in rows.values():
             n = row["requests"]
             row["attempts_per_request"] = row["attempts"] / n if n else 0.0
@@ -117,7 +119,6 @@ def counters() -> dict[str, dict[str, Any]]:
 # -- Locust hooks -----------------------------------------------------------------------
 
 
-@events.init_command_line_parser.add_listener
 def _options(parser: Any) -> None:
     group = parser.add_argument_group("yieldgate")
     group.add_argument(
@@ -139,22 +140,18 @@ def _options(parser: Any) -> None:
     )
 
 
-@events.report_to_master.add_listener
 def _report(client_id: str, data: dict[str, Any]) -> None:
     data["yieldgate"] = _COUNTERS.take()
 
 
-@events.worker_report.add_listener
 def _worker_report(client_id: str, data: dict[str, Any]) -> None:
     _COUNTERS.merge(data.get("yieldgate") or {})
 
 
-@events.test_start.add_listener
 def _test_start(environment: Any, **_: Any) -> None:
     _COUNTERS.reset()
 
 
-@events.quitting.add_listener
 def _quitting(environment: Any, **_: Any) -> None:
     if isinstance(environment.runner, WorkerRunner):
         return
@@ -167,6 +164,13 @@ def _quitting(environment: Any, **_: Any) -> None:
     path = getattr(environment.parsed_options, "yieldgate_json", None)
     if path:
         Path(path).write_text(json.dumps({"strategies": rows}, indent=1) + "\n", encoding="utf-8")
+
+
+events.init_command_line_parser.add_listener(_options)
+events.report_to_master.add_listener(_report)
+events.worker_report.add_listener(_worker_report)
+events.test_start.add_listener(_test_start)
+events.quitting.add_listener(_quitting)
 
 
 # -- the users --------------------------------------------------------------------------
@@ -204,9 +208,7 @@ class _Strategic:
 
     def _setup(self) -> None:
         options = self.environment.parsed_options
-        names = [
-            n.strip() for n in getattr(options, "yieldgate_strategy", "yieldgate").split(",")
-        ]
+        names = [n.strip() for n in getattr(options, "yieldgate_strategy", "yieldgate").split(",")]
         unknown = [n for n in names if n not in STRATEGY_NAMES]
         if unknown or not names:
             raise ValueError(f"--yieldgate-strategy: use {', '.join(STRATEGY_NAMES)}")
@@ -350,28 +352,25 @@ def _describe(response: Any, outcome: Any) -> str:
     return f"{outcome.reason or outcome.kind}"
 
 
-class YieldgateHttpUser(_Strategic, HttpUser):
+def _chat(user: _Strategic) -> None:
+    user.chat()
+
+
+class YieldgateHttpUser(_Strategic, HttpUser):  # type: ignore[misc]
     """The strategies over Locust's ``HttpUser`` (requests)."""
 
     abstract = False
+    tasks: ClassVar[list[Callable[..., None]]] = [_chat]
 
     def on_start(self) -> None:
         self._setup()
 
-    @task
-    def chat_task(self) -> None:
-        self.chat()
 
-
-class YieldgateFastHttpUser(_Strategic, FastHttpUser):
+class YieldgateFastHttpUser(_Strategic, FastHttpUser):  # type: ignore[misc]
     """The strategies over Locust's ``FastHttpUser`` (geventhttpclient)."""
 
     abstract = False
+    tasks: ClassVar[list[Callable[..., None]]] = [_chat]
 
     def on_start(self) -> None:
         self._setup()
-
-    @task
-    def chat_task(self) -> None:
-        self.chat()
-
