@@ -76,12 +76,12 @@ class BurstConfig:
     def __post_init__(self) -> None:
         if self.requests < 1:
             raise ValueError("requests must be >= 1")
+        if self.concurrency is not None and self.concurrency < 1:
+            raise ValueError("concurrency must be >= 1")
         if self.workers < 1:
             raise ValueError("workers must be >= 1")
         if self.concurrency is not None and self.concurrency < self.workers:
             raise ValueError("concurrency must be >= workers (each worker needs one slot)")
-        if self.concurrency is not None and self.concurrency < 1:
-            raise ValueError("concurrency must be >= 1")
         if self.profile.kind == "trace" and self.requests > len(self.profile.entries):
             raise ValueError(
                 f"the trace has {len(self.profile.entries)} requests, fewer than {self.requests}"
