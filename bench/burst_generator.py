@@ -11,7 +11,9 @@ generator in turn, in the same run:
   reference, through yieldgate's own ``GovernedClient`` on the server's TCP
   port (``tcp://``, the governed protocol: not HTTP, so not Locust's work);
 - Locust, headless, one process, users posting the same chat completion back
-  to back: ``FastHttpUser`` (geventhttpclient) and ``HttpUser`` (requests).
+  to back: ``FastHttpUser`` (geventhttpclient) and ``HttpUser`` (requests),
+  and ``yieldgate.burst.locust.YieldgateFastHttpUser`` with the ``naive`` and
+  the ``yieldgate`` strategies (Locust needs yieldgate installed beside it).
 
 Each generator runs as a child process in a session of its own. While it
 runs, the bench samples the server's ``executed_total`` (``GET /stats``)
@@ -72,6 +74,7 @@ class Plain{kind}({kind}):
     def chat(self):
         self.client.post("/v1/chat/completions", json=BODY)
 """
+STRATEGIC = "from yieldgate.burst.locust import YieldgateFastHttpUser  # noqa: F401\n"
 _SAMPLE_S = 0.05
 _TICK = os.sysconf("SC_CLK_TCK")
 
@@ -214,12 +217,12 @@ def burst_command(
 
 
 def locust_command(
-    locust: str, kind: str, server: ServerProcess, seconds: float, users: int
+    locust: str, locustfile: str, server: ServerProcess, seconds: float, users: int
 ) -> list[str]:
     return [
         locust,
         "-f",
-        f"plain_{kind.lower()}.py",
+        locustfile,
         "--headless",
         "--only-summary",
         f"--users={users}",
@@ -263,6 +266,7 @@ def main() -> int:
         cwd = Path(tmp)
         for kind in ("FastHttpUser", "HttpUser"):
             (cwd / f"plain_{kind.lower()}.py").write_text(LOCUSTFILE.format(kind=kind))
+        (cwd / "strategic.py").write_text(STRATEGIC)
         runs: list[tuple[str, int, list[str]]] = []
         for scheme, client in (
             ("openai+http", "openai client"),
@@ -283,7 +287,25 @@ def main() -> int:
                     (
                         f"locust {kind}, 1 process",
                         1,
-                        locust_command(args.locust, kind, server, args.seconds, args.concurrency),
+                        locust_command(
+                            args.locust,
+                            f"plain_{kind.lower()}.py",
+                            server,
+                            args.seconds,
+                            args.concurrency,
+                        ),
+                    )
+                )
+            # yieldgate's own Locust user (yieldgate.burst.locust), for its overhead.
+            for strategy in ("naive", "yieldgate"):
+                command = locust_command(
+                    args.locust, "strategic.py", server, args.seconds, args.concurrency
+                )
+                runs.append(
+                    (
+                        f"locust YieldgateFastHttpUser, {strategy}",
+                        1,
+                        [*command, f"--yieldgate-strategy={strategy}"],
                     )
                 )
         else:
