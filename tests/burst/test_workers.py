@@ -8,10 +8,15 @@ with the server's own counters and the schema.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import multiprocessing
+import os
+import signal
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +46,7 @@ from yieldgate.burst._merge import (
 )
 from yieldgate.burst._results import summarise
 from yieldgate.burst._targets import Request
+from yieldgate.server import ServerProcess
 
 SIM = ("--max-inflight", "4", "--exec-ms", "20")
 
@@ -269,3 +275,68 @@ def test_workers_are_stopped_when_the_parent_fails() -> None:
     with pytest.raises(KeyboardInterrupt):
         run_burst(config, progress=_Breaks())
     assert multiprocessing.active_children() == []
+
+
+def _spawned_children(pid: int) -> list[int]:
+    """The live processes ``multiprocessing`` spawned for ``pid``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            status = (entry / "status").read_text()
+            cmdline = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        fields = dict(line.split(":\t", 1) for line in status.splitlines() if ":\t" in line)
+        alive = not fields.get("State", "").startswith("Z")
+        if alive and fields.get("PPid", "").strip() == str(pid) and b"spawn_main" in cmdline:
+            found.append(int(entry.name))
+    return found
+
+
+def _wait_for(condition: Any, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "timed out waiting"
+        time.sleep(0.05)
+
+
+@pytest.mark.e2e
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads /proc")
+def test_workers_end_themselves_when_the_parent_is_killed(
+    serve: Callable[..., ServerProcess],
+) -> None:
+    server = serve("--max-inflight", "4", "--exec-ms", "50")
+    parent = subprocess.Popen(
+        [
+            *(sys.executable, "-m", "yieldgate", "burst", "--target", server.url),
+            *("--requests", "5000", "--workers", "2", "--strategy", "yieldgate", "--no-progress"),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    workers: list[int] = []
+    try:
+        _wait_for(lambda: len(_spawned_children(parent.pid)) == 2)
+        workers = _spawned_children(parent.pid)
+        parent.kill()  # no clean-up can run in the parent
+        parent.wait()
+
+        def gone() -> bool:
+            for pid in workers:
+                try:
+                    state = Path(f"/proc/{pid}/status").read_text()
+                except OSError:
+                    continue
+                if "State:\tZ" not in state:
+                    return False
+            return True
+
+        _wait_for(gone)
+    finally:
+        parent.kill()
+        parent.wait()
+        for pid in workers:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)

@@ -17,7 +17,8 @@ for. Per strategy:
    merges (``_merge``).
 
 The workers live for the whole run (every strategy) and are stopped, killed
-if need be, when it ends: normally, on an error or on Ctrl-C.
+if need be, when it ends: normally, on an error or on Ctrl-C; a worker whose
+parent dies (``SIGKILL``, say) ends itself.
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ import dataclasses
 import datetime
 import multiprocessing
 import multiprocessing.connection
+import os
+import threading
 import time
 import traceback
 from collections.abc import Iterator, Sequence
@@ -116,6 +119,19 @@ class _Count:
         pass
 
 
+def _exit_with_parent() -> None:
+    """End this worker at once if its parent dies (killed, it could not stop it)."""
+    parent = multiprocessing.parent_process()
+    if parent is None:
+        return
+
+    def watch() -> None:
+        parent.join()
+        os._exit(1)
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+
+
 def _worker_main(
     number: int,
     conn: Any,
@@ -125,6 +141,7 @@ def _worker_main(
     counts: Any,
 ) -> None:
     """A worker process: run each job the parent sends until ``stop`` (or the pipe closes)."""
+    _exit_with_parent()
     progress = _Count(counts, number)
     with contextlib.suppress(KeyboardInterrupt, EOFError, BrokenPipeError):
         while True:
