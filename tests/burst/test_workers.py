@@ -226,6 +226,8 @@ def test_two_workers_from_the_cli_count_every_request_once(tmp_path: Path) -> No
     by = {row["strategy"]: row for row in document["results"]}
     assert by["yieldgate"]["success_rate"] == 1.0
     assert by["naive"]["attempts"] == 60
+    # The table's title (rich may wrap it) says how it was sent.
+    assert "all-at-once, from 2 workers -> tcp://" in " ".join(result.stdout.split())
 
 
 @pytest.mark.e2e
