@@ -342,3 +342,47 @@ def test_workers_end_themselves_when_the_parent_is_killed(
         for pid in workers:
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)
+
+
+class _Conn:
+    def __init__(self, *messages: tuple[Any, ...]) -> None:
+        self.messages = list(messages)
+
+    def poll(self) -> bool:
+        return bool(self.messages)
+
+    def recv(self) -> tuple[Any, ...]:
+        return self.messages.pop(0)
+
+
+class _Process:
+    def __init__(self, alive: bool, exitcode: int | None = None) -> None:
+        self.alive, self.exitcode = alive, exitcode
+
+    def is_alive(self) -> bool:
+        return self.alive
+
+
+def _pool(conns: list[_Conn], processes: list[_Process]) -> Any:
+    from yieldgate.burst._workers import _Pool
+
+    pool = object.__new__(_Pool)
+    pool.workers, pool.conns, pool.processes = len(conns), conns, processes
+    return pool
+
+
+def test_the_pool_gathers_answers_and_fails_on_a_worker_error_or_death() -> None:
+    answers: dict[int, Any] = {}
+    pool = _pool([_Conn(("ready",)), _Conn()], [_Process(True), _Process(True)])
+    assert pool.poll("ready", answers) is False
+    assert answers == {0: None}
+    pool.conns[1].messages.append(("ready",))
+    assert pool.poll("ready", answers) is True
+
+    error = "Traceback (most recent call last):\n  ...\nValueError: boom\n"
+    failing = _pool([_Conn(("error", error))], [_Process(True)])
+    with pytest.raises(RuntimeError, match=r"^burst worker 0 failed: ValueError: boom$"):
+        failing.poll("done", {})
+    dead = _pool([_Conn(), _Conn()], [_Process(True), _Process(False, exitcode=-9)])
+    with pytest.raises(RuntimeError, match=r"burst worker 1 exited \(code -9\)"):
+        dead.poll("done", {})

@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime
+import logging
 import multiprocessing
 import multiprocessing.connection
 import os
@@ -62,9 +63,11 @@ from yieldgate.burst._targets import Request, Target, open_target
 
 __all__ = ["run_workers"]
 
+_log = logging.getLogger("yieldgate.burst")
+
 # How far ahead of the go message the common start lies: time for a pipe
 # message to reach every worker, even on a busy machine.
-_LEAD_S = 0.05
+_LEAD_S = 0.1
 _STARTUP_TIMEOUT_S = 120.0
 _STOP_TIMEOUT_S = 5.0
 _POLL_S = 0.01
@@ -218,7 +221,9 @@ class _Pool:
             if conn.poll():
                 message = conn.recv()
                 if message[0] == "error":
-                    raise RuntimeError(f"burst worker {number} failed:\n{message[1]}")
+                    _log.debug("burst worker %d failed:\n%s", number, message[1])
+                    last = message[1].strip().splitlines()[-1]
+                    raise RuntimeError(f"burst worker {number} failed: {last}")
                 if message[0] == expect:
                     answers[number] = message[1] if len(message) > 1 else None
                     continue
