@@ -10,7 +10,8 @@ def test_importing_burst_loads_no_extra_and_no_server() -> None:
     code = (
         "import sys, yieldgate.burst; "
         "heavy = {'rich', 'matplotlib', 'openai', 'huggingface_hub', 'torch', "
-        "'yieldgate.server', 'yieldgate.harness'}; "
+        "'yieldgate.server', 'yieldgate.harness', 'locust', 'gevent', "
+        "'yieldgate.burst.locust', 'yieldgate.burst._workers', 'multiprocessing'}; "
         "print(sorted(heavy & set(sys.modules)))"
     )
     result = subprocess.run(

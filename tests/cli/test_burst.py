@@ -153,6 +153,8 @@ def test_print_schema() -> None:
         (["--serve", "", "--slo", "ttft=5"], "--slo: bad entry 'ttft=5'"),
         (["--serve", "", "--slo", "e2e_ms=-1"], "slo e2e_ms must be"),
         (["--serve", "", "--concurrency", "0"], "concurrency must be >= 1"),
+        (["--serve", "", "--workers", "0"], "workers must be >= 1"),
+        (["--serve", "", "--workers", "3", "--concurrency", "2"], "concurrency must be >= workers"),
         (["--serve", "", "--profile", "trace:/nonexistent.jsonl"], "cannot read it"),
         (["--serve", "", "--timeout-s", "0"], "timeout_s must be a finite number > 0"),
         (["--serve", "", "--priority-mix", "urgent=1"], "unknown priority 'urgent'"),

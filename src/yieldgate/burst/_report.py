@@ -174,8 +174,10 @@ def _title(report: BurstReport) -> str:
     stream = ", streaming" if c.get("stream") else ""
     fresh = "fresh server per strategy" if c.get("fresh_server_per_strategy") else "shared server"
     cap = f", concurrency {c['concurrency']}" if c.get("concurrency") else ""
+    workers = f", from {c['workers']} workers" if c.get("workers", 1) > 1 else ""
     return (
-        f"{name}{c['requests']} requests, {c['profile']['spec']}{cap}{stream} -> {c['target']} "
+        f"{name}{c['requests']} requests, {c['profile']['spec']}{cap}{stream}{workers} "
+        f"-> {c['target']} "
         f"({fresh})"
     )
 

@@ -17,7 +17,7 @@ from typing import Any, Protocol
 import anyio
 
 import yieldgate
-from yieldgate.burst._metrics import AttemptLog, Probe, draw_priorities, recovery
+from yieldgate.burst._metrics import AttemptLog, AttemptRecord, Probe, draw_priorities, recovery
 from yieldgate.burst._profiles import ArrivalProfile
 from yieldgate.burst._results import (
     BurstReport,
@@ -63,6 +63,8 @@ class BurstConfig:
     started itself when it has an HTTP front. ``recovery_probe_s``: sends a
     quiet probe that often, before and after the burst, for the recovery time
     (docs/burst.md).
+    ``workers`` > 1 sends the burst from that many processes, each its share
+    of every strategy's requests, into one merged report (``_workers``).
     """
 
     target: str
@@ -87,12 +89,17 @@ class BurstConfig:
     recovery_probe_s: float | None = None
     recovery_limit_s: float = 30.0
     baseline_probes: int = 5
+    workers: int = 1
 
     def __post_init__(self) -> None:
         if self.requests < 1:
             raise ValueError("requests must be >= 1")
         if self.concurrency is not None and self.concurrency < 1:
             raise ValueError("concurrency must be >= 1")
+        if self.workers < 1:
+            raise ValueError("workers must be >= 1")
+        if self.concurrency is not None and self.concurrency < self.workers:
+            raise ValueError("concurrency must be >= workers (each worker needs one slot)")
         if self.profile.kind == "trace" and self.requests > len(self.profile.entries):
             raise ValueError(
                 f"the trace has {len(self.profile.entries)} requests, fewer than {self.requests}"
@@ -116,6 +123,10 @@ class BurstConfig:
         for name, weight in self.priority_mix:
             if name not in ("high", "normal", "low") or not (weight > 0 and math.isfinite(weight)):
                 raise ValueError("priority_mix takes high, normal, low with weights > 0")
+        if self.workers > 1 and (self.scrape is not None or self.recovery_probe_s is not None):
+            raise ValueError(
+                "scraping and recovery probes run in one process: not with workers > 1 (yet)"
+            )
         if self.scrape is not None and not self.scrape.startswith(("http://", "https://")):
             raise ValueError(f"scrape {self.scrape!r}: give an http:// URL of a metrics endpoint")
         target = Target.parse(self.target)
@@ -153,7 +164,28 @@ class BurstConfig:
             "priority_mix": [[name, weight] for name, weight in self.priority_mix],
             "scrape": self.scrape,
             "recovery_probe_s": self.recovery_probe_s,
+            "workers": self.workers,
         }
+
+
+class Share(Protocol):
+    """One worker's part of a strategy's run (``_workers``): which requests it sends,
+    when the run starts on the common clock, and where its raw records go."""
+
+    indices: Sequence[int]
+
+    async def start(self) -> float:
+        """Wait for the go; the ``time.monotonic()`` every worker counts from."""
+
+    def collect(
+        self,
+        requests: list[Request],
+        timeline: list[TimelinePoint],
+        attempts: int,
+        yields: int,
+        attempt_log: list[AttemptRecord],
+    ) -> Any:
+        """What the run returns in place of its summary."""
 
 
 class Progress(Protocol):
@@ -204,6 +236,10 @@ def _sim_ramp(serve_args: Sequence[str] | None) -> tuple[float, float]:
 def run_burst(config: BurstConfig, *, progress: Progress | None = None) -> BurstReport:
     """Run ``config`` once per strategy, in order, and return the report."""
     progress = progress or _Silent()
+    if config.workers > 1:
+        from yieldgate.burst._workers import run_workers
+
+        return run_workers(config, progress)
     target = Target.parse(config.target)
     offsets = config.profile.offsets(config.requests, seed=config.seed)
     prompts = _prompts(config)
@@ -302,7 +338,8 @@ async def _run_one(
     prompts: Sequence[str],
     run_index: int,
     progress: Progress,
-) -> StrategyResult:
+    share: Share | None = None,
+) -> Any:
     target = live.target
     log = AttemptLog()
     gate = strategy.make_gate(log)
@@ -315,6 +352,9 @@ async def _run_one(
         for request, priority in zip(requests, drawn, strict=True):
             request.priority = priority
             priorities[request.index] = priority
+    if share is not None:
+        requests = [requests[i] for i in share.indices]
+        prompts = [prompts[i] for i in share.indices]
     slots = None if config.concurrency is None else anyio.CapacityLimiter(config.concurrency)
     timeline: list[TimelinePoint] = []
     finished = {"ok": 0, "failed": 0}
@@ -344,8 +384,9 @@ async def _run_one(
                 baseline.append(await probe())
         if scrape is not None:
             await scrape()  # once before the clock starts: the first render costs the most
-        before = await stats()
-        t0 = time.monotonic()
+        # A worker's server counters are read by its parent, once around all workers.
+        before = await stats() if share is None else None
+        t0 = time.monotonic() if share is None else await share.start()
         log.t0 = t0
         log.records.clear()
         if probes is not None:
@@ -458,7 +499,7 @@ async def _run_one(
             done.set()
             await probing.wait()
         await sample()
-        after = await stats()
+        after = await stats() if share is None else None
     never = sum(1 for r in requests if not r.ok and r.error is None)
     if never:
         # A cancellation that escaped one request ends the whole burst; say so.
@@ -470,6 +511,8 @@ async def _run_one(
             len(requests),
         )
     g = gate.statistics()
+    if share is not None:
+        return share.collect(requests, timeline, g.attempts, g.yields + g.overloads, log.records)
     server = None
     if before is not None and after is not None:
         server = ServerCounters.between(before, after)

@@ -166,6 +166,7 @@ _CONFIG = _obj(
         "priority_mix": {"type": "array", "items": {"type": "array"}},
         "scrape": {"type": ["string", "null"]},
         "recovery_probe_s": _NUM_OR_NULL,
+        "workers": {"type": "integer", "minimum": 1},
     }
 )
 _MACHINE = _obj(

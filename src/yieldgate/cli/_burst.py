@@ -77,6 +77,12 @@ def add_parser(sub: Any) -> None:
         help="most requests outstanding at once; an arrival waits for one to end (no cap)",
     )
     p.add_argument(
+        "--workers",
+        type=int,
+        help="send from N processes, each its share of every strategy's requests, "
+        "into one merged report (default 1)",
+    )
+    p.add_argument(
         "--sweep",
         metavar="AXIS=VALUES",
         help="run one point per value: rate=1,2,4,8, rate=1:16:x2 (multiply), "
@@ -259,6 +265,8 @@ def build_config(args: argparse.Namespace, sweep: Any = None) -> Any:
             )
         if args.concurrency is not None:
             settings["concurrency"] = args.concurrency
+        if args.workers is not None:
+            settings["workers"] = args.workers
         if args.strategy is not None:
             names = [n.strip() for n in args.strategy.split(",") if n.strip()]
         elif args.compare:
