@@ -83,11 +83,76 @@ class KVCache:
         shape = (config.n_layers, num_blocks * block_size, config.n_heads, config.head_dim)
         self.k = torch.zeros(shape, device=device, dtype=dtype)
         self.v = torch.zeros(shape, device=device, dtype=dtype)
+        # int8 storage (``dtype=torch.int8``): symmetric, one float32 scale per
+        # layer, block and head for keys and one for values, dequantised on read.
+        self.quantized = dtype == torch.int8
+        scale_shape = (config.n_layers, num_blocks, config.n_heads) if self.quantized else (0,)
+        self.k_scale = torch.zeros(scale_shape, device=device, dtype=torch.float32)
+        self.v_scale = torch.zeros(scale_shape, device=device, dtype=torch.float32)
 
     @property
     def bytes_per_block(self) -> int:
         per_slot = self.k[0, 0].numel() * self.k.element_size() * 2 * self.k.shape[0]
-        return per_slot * self.block_size
+        scales = (
+            self.k_scale[:, 0].numel() * self.k_scale.element_size() * 2 if self.quantized else 0
+        )
+        return per_slot * self.block_size + scales
+
+    def write(self, layer: int, slots: Tensor, k: Tensor, v: Tensor) -> None:
+        """Store new keys and values ``(N, n_heads, head_dim)`` at ``slots`` of ``layer``."""
+        if not self.quantized:
+            self.k[layer].index_copy_(0, slots, k)
+            self.v[layer].index_copy_(0, slots, v)
+            return
+        _quantize_into(self.k[layer], self.k_scale[layer], slots, k, self.block_size)
+        _quantize_into(self.v[layer], self.v_scale[layer], slots, v, self.block_size)
+
+    def read(self, layer: int, slots: Tensor) -> tuple[Tensor, Tensor]:
+        """The keys and values at ``slots`` of ``layer``, dequantised to float32 if stored int8."""
+        if not self.quantized:
+            return self.k[layer].index_select(0, slots), self.v[layer].index_select(0, slots)
+        blocks = torch.div(slots, self.block_size, rounding_mode="floor")
+        k = self.k[layer].index_select(0, slots).float()
+        v = self.v[layer].index_select(0, slots).float()
+        k *= self.k_scale[layer].index_select(0, blocks).unsqueeze(-1)
+        v *= self.v_scale[layer].index_select(0, blocks).unsqueeze(-1)
+        return k, v
+
+
+_INT8_MAX = 127.0
+
+
+def _quantize_into(store: Tensor, scale: Tensor, slots: Tensor, x: Tensor, block_size: int) -> None:
+    """Quantise ``x`` into ``store`` at ``slots``, keeping one scale per block and head.
+
+    A block's scale is its largest magnitude so far over 127. A write at a
+    block's first slot starts the block anew (its previous owner's scale is
+    forgotten), so a block's contents and scale depend only on the tokens
+    written into it, in order. When a new token is larger than a block's
+    scale allows, the block's earlier values are requantised to the grown
+    scale (every touched block is rewritten, unchanged ones exactly). Only
+    the touched blocks are read or written, so a page-in filling other
+    blocks at the same time is safe.
+    """
+    num_blocks = scale.shape[0]
+    blocks = torch.div(slots, block_size, rounding_mode="floor")
+    per_token = x.abs().amax(-1).float() / _INT8_MAX  # (N, n_heads)
+    # Per block: whether this write restarts it, and its largest new magnitude.
+    restart = torch.zeros(num_blocks, device=scale.device).scatter_reduce_(
+        0, blocks, (slots % block_size == 0).float(), reduce="amax"
+    )
+    amax = torch.zeros_like(scale).scatter_reduce_(
+        0, blocks.unsqueeze(1).expand_as(per_token), per_token, reduce="amax"
+    )
+    old = scale.index_select(0, blocks) * (1.0 - restart.index_select(0, blocks)).unsqueeze(1)
+    new = torch.maximum(old, amax.index_select(0, blocks))  # (N, n_heads), per token's block
+    safe = torch.where(new > 0, new, torch.ones_like(new))
+    blocked = store.view(num_blocks, block_size, *store.shape[1:])
+    touched = blocked.index_select(0, blocks).float() * (old / safe)[:, None, :, None]
+    blocked.index_copy_(0, blocks, touched.round_().to(torch.int8))
+    scale.index_copy_(0, blocks, new)
+    q = (x.float() / safe.unsqueeze(-1)).round_().clamp_(-_INT8_MAX, _INT8_MAX)
+    store.index_copy_(0, slots, q.to(torch.int8))
 
 
 @dataclass(slots=True, kw_only=True)
@@ -143,6 +208,8 @@ class _Block(nn.Module):
         # x: (N, d), the new tokens of every sequence in the batch, flattened
         n = x.shape[0]
         q, k, v = self.qkv(self.ln1(x)).view(n, 3, self.n_heads, self.head_dim).unbind(1)
+        if cache.quantized:
+            return self._forward_paged_quantized(x, q, k, v, layer, cache, batch)
         k_cache, v_cache = cache.k[layer], cache.v[layer]
         k_cache.index_copy_(0, batch.slot_mapping, k)
         v_cache.index_copy_(0, batch.slot_mapping, v)
@@ -150,6 +217,59 @@ class _Block(nn.Module):
             out = self._attend_prefill(q, k, v, k_cache, v_cache, batch)
         else:
             out = self._attend_decode(q, k_cache, v_cache, batch)
+        x = x + self.proj(out)
+        return x + self._mlp(x)
+
+    def _forward_paged_quantized(
+        self,
+        x: Tensor,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        layer: int,
+        cache: KVCache,
+        batch: AttentionBatch,
+    ) -> Tensor:
+        # int8 cache: quantise the new KV in, then dequantise only the slots this
+        # batch attends over into a dense buffer and attend over that (a prefill
+        # reuses the float path with the buffer's slots renumbered 0..).
+        cache.write(layer, batch.slot_mapping, k, v)
+        if batch.is_prefill:
+            assert batch.num_cached is not None
+            contexts = batch.context_slots
+            assert isinstance(contexts, list)
+            needed = [s for j, s in enumerate(contexts) if batch.num_cached[j]]
+            flat = torch.cat(needed) if needed else contexts[0][:0]
+            k_ctx, v_ctx = cache.read(layer, flat)
+            renumbered: list[Tensor] = []
+            offset = 0
+            for j, slots in enumerate(contexts):
+                if batch.num_cached[j]:
+                    size = slots.shape[0]
+                    renumbered.append(torch.arange(offset, offset + size, device=x.device))
+                    offset += size
+                else:
+                    renumbered.append(slots)  # attends over its fresh keys only
+            dense = AttentionBatch(
+                is_prefill=True,
+                slot_mapping=batch.slot_mapping,
+                context_slots=renumbered,
+                query_starts=batch.query_starts,
+                num_cached=batch.num_cached,
+            )
+            out = self._attend_prefill(q, k, v, k_ctx, v_ctx, dense)
+        else:
+            slots = batch.context_slots
+            assert isinstance(slots, Tensor)
+            b, length = slots.shape
+            k_ctx, v_ctx = cache.read(layer, slots.reshape(-1))
+            shape = (b, length, self.n_heads, self.head_dim)
+            out = F.scaled_dot_product_attention(
+                q.unsqueeze(2),  # (B, H, 1, D)
+                k_ctx.view(shape).transpose(1, 2),
+                v_ctx.view(shape).transpose(1, 2),
+                attn_mask=batch.context_mask,
+            ).reshape(b, -1)
         x = x + self.proj(out)
         return x + self._mlp(x)
 
