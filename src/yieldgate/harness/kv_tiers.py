@@ -116,7 +116,7 @@ class HostKVTier:
             for view in self._views
         ]
         self._free = list(range(num_blocks - 1, -1, -1))
-        self._stream = torch.cuda.Stream(self.device) if self._cuda else None
+        self._stream = torch.cuda.Stream(self.device) if self._cuda else None  # type: ignore[no-untyped-call]
         self._copier: ThreadPoolExecutor | None = None
         self.reset_counters()
 
@@ -173,6 +173,8 @@ class HostKVTier:
             raise ValueError("page_in needs one device block per host block")
         handle = PageIn(list(host_blocks), list(device_blocks))
         if self._stream is not None:
+            # The index is made on the compute stream, the only one that reads it.
+            handle._index = torch.tensor(device_blocks, device=self.device)
             with torch.cuda.stream(self._stream):
                 for pool in self._host:
                     staged = torch.empty(
@@ -181,8 +183,7 @@ class HostKVTier:
                     for row, block in enumerate(host_blocks):
                         staged[row].copy_(pool[block], non_blocking=True)
                     handle._staged.append(staged)
-                handle._index = torch.tensor(device_blocks, device=self.device)
-                event = torch.cuda.Event()
+                event = torch.cuda.Event()  # type: ignore[no-untyped-call]
                 event.record(self._stream)
             handle._event = event
         else:
@@ -201,7 +202,7 @@ class HostKVTier:
     def is_done(self, handle: PageIn) -> bool:
         """Whether ``finish(handle)`` would return without waiting."""
         if handle._event is not None:
-            return bool(handle._event.query())
+            return bool(handle._event.query())  # type: ignore[no-untyped-call]
         return handle._future is None or handle._future.done()
 
     def finish(self, handle: PageIn) -> None:

@@ -259,10 +259,10 @@ class _Block(nn.Module):
             )
             out = self._attend_prefill(q, k, v, k_ctx, v_ctx, dense)
         else:
-            slots = batch.context_slots
-            assert isinstance(slots, Tensor)
-            b, length = slots.shape
-            k_ctx, v_ctx = cache.read(layer, slots.reshape(-1))
+            padded = batch.context_slots
+            assert isinstance(padded, Tensor)
+            b, length = padded.shape
+            k_ctx, v_ctx = cache.read(layer, padded.reshape(-1))
             shape = (b, length, self.n_heads, self.head_dim)
             out = F.scaled_dot_product_attention(
                 q.unsqueeze(2),  # (B, H, 1, D)
