@@ -74,7 +74,7 @@ def block_views(cache: KVCache) -> list[Tensor]:
     for t in (cache.k, cache.v):
         views.append(t.view(t.shape[0], cache.num_blocks, size, *t.shape[2:]))
     if cache.quantized:
-        views.extend((cache.k_scale, cache.v_scale))
+        views.append(cache.kv_scale)
     return views
 
 
