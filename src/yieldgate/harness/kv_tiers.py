@@ -205,12 +205,17 @@ class HostKVTier:
             return bool(handle._event.query())  # type: ignore[no-untyped-call]
         return handle._future is None or handle._future.done()
 
-    def finish(self, handle: PageIn) -> None:
-        """Wait for the page-in (counted as stall time), put it in place, free its host blocks."""
+    def finish(self, handle: PageIn, *, stall: bool = True) -> None:
+        """Wait for the page-in, put it in place and free its host blocks.
+
+        The wait counts as stall time unless ``stall`` is false (no step waited:
+        an abort).
+        """
         if not self.is_done(handle):
             started = time.perf_counter()
             self._wait(handle)
-            self.stall_ms += (time.perf_counter() - started) * 1000.0
+            if stall:
+                self.stall_ms += (time.perf_counter() - started) * 1000.0
         if handle._event is not None:
             compute = torch.cuda.current_stream(self.device)
             compute.wait_event(handle._event)
@@ -368,7 +373,8 @@ class TieredScheduler(Scheduler):
             if record.seq is seq:
                 self.incoming.remove(record)
                 assert record.page_in is not None
-                self.tier.finish(record.page_in)  # its device blocks must be written first
+                # Its device blocks must be written before they are reused.
+                self.tier.finish(record.page_in, stall=False)
                 self.blocks.free(seq)
                 break
         seq.status = SequenceStatus.FINISHED
