@@ -106,6 +106,16 @@ def test_nothing_new_is_admitted_while_a_sequence_is_swapped_out() -> None:
     assert late.output == engine.model.greedy_reference(list(b"late"), 2)
 
 
+def test_no_prefill_worker_reservation_while_a_sequence_is_swapped_out() -> None:
+    engine = make_engine(num_blocks=12, host_kv_blocks=32)
+    seqs = _fill_until_swapped(engine)
+    remote = engine.create(list(b"for a prefill worker"), SamplingParams(max_tokens=2))
+    assert not engine.reserve_remote(remote)  # swapped sequences come back first
+    engine.run_until_done(seqs)
+    assert engine.reserve_remote(remote)
+    engine.abort(remote)
+
+
 def test_page_ins_start_when_a_step_frees_blocks_before_the_next_step() -> None:
     engine = make_engine(num_blocks=8, host_kv_blocks=32)
     seqs = [
