@@ -213,6 +213,21 @@ def add_parser(sub: Any) -> None:
     )
     har.add_argument("--block-size", type=int, default=16, help="tokens per KV block (default 16)")
     har.add_argument(
+        "--host-kv-blocks",
+        type=int,
+        default=0,
+        help=(
+            "KV blocks in host memory that running sequences are paged out to when the "
+            "device pool is full (default 0: preempt and recompute instead)"
+        ),
+    )
+    har.add_argument(
+        "--kv-dtype",
+        choices=("float32", "int8"),
+        default="float32",
+        help="KV cache storage; int8 keeps a scale per block and head (default float32)",
+    )
+    har.add_argument(
         "--max-num-batched-tokens",
         type=int,
         default=2048,
@@ -376,6 +391,8 @@ def _harness_backend(args: argparse.Namespace) -> Any:
         device=args.device,
         num_blocks=args.kv_blocks,
         block_size=args.block_size,
+        host_kv_blocks=args.host_kv_blocks,
+        kv_dtype=args.kv_dtype,
         scheduler=SchedulerConfig(
             max_num_seqs=args.max_inflight, max_num_batched_tokens=args.max_num_batched_tokens
         ),

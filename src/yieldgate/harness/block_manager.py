@@ -132,6 +132,15 @@ class BlockManager:
         seq.num_committed = len(matched)
         seq.last_hash = matched[-1].hash if matched else _NO_HASH
 
+    def allocate_blank(self, seq: Sequence, num_blocks: int) -> None:
+        """Give ``seq`` ``num_blocks`` fresh blocks, no prefix matching: for KV copied in
+        from elsewhere (the host tier). Its counters are the caller's to set."""
+        if seq.block_table:
+            raise RuntimeError(f"{seq!r} already holds blocks")
+        if num_blocks > self.num_available:
+            raise MemoryError(f"not enough KV blocks for {seq!r}")
+        seq.block_table.extend(self._take().id for _ in range(num_blocks))
+
     def can_append(self, seq: Sequence) -> bool:
         """Whether the slot for ``seq``'s last token is there or can be had."""
         return len(seq.block_table) * self.block_size >= len(seq.tokens) or self.num_available > 0

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from yieldgate.harness.block_manager import BlockManager
+from yieldgate.harness.kv_tiers import HostKVTier, TieredScheduler, tier_counters
 from yieldgate.harness.model import KVCache, ModelConfig, TinyTransformer, load_checkpoint
 from yieldgate.harness.runner import ModelRunner
 from yieldgate.harness.scheduler import Batch, Scheduler, SchedulerConfig
@@ -26,6 +27,9 @@ __all__ = ["Engine", "EngineConfig", "StepResult", "pick_device"]
 
 # Weight of the newest measurement in the step-time averages.
 _EWMA_ALPHA = 0.2
+
+# How the KV cache may store keys and values (``EngineConfig.kv_dtype``).
+KV_DTYPES = ("float32", "int8")
 
 
 def pick_device(name: str = "auto") -> torch.device:
@@ -50,10 +54,22 @@ class EngineConfig:
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     # Speculative decoding of greedy sequences (``yieldgate.harness.speculative``); off when None.
     speculative: SpeculativeConfig | None = None
+    # KV memory hierarchy (``kv_tiers``): host blocks that running sequences'
+    # KV is paged out to when the device pool is full; 0 preempts by recompute.
+    host_kv_blocks: int = 0
+    # ``int8``: KV stored as int8 with a scale per block and head (about 4x
+    # smaller than float32), dequantised for attention.
+    kv_dtype: str = "float32"
 
     def __post_init__(self) -> None:
         if self.num_blocks < 1:
             raise ValueError("num_blocks must be >= 1")
+        if self.host_kv_blocks < 0:
+            raise ValueError("host_kv_blocks must be >= 0")
+        if self.kv_dtype not in KV_DTYPES:
+            raise ValueError(
+                f"kv_dtype must be one of {', '.join(KV_DTYPES)}, got {self.kv_dtype!r}"
+            )
         if self.block_size < 1:
             raise ValueError("block_size must be >= 1")
         if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
@@ -93,9 +109,14 @@ class Engine:
             num_blocks=config.num_blocks,
             block_size=config.block_size,
             device=self.device,
+            dtype=torch.int8 if config.kv_dtype == "int8" else torch.float32,
         )
         self.blocks = BlockManager(config.num_blocks, config.block_size)
         self.scheduler = Scheduler(config.scheduler, self.blocks)
+        self.kv_tier: HostKVTier | None = None
+        if config.host_kv_blocks:
+            self.kv_tier = HostKVTier(self.cache, config.host_kv_blocks)
+            self.scheduler = TieredScheduler(config.scheduler, self.blocks, self.kv_tier)
         self.runner = ModelRunner(model, self.cache)
         self._next_id = 0
         self.speculator: Speculator | None = None
@@ -124,6 +145,8 @@ class Engine:
         self.blocks.evictions = 0
         if self.speculator is not None:
             self.speculator.reset_counters()
+        if isinstance(self.scheduler, TieredScheduler):
+            self.scheduler.reset_counters()
 
     # -- requests -------------------------------------------------------------
 
@@ -177,6 +200,11 @@ class Engine:
             raise ValueError(f"KV for {start}..{start + count} does not fit {seq!r}")
         slots = self.runner.slots(seq, start + count)[start:]
         kv = kv.to(self.device)
+        if self.cache.quantized:
+            for layer in range(self.model.config.n_layers):
+                self.cache.write(layer, slots, kv[0, layer], kv[1, layer])
+            self.scheduler.kv_arrived(seq, start + count)
+            return
         for layer in range(self.model.config.n_layers):
             self.cache.k[layer].index_copy_(0, slots, kv[0, layer])
             self.cache.v[layer].index_copy_(0, slots, kv[1, layer])
@@ -185,6 +213,10 @@ class Engine:
     def read_kv(self, seq: Sequence, start: int, end: int) -> torch.Tensor:
         """A contiguous CPU copy of ``seq``'s KV for positions ``start..end - 1``."""
         slots = self.runner.slots(seq, end)[start:]
+        if self.cache.quantized:
+            layers = [self.cache.read(layer, slots) for layer in range(self.model.config.n_layers)]
+            k, v = torch.stack([kv[0] for kv in layers]), torch.stack([kv[1] for kv in layers])
+            return torch.stack((k, v)).cpu().contiguous()
         k = self.cache.k.index_select(1, slots)
         v = self.cache.v.index_select(1, slots)
         return torch.stack((k, v)).cpu().contiguous()
@@ -321,7 +353,16 @@ class Engine:
             "kv_evictions": blocks.evictions,
             "prefill_ms_per_token": self.prefill_ms_per_token,
             "decode_step_ms": self.decode_step_ms,
+            **self._kv_stats(),
         } | (self.speculator.stats() if self.speculator is not None else {})
+
+    def _kv_stats(self) -> dict[str, Any]:
+        """The KV storage and the host tier's counters (zeros when there is no tier)."""
+        return {
+            "kv_dtype": self.config.kv_dtype,
+            "kv_bytes_per_block": self.cache.bytes_per_block,
+            **tier_counters(self.scheduler),
+        }
 
 
 def _ewma(previous: float | None, value: float) -> float:

@@ -83,11 +83,116 @@ class KVCache:
         shape = (config.n_layers, num_blocks * block_size, config.n_heads, config.head_dim)
         self.k = torch.zeros(shape, device=device, dtype=dtype)
         self.v = torch.zeros(shape, device=device, dtype=dtype)
+        # int8 storage (``dtype=torch.int8``): symmetric, one float32 scale per
+        # layer, block and head for keys and one for values, dequantised on read.
+        self.quantized = dtype == torch.int8
+        heads = config.n_heads if self.quantized else 0  # no scales (no memory) for floats
+        self.kv_scale = torch.zeros(
+            (config.n_layers, num_blocks, 2, heads), device=device, dtype=torch.float32
+        )
+
+    @property
+    def k_scale(self) -> Tensor:
+        """The keys' scales, ``(n_layers, num_blocks, n_heads)`` (a view of ``kv_scale``)."""
+        return self.kv_scale[:, :, 0]
+
+    @property
+    def v_scale(self) -> Tensor:
+        return self.kv_scale[:, :, 1]
 
     @property
     def bytes_per_block(self) -> int:
         per_slot = self.k[0, 0].numel() * self.k.element_size() * 2 * self.k.shape[0]
-        return per_slot * self.block_size
+        scales = self.kv_scale[:, 0].numel() * self.kv_scale.element_size()
+        return per_slot * self.block_size + scales
+
+    def write(
+        self, layer: int, slots: Tensor, k: Tensor, v: Tensor, *, one_per_block: bool = False
+    ) -> None:
+        """Store new keys and values ``(N, n_heads, head_dim)`` at ``slots`` of ``layer``.
+
+        ``one_per_block``: no two of ``slots`` share a block (a decode step's
+        tokens), which lets int8 skip grouping the tokens by block.
+        """
+        if not self.quantized:
+            self.k[layer].index_copy_(0, slots, k)
+            self.v[layer].index_copy_(0, slots, v)
+            return
+        _quantize_into(
+            (self.k[layer], self.v[layer]),
+            self.kv_scale[layer],
+            slots,
+            torch.stack((k, v), 1),
+            self.block_size,
+            one_per_block=one_per_block,
+        )
+
+    def read(self, layer: int, slots: Tensor) -> tuple[Tensor, Tensor]:
+        """The keys and values at ``slots`` of ``layer``, dequantised to float32 if stored int8."""
+        if not self.quantized:
+            return self.k[layer].index_select(0, slots), self.v[layer].index_select(0, slots)
+        blocks = torch.div(slots, self.block_size, rounding_mode="floor")
+        scales = self.kv_scale[layer].index_select(0, blocks).unsqueeze(-1)  # (N, 2, H, 1)
+        k = self.k[layer].index_select(0, slots).float().mul_(scales[:, 0])
+        v = self.v[layer].index_select(0, slots).float().mul_(scales[:, 1])
+        return k, v
+
+
+_INT8_MAX = 127.0
+
+
+def _quantize_into(
+    stores: tuple[Tensor, Tensor],
+    scale: Tensor,
+    slots: Tensor,
+    x: Tensor,
+    block_size: int,
+    *,
+    one_per_block: bool,
+) -> None:
+    """Quantise keys and values ``x`` ``(N, 2, n_heads, head_dim)`` into ``stores`` at ``slots``.
+
+    ``scale`` is ``(num_blocks, 2, n_heads)``: a block's scale is its largest
+    magnitude so far over 127. A write at a block's first slot starts the
+    block anew (its previous owner's values and scale are forgotten), so a
+    block's contents and scale depend only on the tokens written into it, in
+    order. When a new token is larger than an earlier token's scale allows,
+    the block's earlier values are requantised to the grown scale. Only the
+    touched blocks are read or written, so a page-in filling other blocks at
+    the same time is safe.
+    """
+    blocks = torch.div(slots, block_size, rounding_mode="floor")
+    per_token = x.abs().amax(-1).float() / _INT8_MAX  # (N, 2, n_heads)
+    fresh = slots % block_size == 0
+    if one_per_block:
+        restart, amax = fresh, per_token
+    else:
+        # Group by block: whether this write restarts it, and its largest new magnitude.
+        num_blocks = scale.shape[0]
+        restart = (
+            torch.zeros(num_blocks, device=scale.device)
+            .scatter_reduce_(0, blocks, fresh.float(), reduce="amax")
+            .index_select(0, blocks)
+            .bool()
+        )
+        index = blocks.view(-1, 1, 1).expand_as(per_token)
+        amax = torch.zeros_like(scale).scatter_reduce_(0, index, per_token, reduce="amax")
+        amax = amax.index_select(0, blocks)
+    old = scale.index_select(0, blocks).masked_fill_(restart.view(-1, 1, 1), 0.0)
+    new = torch.maximum(old, amax)  # (N, 2, n_heads), each token's block's
+    grown = ((new > old) & (old > 0)).flatten(1).any(1)  # blocks quantised too finely so far
+    if bool(grown.any()):
+        rows = blocks[grown]
+        ratio = (old[grown] / new[grown])[:, :, None, :, None]
+        for i, store in enumerate(stores):
+            blocked = store.view(scale.shape[0], block_size, *store.shape[1:])
+            requantised = torch.mul(blocked.index_select(0, rows), ratio[:, i]).round_()
+            blocked.index_copy_(0, rows, requantised.to(torch.int8))
+    scale.index_copy_(0, blocks, new)
+    safe = torch.where(new > 0, new, 1.0).unsqueeze(-1)
+    q = torch.div(x, safe).round_().clamp_(-_INT8_MAX, _INT8_MAX).to(torch.int8)
+    for i, store in enumerate(stores):
+        store.index_copy_(0, slots, q[:, i])
 
 
 @dataclass(slots=True, kw_only=True)
@@ -149,6 +254,8 @@ class _Block(nn.Module):
         # x: (N, d), the new tokens of every sequence in the batch, flattened
         n = x.shape[0]
         q, k, v = self.qkv(self.ln1(x)).view(n, 3, self.n_heads, self.head_dim).unbind(1)
+        if cache.quantized:
+            return self._forward_paged_quantized(x, q, k, v, layer, cache, batch)
         k_cache, v_cache = cache.k[layer], cache.v[layer]
         k_cache.index_copy_(0, batch.slot_mapping, k)
         v_cache.index_copy_(0, batch.slot_mapping, v)
@@ -160,6 +267,76 @@ class _Block(nn.Module):
             out = self._attend_decode(q, k_cache, v_cache, batch)
         x = x + self.proj(out)
         return x + self._mlp(x)
+
+    def _forward_paged_quantized(
+        self,
+        x: Tensor,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        layer: int,
+        cache: KVCache,
+        batch: AttentionBatch,
+    ) -> Tensor:
+        # int8 cache: quantise the new KV in, then dequantise only the slots this
+        # batch attends over into a dense buffer and attend over that (a prefill
+        # reuses the float path with the buffer's slots renumbered 0..).
+        cache.write(layer, batch.slot_mapping, k, v, one_per_block=not batch.is_prefill)
+        if batch.is_prefill:
+            assert batch.num_cached is not None
+            contexts = batch.context_slots
+            assert isinstance(contexts, list)
+            needed = [s for j, s in enumerate(contexts) if batch.num_cached[j]]
+            flat = torch.cat(needed) if needed else contexts[0][:0]
+            k_ctx, v_ctx = cache.read(layer, flat)
+            renumbered: list[Tensor] = []
+            offset = 0
+            for j, slots in enumerate(contexts):
+                if batch.num_cached[j]:
+                    size = slots.shape[0]
+                    renumbered.append(torch.arange(offset, offset + size, device=x.device))
+                    offset += size
+                else:
+                    renumbered.append(slots)  # attends over its fresh keys only
+            dense = AttentionBatch(
+                is_prefill=True,
+                slot_mapping=batch.slot_mapping,
+                context_slots=renumbered,
+                query_starts=batch.query_starts,
+                num_cached=batch.num_cached,
+            )
+            out = self._attend_prefill(q, k, v, k_ctx, v_ctx, dense)
+        else:
+            out = self._attend_decode_int8(q, layer, cache, batch)
+        x = x + self.proj(out)
+        return x + self._mlp(x)
+
+    def _attend_decode_int8(
+        self, q: Tensor, layer: int, cache: KVCache, batch: AttentionBatch
+    ) -> Tensor:
+        # The scales are per key, so they are applied to the scores and the
+        # probabilities ((B, H, 1, L) each) rather than to the keys and values
+        # (D times larger): the cache's int8 values are only converted to float.
+        padded = batch.context_slots
+        assert isinstance(padded, Tensor)
+        assert batch.context_mask is not None
+        b, length = padded.shape
+        flat = padded.reshape(-1)
+        shape = (b, length, self.n_heads, self.head_dim)
+        # Heads before positions while still int8 (a quarter of the bytes to move).
+        k = cache.k[layer].index_select(0, flat).view(shape).transpose(1, 2).contiguous().float()
+        v = cache.v[layer].index_select(0, flat).view(shape).transpose(1, 2).contiguous().float()
+        blocks = torch.div(flat, cache.block_size, rounding_mode="floor")
+        scales = cache.kv_scale[layer].index_select(0, blocks).view(b, length, 2, self.n_heads)
+        k_scale = scales[:, :, 0].transpose(1, 2).unsqueeze(2)  # (B, H, 1, L)
+        v_scale = scales[:, :, 1].transpose(1, 2).unsqueeze(2)
+        scores = torch.matmul(q.unsqueeze(2), k.transpose(2, 3))  # (B, H, 1, L)
+        scores = (scores * (k_scale / math.sqrt(self.head_dim))).masked_fill_(
+            ~batch.context_mask, float("-inf")
+        )
+        probs = torch.softmax(scores, dim=-1) * v_scale
+        out = torch.matmul(probs, v)  # (B, H, 1, D)
+        return out.reshape(b, -1)
 
     def _attend_prefill(
         self,

@@ -62,6 +62,7 @@ class SequenceStatus(enum.Enum):
     REMOTE = "remote"  # holds blocks; a prefill worker is computing their KV
     READY = "ready"  # holds blocks with KV up to num_computed; the rest prefills locally
     RUNNING = "running"
+    SWAPPED = "swapped"  # KV paged out to the host tier (or on its way back)
     FINISHED = "finished"
 
 

@@ -1,0 +1,218 @@
+"""The host KV tier: paging running sequences out and back in keeps every output the same."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+from yieldgate.harness.engine import Engine, EngineConfig
+from yieldgate.harness.kv_tiers import HostKVTier, TieredScheduler, block_views
+from yieldgate.harness.model import KVCache, ModelConfig
+from yieldgate.harness.sequence import SamplingParams, SequenceStatus
+
+PROMPTS = [
+    list(b"Hi"),
+    list(b"The quick brown fox jumps over the lazy dog"),
+    list(b"0123456789abcdef"),
+    list(b"a longer prompt that spans several KV blocks of sixteen tokens each, and then some"),
+]
+GREEDY = SamplingParams(max_tokens=24)
+SEEDED = SamplingParams(max_tokens=24, temperature=1.0, seed=11, top_p=0.9)
+
+
+def make_engine(**overrides: Any) -> Engine:
+    return Engine(EngineConfig(**{"device": "cpu", "num_blocks": 256, **overrides}))
+
+
+def tiered(engine: Engine) -> TieredScheduler:
+    assert isinstance(engine.scheduler, TieredScheduler)
+    return engine.scheduler
+
+
+@pytest.fixture(scope="module")
+def large_pool_outputs() -> dict[tuple[str, str], list[list[int]]]:
+    """What each workload gives when every sequence's KV fits the device pool."""
+    out = {}
+    for kv_dtype in ("float32", "int8"):
+        for name, params in (("greedy", GREEDY), ("seeded", SEEDED)):
+            out[kv_dtype, name] = make_engine(kv_dtype=kv_dtype).generate(PROMPTS, params)
+    return out
+
+
+@pytest.mark.parametrize("kv_dtype", ["float32", "int8"])
+@pytest.mark.parametrize("sampling", ["greedy", "seeded"])
+def test_paging_out_and_in_gives_the_outputs_of_a_large_enough_pool(
+    large_pool_outputs: dict[tuple[str, str], list[list[int]]], kv_dtype: str, sampling: str
+) -> None:
+    # 12 blocks of 16 tokens for 4 sequences that grow to 26-108 tokens: they
+    # cannot all hold their KV at once, and the host tier takes the overflow.
+    engine = make_engine(num_blocks=12, host_kv_blocks=32, kv_dtype=kv_dtype)
+    params = GREEDY if sampling == "greedy" else SEEDED
+    assert engine.generate(PROMPTS, params) == large_pool_outputs[kv_dtype, sampling]
+    stats = engine.stats()
+    assert stats["kv_swap_outs"] > 0
+    assert stats["kv_swap_ins"] == stats["kv_swap_outs"]
+    assert stats["preemptions"] == 0  # nothing was recomputed
+    assert stats["kv_blocks_in"] == stats["kv_blocks_out"] > 0
+    assert stats["kv_bytes_out"] == stats["kv_blocks_out"] * engine.cache.bytes_per_block
+    assert stats["kv_bytes_in"] == stats["kv_bytes_out"]
+    assert stats["kv_page_out_ms"] > 0
+    # Everything given back, on both tiers.
+    assert stats["kv_blocks_used"] == 0
+    assert stats["kv_host_blocks_used"] == 0
+    assert stats["kv_swapped"] == 0
+    # Paging moves KV, it does not compute it again: only the prompts were prefilled.
+    assert stats["prompt_tokens_computed"] == sum(len(p) for p in PROMPTS)
+
+
+def test_the_same_workload_without_a_tier_recomputes(
+    large_pool_outputs: dict[tuple[str, str], list[list[int]]],
+) -> None:
+    engine = make_engine(num_blocks=12)
+    assert engine.generate(PROMPTS, GREEDY) == large_pool_outputs["float32", "greedy"]
+    stats = engine.stats()
+    assert stats["preemptions"] > 0
+    assert stats["prompt_tokens_computed"] > sum(len(p) for p in PROMPTS)
+    assert stats["kv_swap_outs"] == stats["kv_host_blocks_total"] == 0
+
+
+def test_a_host_tier_too_small_falls_back_to_recompute(
+    large_pool_outputs: dict[tuple[str, str], list[list[int]]],
+) -> None:
+    engine = make_engine(num_blocks=12, host_kv_blocks=1)
+    assert engine.generate(PROMPTS, GREEDY) == large_pool_outputs["float32", "greedy"]
+    assert engine.stats()["preemptions"] > 0
+
+
+def _fill_until_swapped(engine: Engine) -> list[Any]:
+    seqs = [engine.add(prompt, SamplingParams(max_tokens=60)) for prompt in PROMPTS]
+    scheduler = tiered(engine)
+    while not scheduler.swapped:
+        assert engine.step() is not None
+    return seqs
+
+
+def test_nothing_new_is_admitted_while_a_sequence_is_swapped_out() -> None:
+    engine = make_engine(num_blocks=12, host_kv_blocks=32)
+    seqs = _fill_until_swapped(engine)
+    late = engine.add(list(b"late"), SamplingParams(max_tokens=2))
+    for _ in range(3):
+        step = engine.step()
+        assert step is not None
+        assert late not in step.seqs
+    engine.run_until_done([*seqs, late])
+    assert late.output == engine.model.greedy_reference(list(b"late"), 2)
+
+
+def test_no_prefill_worker_reservation_while_a_sequence_is_swapped_out() -> None:
+    engine = make_engine(num_blocks=12, host_kv_blocks=32)
+    seqs = _fill_until_swapped(engine)
+    remote = engine.create(list(b"for a prefill worker"), SamplingParams(max_tokens=2))
+    assert not engine.reserve_remote(remote)  # swapped sequences come back first
+    engine.run_until_done(seqs)
+    assert engine.reserve_remote(remote)
+    engine.abort(remote)
+
+
+def test_page_ins_start_when_a_step_frees_blocks_before_the_next_step() -> None:
+    engine = make_engine(num_blocks=8, host_kv_blocks=32)
+    seqs = [
+        engine.add(prompt, SamplingParams(max_tokens=n))
+        for prompt, n in zip(PROMPTS, (40, 40, 40, 20), strict=True)
+    ]
+    scheduler = tiered(engine)
+    prefetched = 0
+    while not all(seq.is_finished for seq in seqs):
+        result = engine.step()
+        assert result is not None
+        if result.finished and scheduler.incoming:
+            # The page-in was issued by the step that freed the blocks (prefetch),
+            # not by the schedule of the step that needs it.
+            prefetched += 1
+    assert prefetched > 0
+    assert scheduler.num_swap_ins == scheduler.num_swap_outs > 0
+
+
+def test_aborting_swapped_and_incoming_sequences_frees_both_tiers() -> None:
+    engine = make_engine(num_blocks=12, host_kv_blocks=32)
+    seqs = _fill_until_swapped(engine)
+    scheduler = tiered(engine)
+    victim = scheduler.swapped[0].seq
+    assert victim.status is SequenceStatus.SWAPPED
+    engine.abort(victim)  # swapped out: its host blocks go back
+    assert victim.is_finished
+    assert not scheduler.swapped
+    assert engine.stats()["kv_host_blocks_used"] == 0
+    while not scheduler.swapped:
+        assert engine.step() is not None
+    # Free device blocks so that a page-in starts, then abort the sequence on its way in.
+    for seq in list(scheduler.running):
+        engine.abort(seq)
+        scheduler.prefetch()
+        if scheduler.incoming:
+            break
+    incoming = scheduler.incoming[0].seq
+    engine.abort(incoming)
+    assert incoming.is_finished
+    for seq in seqs:
+        engine.abort(seq)
+    stats = engine.stats()
+    assert stats["kv_blocks_used"] == 0
+    assert stats["kv_host_blocks_used"] == 0
+    assert stats["kv_swapped"] == 0
+    assert not engine.has_work
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int8])
+def test_a_page_out_and_in_restores_blocks_bit_for_bit(dtype: torch.dtype) -> None:
+    config = ModelConfig(d_model=32, n_heads=2, n_layers=2, d_ff=64)
+    cache = KVCache(config, num_blocks=6, block_size=4, device=torch.device("cpu"), dtype=dtype)
+    gen = torch.Generator().manual_seed(0)
+    slots = torch.arange(24)
+    for layer in range(config.n_layers):
+        x = torch.randn(24, config.n_heads, config.head_dim, generator=gen)
+        cache.write(layer, slots, x, -x)
+    before = [view.clone() for view in block_views(cache)]
+    tier = HostKVTier(cache, 4)
+    host = tier.page_out([1, 4, 2])
+    for view in block_views(cache):
+        view.zero_()
+    handle = tier.page_in(host, [5, 0, 3])
+    tier.finish(handle)
+    for old, new in zip(before, block_views(cache), strict=True):
+        assert torch.equal(new[:, [5, 0, 3]], old[:, [1, 4, 2]])
+    assert tier.num_free == 4
+    stats = tier.stats()
+    assert stats.blocks_out == stats.blocks_in == 3
+    assert stats.bytes_out == 3 * cache.bytes_per_block
+    with pytest.raises(MemoryError):
+        tier.page_out([0, 1, 2, 3, 4])
+
+
+def test_counters_are_there_and_zero_without_a_tier() -> None:
+    stats = make_engine().stats()
+    for key in ("kv_swap_outs", "kv_swap_ins", "kv_blocks_out", "kv_blocks_in", "kv_bytes_out"):
+        assert stats[key] == 0
+    assert stats["kv_stall_ms"] == 0.0
+    assert stats["kv_dtype"] == "float32"
+
+
+def test_reset_counters_zeroes_the_tier() -> None:
+    engine = make_engine(num_blocks=12, host_kv_blocks=32)
+    engine.generate(PROMPTS, GREEDY)
+    assert engine.stats()["kv_swap_outs"] > 0
+    engine.reset_counters()
+    stats = engine.stats()
+    assert stats["kv_swap_outs"] == stats["kv_blocks_out"] == 0
+    assert stats["kv_stall_ms"] == stats["kv_page_out_ms"] == 0.0
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [({"host_kv_blocks": -1}, "host_kv_blocks"), ({"kv_dtype": "fp8"}, "kv_dtype")],
+)
+def test_bad_tier_config_is_a_value_error(overrides: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        EngineConfig(**overrides)
