@@ -176,6 +176,19 @@ def test_config_validation() -> None:
         HarnessConfig(torch_threads=0)
     with pytest.raises(ValueError, match="device"):
         EngineConfig(device="tpu")
+    with pytest.raises(ValueError, match="raise --kv-blocks"):
+        HarnessConfig(engine=EngineConfig(num_blocks=2, block_size=4))
+
+
+async def test_a_small_cache_warms_up_with_a_prompt_it_can_hold() -> None:
+    # 8 blocks of 16 tokens: less than the full warm-up prompt and its tokens need.
+    harness = HarnessBackend(HarnessConfig(engine=EngineConfig(device="cpu", num_blocks=8)))
+    try:
+        await harness.start(Governor(GovernorConfig(max_inflight=2)))
+        assert harness.engine is not None
+        assert harness.engine.decode_step_ms is not None  # it warmed up
+    finally:
+        await harness.aclose()
 
 
 async def test_a_failing_step_fails_its_requests_and_the_engine_goes_on(

@@ -292,3 +292,17 @@ def test_the_verify_grid_gives_the_full_forward_logits() -> None:
     ]
     branch = engine.model.forward_full(torch.tensor([*first.tokens, extra[1][0], ord("Q")]))[-1:]
     torch.testing.assert_close(logits, torch.cat([*full, branch]), atol=1e-4, rtol=1e-4)
+
+
+def test_speculation_refuses_int8_kv_and_keeps_exact_over_the_host_tier() -> None:
+    with pytest.raises(ValueError, match="float32"):
+        EngineConfig(speculative=SpeculativeConfig(k=4), kv_dtype="int8")
+    # Pages out and in under speculation: still exactly the plain greedy output.
+    tight = {"num_blocks": 14, "host_kv_blocks": 64}
+    params = SamplingParams(max_tokens=MAX_TOKENS)
+    reference = make_engine(None, **tight).generate(PROMPTS, params)
+    engine = make_engine(SpeculativeConfig(k=4, **QUICK), **tight)
+    assert engine.generate(PROMPTS, params) == reference
+    stats = engine.stats()
+    assert stats["kv_swap_outs"] > 0
+    assert stats["kv_blocks_used"] == 0

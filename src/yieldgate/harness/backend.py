@@ -76,6 +76,17 @@ _WARMUP_TOKENS = 8
 _WORKER_START_S = 2.0
 
 
+def _warmup_prompt(engine: Engine) -> list[int]:
+    """The warm-up prompt, cut to what a small cache or batch budget can run at all."""
+    config = engine.config
+    room = min(
+        config.num_blocks * config.block_size - _WARMUP_TOKENS,
+        config.scheduler.max_num_batched_tokens,
+        engine.model.config.max_seq_len - _WARMUP_TOKENS,
+    )
+    return _WARMUP_PROMPT[: max(1, room)]
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class HarnessConfig:
     """The engine plus what the backend adds around it.
@@ -106,6 +117,13 @@ class HarnessConfig:
             raise ValueError("expected_load_s must be a finite number >= 0")
         if self.prefill_workers < 0:
             raise ValueError("prefill_workers must be >= 0")
+        engine = self.engine
+        if engine.num_blocks * engine.block_size <= _WARMUP_TOKENS:
+            raise ValueError(
+                f"a KV cache of {engine.num_blocks} blocks of {engine.block_size} tokens cannot "
+                f"hold a one-token prompt and the {_WARMUP_TOKENS} tokens the warm-up generates: "
+                "raise --kv-blocks or --block-size"
+            )
         if not (self.worker_timeout_s > 0 and math.isfinite(self.worker_timeout_s)):
             raise ValueError("worker_timeout_s must be a positive number")
 
@@ -186,7 +204,7 @@ class HarnessBackend(EngineThread):
         engine = Engine(self.config.engine)
         # Warm-up: the first kernels are slow to start, and the Governor's
         # hints need a measured prefill and decode speed from the first request on.
-        engine.generate([_WARMUP_PROMPT], SamplingParams(max_tokens=_WARMUP_TOKENS))
+        engine.generate([_warmup_prompt(engine)], SamplingParams(max_tokens=_WARMUP_TOKENS))
         engine.reset_counters()
         if self.qos is not None:
             estimator = self.qos.estimator

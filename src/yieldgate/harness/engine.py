@@ -72,6 +72,10 @@ class EngineConfig:
             )
         if self.block_size < 1:
             raise ValueError("block_size must be >= 1")
+        if self.speculative is not None and self.kv_dtype != "float32":
+            # A rejected draft's keys can raise a block's scale and requantise the
+            # tokens already there: greedy output would no longer match plain decoding.
+            raise ValueError("speculative decoding needs kv_dtype='float32' (int8 KV is lossy)")
         if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
             raise ValueError(f"device must be auto, cpu or cuda[:N], got {self.device!r}")
 
