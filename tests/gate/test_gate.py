@@ -1316,3 +1316,41 @@ async def test_an_enclosing_scope_cancelled_as_the_attempt_times_out_keeps_its_c
         assert task.cancelling() == 0
     # The Gate is left as it was: nothing in flight.
     assert g.statistics().window.inflight == 0
+
+
+async def test_a_call_admitted_with_less_time_left_than_an_attempt_takes_is_not_sent(
+    anyio_backend: Any,
+) -> None:
+    g = gate(window=WindowPolicy(initial=1, min=1, max=1), timeout=TimeoutPolicy(total_s=1.0))
+    sent: list[str] = []
+
+    async def work(name: str, seconds: float) -> str:
+        sent.append(name)
+        await anyio.sleep(seconds)
+        return name
+
+    assert await g.call(work, "first", 0.5) == "first"  # an attempt takes about 0.5 s
+    results: dict[str, Any] = {}
+
+    async def run(name: str, seconds: float, total: float) -> None:
+        try:
+            results[name] = await g.call(work, name, seconds, timeout=total)
+        except DeadlineExceededError as exc:
+            results[name] = exc
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(run, "a", 0.7, 5.0)  # takes the one slot for 0.7 s
+        await anyio.sleep(0.01)
+        started = anyio.current_time()
+        tg.start_soon(run, "b", 0.5, 1.0)  # its turn comes with 0.3 s left: too late
+        await anyio.sleep(0.01)
+        tg.start_soon(run, "c", 0.5, 5.0)  # behind it, with time: served at once
+    assert results["a"] == "a"
+    assert isinstance(results["b"], DeadlineExceededError)
+    # The upstream's latency then: 0.5 s, moved by a's 0.7 s.
+    assert "0.310 s left, and an attempt takes about 0.540 s" in str(results["b"])
+    assert results["c"] == "c"
+    assert sent == ["first", "a", "c"]  # b was never sent
+    # c went when a ended, not after b's deadline.
+    assert anyio.current_time() - started == pytest.approx(0.7 + 0.5, abs=0.05)
+    assert g.statistics().window.inflight == 0

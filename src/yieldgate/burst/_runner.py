@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import datetime
 import logging
 import math
@@ -364,7 +365,7 @@ async def _run_one(
             open_target(
                 target,
                 gate,
-                config.workload,
+                dataclasses.replace(config.workload, timeout_s=config.timeout_s),
                 dialect=config.dialect,
                 native_retries=strategy.native_retries(target.kind),
             )

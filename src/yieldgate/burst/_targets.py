@@ -22,6 +22,7 @@ from typing import Any, Literal
 from urllib.parse import urlsplit
 
 import yieldgate
+from yieldgate.gate import USE_POLICY
 from yieldgate.protocol import PRIORITY_HEADER
 
 __all__ = ["Request", "Send", "StatsSource", "Target", "TargetKind", "Workload", "open_target"]
@@ -105,12 +106,15 @@ class Workload:
     ``prompt_tokens`` is a weighted mix of prompt lengths (one byte is one
     token for the harness backend); empty sends a short ``request N`` text.
     ``max_tokens`` becomes each API's own field (omitted when ``None``).
+    ``timeout_s``: the caller's time-out, given to the client as its request
+    timeout as a caller would (the Gate then knows the call's deadline).
     """
 
     stream: bool = False
     prompt_tokens: tuple[tuple[int, float], ...] = ()
     max_tokens: int | None = None
     model: str = "yieldgate-sim"
+    timeout_s: float | None = None
 
     def __post_init__(self) -> None:
         for tokens, weight in self.prompt_tokens:
@@ -300,10 +304,15 @@ async def _open_tcp(
             request.restart()
             max_tokens = _max_tokens(workload, request)
             params = {"max_tokens": max_tokens} if max_tokens is not None else None
+            timeout = USE_POLICY if workload.timeout_s is None else workload.timeout_s
             if not workload.stream:
-                await client.submit(prompt, params=params, priority=request.priority)
+                await client.submit(
+                    prompt, params=params, priority=request.priority, timeout=timeout
+                )
                 return
-            async with client.stream(prompt, params=params, priority=request.priority) as chunks:
+            async with client.stream(
+                prompt, params=params, priority=request.priority, timeout=timeout
+            ) as chunks:
                 async for _ in chunks:
                     request.chunk()
 
@@ -339,6 +348,8 @@ async def _open_openai(
             extra["max_tokens"] = max_tokens
         if request.priority is not None:
             extra["extra_headers"] = {PRIORITY_HEADER: request.priority}
+        if workload.timeout_s is not None:
+            extra["timeout"] = workload.timeout_s  # the Gate's transport reads it as the deadline
         messages: Any = [{"role": "user", "content": prompt}]
         if not workload.stream:
             await client.chat.completions.create(model=workload.model, messages=messages, **extra)

@@ -205,11 +205,20 @@ class CallState:
         number = self.attempts + 1
         up = slot.upstream
         with core.lock:
-            if (slot.waited or number > 1) and self.deadline is not None and now >= self.deadline:
-                # Admitted only at the deadline: an attempt now could only fail.
-                up.window.release(slot.permit, Signal.CANCELLED)
-                up.breaker.record(slot.ticket, Verdict.NEUTRAL)
-                raise self.deadline_error("before an attempt could start")
+            if (slot.waited or number > 1) and self.deadline is not None:
+                left = self.deadline - now
+                expected = up.latency.ewma_s
+                if left <= 0 or (expected is not None and left < expected):
+                    # Admitted too late to finish: an attempt now would hold a slot
+                    # (the server's and ours) for an answer nobody waits for.
+                    up.window.release(slot.permit, Signal.CANCELLED)
+                    up.breaker.record(slot.ticket, Verdict.NEUTRAL)
+                    if left <= 0:
+                        raise self.deadline_error("before an attempt could start")
+                    raise self.deadline_error(
+                        f"before an attempt could start: {left:.3f} s left, and an attempt "
+                        f"takes about {expected:.3f} s"
+                    )
             self.attempts = number
             self.withdrawn = None  # the retry it paid for is being sent
             if slot.claim is BLIND:
@@ -334,8 +343,9 @@ class CallState:
             self.shared_until = None
         counters = core.counters
         if kind is OutcomeKind.OK:
-            # Latencies feed hedge delays and the choice of upstream.
-            if core.named or self.hedge is not None:
+            # Latencies feed hedge delays, the choice of upstream, and whether a call
+            # admitted late still has time for an attempt (``begin``).
+            if core.named or self.hedge is not None or self.deadline is not None:
                 up.latency.record(now - attempt.started)
                 if up.latency is not core.latency:  # a member of a set: the Gate's too
                     core.latency.record(now - attempt.started)
