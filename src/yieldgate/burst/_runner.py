@@ -251,6 +251,11 @@ def run_burst(config: BurstConfig, *, progress: Progress | None = None) -> Burst
             result = _run_async(_run_one, config, strategy, live, offsets, prompts, n, progress)
             progress.finish(result)
         results.append(result)
+    return _report(config, results)
+
+
+def _report(config: BurstConfig, results: Sequence[StrategyResult]) -> BurstReport:
+    """The report of ``config``'s run: its results, stamped with the machine and the time."""
     return BurstReport(
         config=config.as_dict(),
         machine=_machine(),

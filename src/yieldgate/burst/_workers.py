@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import datetime
 import logging
 import multiprocessing
 import multiprocessing.connection
@@ -53,8 +52,8 @@ from yieldgate.burst._runner import (
     Progress,
     _Live,
     _live_server,
-    _machine,
     _prompts,
+    _report,
     _run_async,
     _run_one,
     _sim_ramp,
@@ -359,10 +358,4 @@ def run_workers(config: BurstConfig, progress: Progress) -> BurstReport:
                 result = _run_async(_drive, pool, config, strategy, live, n, progress)
                 progress.finish(result)
             results.append(result)
-    return BurstReport(
-        config=config.as_dict(),
-        machine=_machine(),
-        created=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        results=tuple(results),
-        goal=config.goal,
-    )
+    return _report(config, results)
