@@ -1,0 +1,128 @@
+"""Graceful degradation as a pure policy: pressure readings on a fake clock, verdicts."""
+
+from __future__ import annotations
+
+import pytest
+
+from yieldgate.harness.degrade import DegradeConfig, DegradeLevel, Degrader, Verdict
+from yieldgate.protocol import Priority
+
+LOW, NORMAL, HIGH = Priority.LOW, Priority.NORMAL, Priority.HIGH
+
+
+def degrader(**overrides: object) -> Degrader:
+    return Degrader(DegradeConfig(sustain_s=1.0, **overrides))  # type: ignore[arg-type]
+
+
+def test_nothing_applies_before_any_overload() -> None:
+    policy = degrader()
+    assert policy.verdict(LOW, 0.0) == Verdict()
+    policy.observe(0.0, 0.5)
+    assert policy.level(10.0) is None
+    assert policy.verdict(LOW, 10.0) == Verdict()
+
+
+def test_a_burst_shorter_than_sustain_is_absorbed() -> None:
+    policy = degrader()
+    policy.observe(0.0, 1.5)
+    policy.observe(0.5, 1.5)
+    assert policy.verdict(LOW, 0.9) == Verdict()  # over, but not for sustain_s yet
+    policy.observe(0.95, 0.8)  # one reading under the objective resets the timer
+    policy.observe(1.2, 1.5)
+    assert policy.verdict(LOW, 2.0) == Verdict()
+    assert policy.verdict(LOW, 2.2).max_tokens == 8
+
+
+def test_sustained_overload_shortens_then_rejects() -> None:
+    """Scripted traffic: the pressure climbs, stays, then falls."""
+    policy = degrader()
+    script = [(0.0, 0.5), (1.0, 1.2), (1.5, 1.4), (2.0, 1.6), (2.5, 2.5), (3.0, 3.0), (3.5, 2.6)]
+    verdicts = []
+    for now, pressure in script:
+        policy.observe(now, pressure)
+        verdicts.append(policy.verdict(LOW, now))
+    assert [v.level for v in verdicts] == [None, None, None, 0, 0, 0, 1]
+    assert verdicts[3] == Verdict(max_tokens=8, level=0)
+    assert verdicts[-1] == Verdict(reject=True, level=1)
+    # The overload ends: one reading below level 0 clears both levels at once.
+    policy.observe(4.0, 0.9)
+    assert policy.verdict(LOW, 4.0) == Verdict()
+    stats = policy.stats(4.0)
+    assert stats["shortened"] == 3
+    assert stats["rejected"] == 1
+    assert stats["level"] == -1
+
+
+def test_only_the_degraded_priorities_are_touched() -> None:
+    policy = degrader(priorities=frozenset({LOW, NORMAL}))
+    policy.observe(0.0, 5.0)
+    assert policy.verdict(HIGH, 5.0) == Verdict()
+    assert policy.verdict(NORMAL, 5.0).reject
+    low_only = degrader()
+    low_only.observe(0.0, 5.0)
+    assert low_only.verdict(NORMAL, 5.0) == Verdict()
+
+
+def test_low_priority_prefills_locally_while_workers_serve_high() -> None:
+    policy = degrader(high_busy_jobs=2)
+    assert not policy.prefill_locally(LOW, high_jobs_queued=1)
+    assert policy.prefill_locally(LOW, high_jobs_queued=2)
+    assert not policy.prefill_locally(NORMAL, high_jobs_queued=5)
+    assert not policy.prefill_locally(HIGH, high_jobs_queued=5)
+    off = degrader(local_prefill=False)
+    assert not off.prefill_locally(LOW, high_jobs_queued=5)
+    assert policy.stats(0.0)["local_prefills"] == 1
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"pressure": 0.0, "max_tokens": 4},
+        {"pressure": float("nan"), "max_tokens": 4},
+        {"pressure": 1.0},
+        {"pressure": 1.0, "max_tokens": 4, "reject": True},
+        {"pressure": 1.0, "max_tokens": 0},
+        {"pressure": True, "max_tokens": 4},
+    ],
+)
+def test_bad_levels_are_refused(kwargs: dict[str, object]) -> None:
+    with pytest.raises(ValueError):
+        DegradeLevel(**kwargs)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"priorities": frozenset({HIGH})},
+        {"priorities": {LOW}},
+        {"high_busy_jobs": 0},
+        {"sustain_s": -1.0},
+        {"levels": [DegradeLevel(pressure=1.0, max_tokens=4)]},
+        {
+            "levels": (
+                DegradeLevel(pressure=2.0, max_tokens=4),
+                DegradeLevel(pressure=1.0, max_tokens=2),
+            )
+        },
+        {
+            "levels": (
+                DegradeLevel(pressure=1.0, reject=True),
+                DegradeLevel(pressure=2.0, max_tokens=2),
+            )
+        },
+        {
+            "levels": (
+                DegradeLevel(pressure=1.0, max_tokens=4),
+                DegradeLevel(pressure=2.0, max_tokens=8),
+            )
+        },
+    ],
+)
+def test_bad_configs_are_refused(kwargs: dict[str, object]) -> None:
+    with pytest.raises(ValueError):
+        DegradeConfig(**kwargs)  # type: ignore[arg-type]
+
+
+def test_a_bad_reading_is_refused() -> None:
+    with pytest.raises(ValueError):
+        degrader().observe(0.0, float("inf"))
