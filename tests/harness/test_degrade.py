@@ -19,6 +19,9 @@ def test_nothing_applies_before_any_overload() -> None:
     assert policy.verdict(LOW, 0.0) == Verdict()
     policy.observe(0.0, 0.5)
     assert policy.level(10.0) is None
+    # A long prompt alone on an idle server reads exactly 1: never an overload.
+    policy.observe(11.0, 1.0)
+    assert policy.level(20.0) is None
     assert policy.verdict(LOW, 10.0) == Verdict()
 
 
@@ -41,9 +44,13 @@ def test_sustained_overload_shortens_then_rejects() -> None:
     for now, pressure in script:
         policy.observe(now, pressure)
         verdicts.append(policy.verdict(LOW, now))
+        policy.record(verdicts[-1])
     assert [v.level for v in verdicts] == [None, None, None, 0, 0, 0, 1]
     assert verdicts[3] == Verdict(max_tokens=8, level=0)
     assert verdicts[-1] == Verdict(reject=True, level=1)
+    # Work already admitted is never rejected afterwards: it gets the deepest cap.
+    assert policy.cap(LOW, 3.5) == Verdict(max_tokens=8, level=0)
+    assert policy.cap(HIGH, 3.5) == Verdict()
     # The overload ends: one reading below level 0 clears both levels at once.
     policy.observe(4.0, 0.9)
     assert policy.verdict(LOW, 4.0) == Verdict()
@@ -75,54 +82,45 @@ def test_low_priority_prefills_locally_while_workers_serve_high() -> None:
 
 
 @pytest.mark.parametrize(
-    "kwargs",
+    ("kwargs", "match"),
     [
-        {"pressure": 0.0, "max_tokens": 4},
-        {"pressure": float("nan"), "max_tokens": 4},
-        {"pressure": 1.0},
-        {"pressure": 1.0, "max_tokens": 4, "reject": True},
-        {"pressure": 1.0, "max_tokens": 0},
-        {"pressure": True, "max_tokens": 4},
+        ({"pressure": 0.0, "max_tokens": 4}, "pressure"),
+        ({"pressure": float("nan"), "max_tokens": 4}, "pressure"),
+        ({"pressure": 1.0}, "exactly one"),
+        ({"pressure": 1.0, "max_tokens": 4, "reject": True}, "exactly one"),
+        ({"pressure": 1.0, "max_tokens": 0}, "max_tokens"),
+        ({"pressure": True, "max_tokens": 4}, "pressure"),
     ],
 )
-def test_bad_levels_are_refused(kwargs: dict[str, object]) -> None:
-    with pytest.raises(ValueError):
+def test_bad_levels_are_refused(kwargs: dict[str, object], match: str) -> None:
+    with pytest.raises(ValueError, match=match):
         DegradeLevel(**kwargs)  # type: ignore[arg-type]
 
 
+def levels(*pairs: tuple[float, int | None]) -> dict[str, object]:
+    return {
+        "levels": tuple(DegradeLevel(pressure=p, max_tokens=n, reject=n is None) for p, n in pairs)
+    }
+
+
 @pytest.mark.parametrize(
-    "kwargs",
+    ("kwargs", "match"),
     [
-        {"priorities": frozenset({HIGH})},
-        {"priorities": {LOW}},
-        {"high_busy_jobs": 0},
-        {"sustain_s": -1.0},
-        {"levels": [DegradeLevel(pressure=1.0, max_tokens=4)]},
-        {
-            "levels": (
-                DegradeLevel(pressure=2.0, max_tokens=4),
-                DegradeLevel(pressure=1.0, max_tokens=2),
-            )
-        },
-        {
-            "levels": (
-                DegradeLevel(pressure=1.0, reject=True),
-                DegradeLevel(pressure=2.0, max_tokens=2),
-            )
-        },
-        {
-            "levels": (
-                DegradeLevel(pressure=1.0, max_tokens=4),
-                DegradeLevel(pressure=2.0, max_tokens=8),
-            )
-        },
+        ({"priorities": frozenset({HIGH})}, "high priority"),
+        ({"priorities": {LOW}}, "frozenset"),
+        ({"high_busy_jobs": 0}, "high_busy_jobs"),
+        ({"sustain_s": -1.0}, "sustain_s"),
+        ({"levels": [DegradeLevel(pressure=1.0, max_tokens=4)]}, "tuple"),
+        (levels((2.0, 4), (1.0, 2)), "increasing"),
+        (levels((1.0, None), (2.0, 2)), "last"),
+        (levels((1.0, 4), (2.0, 8)), "more tokens"),
     ],
 )
-def test_bad_configs_are_refused(kwargs: dict[str, object]) -> None:
-    with pytest.raises(ValueError):
+def test_bad_configs_are_refused(kwargs: dict[str, object], match: str) -> None:
+    with pytest.raises(ValueError, match=match):
         DegradeConfig(**kwargs)  # type: ignore[arg-type]
 
 
 def test_a_bad_reading_is_refused() -> None:
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="pressure"):
         degrader().observe(0.0, float("inf"))

@@ -172,30 +172,30 @@ def test_old_samples_leave_the_window() -> None:
 
 
 @pytest.mark.parametrize(
-    "kwargs",
+    ("kwargs", "match"),
     [
-        {"ttft_ms": 0},
-        {"tpot_ms": -1.0},
-        {"percentile": 101},
-        {"headroom": 1.5},
-        {"min_long_share": 2.0},
-        {"min_samples": 0},
-        {"min_prefill_workers": 3, "max_prefill_workers": 2},
-        {"min_decode_seqs": 0},
-        {"max_decode_seqs": 1, "min_decode_seqs": 2},
-        {"decode_step": 0},
-        {"window_s": float("inf")},
-        {"interval_s": True},
+        ({"ttft_ms": 0}, "ttft_ms"),
+        ({"tpot_ms": -1.0}, "tpot_ms"),
+        ({"percentile": 101}, "percentile"),
+        ({"headroom": 1.5}, "headroom"),
+        ({"min_long_share": 2.0}, "min_long_share"),
+        ({"min_samples": 0}, "min_samples"),
+        ({"min_prefill_workers": 3, "max_prefill_workers": 2}, "max_prefill_workers"),
+        ({"min_decode_seqs": 0}, "min_decode_seqs"),
+        ({"max_decode_seqs": 1, "min_decode_seqs": 2}, "max_decode_seqs"),
+        ({"decode_step": 0}, "decode_step"),
+        ({"window_s": float("inf")}, "window_s"),
+        ({"interval_s": True}, "interval_s"),
     ],
 )
-def test_bad_configs_are_refused(kwargs: dict[str, object]) -> None:
-    with pytest.raises(ValueError):
+def test_bad_configs_are_refused(kwargs: dict[str, object], match: str) -> None:
+    with pytest.raises(ValueError, match=match):
         PlannerConfig(**kwargs)  # type: ignore[arg-type]
 
 
 def test_bad_samples_are_refused() -> None:
     planner = Planner(CONFIG)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="ttft_ms"):
         planner.record(0.0, ttft_ms=-1.0, tpot_ms=None, prompt_tokens=1)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="prompt_tokens"):
         planner.record(0.0, ttft_ms=1.0, tpot_ms=None, prompt_tokens=-1)

@@ -13,19 +13,22 @@ clock; the backend is the driver):
    *pressure* of a request is the QoS estimator's predicted TTFT over the
    bound early rejection uses (the larger of its priority's objective and its
    own prefill on an idle server), so pressure above 1 is exactly "plain QoS
-   would reject it". Level ``k`` of ``levels`` is **in force** when every
-   pressure reading of the last ``sustain_s`` seconds was at least
-   ``levels[k].pressure``: the readings have been at or above it for
-   ``sustain_s`` without a break (one reading below resets that level's
-   timer). The deepest level in force applies to the degraded priorities:
+   would reject it (a prompt alone on an idle server is at most 1, however
+   long). Level ``k`` of ``levels`` is **in force** when every pressure
+   reading of the last ``sustain_s`` seconds was above
+   ``levels[k].pressure``: the readings have stayed above it for
+   ``sustain_s`` without a break (one reading at or below it resets that
+   level's timer). The deepest level in force applies to the degraded priorities:
    ``max_tokens`` caps the request's output (the reply says so, and its
    ``finish_reason`` is ``length``), ``reject`` refuses it (``yield``,
    reason ``slo``). With no level in force the request is admitted whole,
    even above the objective: a burst shorter than ``sustain_s`` is absorbed,
    not shed.
 
-``Degrader`` is not thread-safe: the backend calls it from the event loop
-only (readings come from admission checks, which run there).
+``Degrader`` is not thread-safe: the backend calls ``observe``,
+``verdict``, ``cap`` and ``record`` from the event loop (readings come from
+admission checks, which run there) and ``prefill_locally`` from the engine
+thread, which touches nothing else.
 """
 
 from __future__ import annotations
@@ -44,7 +47,7 @@ _NONE: Final = -1
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class DegradeLevel:
-    """One step down: at ``pressure`` (sustained), cap the output at ``max_tokens`` or reject."""
+    """One step down: above ``pressure`` (sustained), cap the output at ``max_tokens`` or reject."""
 
     pressure: float
     max_tokens: int | None = None
@@ -136,7 +139,7 @@ class Degrader:
 
     def __init__(self, config: DegradeConfig) -> None:
         self.config = config
-        # Per level, when the unbroken run of readings at or above its pressure began.
+        # Per level, when the unbroken run of readings above its pressure began.
         self._since: list[float | None] = [None] * len(config.levels)
         self._last_pressure: float | None = None
         self.applied: Counter[int] = Counter()  # verdicts given, by level
@@ -148,7 +151,7 @@ class Degrader:
             raise ValueError(f"pressure must be a finite number >= 0, got {pressure!r}")
         self._last_pressure = pressure
         for index, level in enumerate(self.config.levels):
-            if pressure < level.pressure:
+            if pressure <= level.pressure:
                 self._since[index] = None
             elif self._since[index] is None:
                 self._since[index] = now
@@ -163,17 +166,36 @@ class Degrader:
         return deepest
 
     def verdict(self, priority: Priority, now: float) -> Verdict:
-        """What a request of ``priority`` gets now; high priority and unlisted ones: admitted."""
+        """What a request of ``priority`` gets now; high priority and unlisted ones: admitted.
+
+        Nothing is counted: ``record`` the verdict that was carried out.
+        """
         if priority not in self.config.priorities:
             return _ADMIT
         index = self.level(now)
         if index is None:
             return _ADMIT
-        self.applied[index] += 1
         level = self.config.levels[index]
         if level.reject:
             return Verdict(reject=True, level=index)
         return Verdict(max_tokens=level.max_tokens, level=index)
+
+    def cap(self, priority: Priority, now: float) -> Verdict:
+        """The deepest *capping* level in force (a request already admitted is not rejected)."""
+        if priority not in self.config.priorities:
+            return _ADMIT
+        sustain = self.config.sustain_s
+        found = _ADMIT
+        for index, since in enumerate(self._since):
+            level = self.config.levels[index]
+            if since is not None and now - since >= sustain and not level.reject:
+                found = Verdict(max_tokens=level.max_tokens, level=index)
+        return found
+
+    def record(self, verdict: Verdict) -> None:
+        """Count a verdict that was carried out (a rejection, or an output actually cut)."""
+        if verdict.level is not None:
+            self.applied[verdict.level] += 1
 
     def prefill_locally(self, priority: Priority, high_jobs_queued: int) -> bool:
         """Whether this prompt must stay off the prefill workers (they serve high priority)."""
