@@ -1,11 +1,20 @@
-"""Graceful degradation as a pure policy: pressure readings on a fake clock, verdicts."""
+"""Graceful degradation: the pure policy on a fake clock, then wired into the backend."""
 
 from __future__ import annotations
 
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import anyio
 import pytest
 
+from yieldgate.harness.backend import HarnessBackend, HarnessConfig
 from yieldgate.harness.degrade import DegradeConfig, DegradeLevel, Degrader, Verdict
+from yieldgate.harness.engine import EngineConfig
 from yieldgate.protocol import Priority
+from yieldgate.server.backends import Work
+from yieldgate.server.governor import AdmissionRequest, Governor, GovernorConfig, Rejection
 
 LOW, NORMAL, HIGH = Priority.LOW, Priority.NORMAL, Priority.HIGH
 
@@ -124,3 +133,85 @@ def test_bad_configs_are_refused(kwargs: dict[str, object], match: str) -> None:
 def test_a_bad_reading_is_refused() -> None:
     with pytest.raises(ValueError, match="pressure"):
         degrader().observe(0.0, float("inf"))
+
+
+# -- in the backend ------------------------------------------------------------
+
+
+@pytest.fixture
+async def harness() -> AsyncIterator[HarnessBackend]:
+    config = HarnessConfig(
+        engine=EngineConfig(device="cpu", num_blocks=128),
+        degrade=DegradeConfig(sustain_s=0.5),
+    )
+    backend = HarnessBackend(config)
+    await backend.start(Governor(GovernorConfig(max_inflight=4)))
+    try:
+        yield backend
+    finally:
+        await backend.aclose()
+
+
+@pytest.mark.anyio
+async def test_sustained_overload_cuts_low_priority_output_and_says_so(
+    harness: HarnessBackend,
+) -> None:
+    assert harness.degrader is not None
+    assert harness.engine is not None
+    # Scripted: the pressure has been 1.5 for a second (level 0: at most 8 tokens).
+    harness.degrader.observe(time.monotonic() - 1.0, 1.5)
+    prompt = "degrade me"
+    chunks: list[Any] = []
+
+    async def emit(data: Any) -> None:
+        chunks.append(data)
+
+    low = Work(id="l", body=prompt, params={"max_tokens": 32}, priority=LOW, stream=True)
+    with anyio.fail_after(60):
+        result = await harness.execute(low, emit)
+        normal = await harness.execute(Work(id="n", body=prompt, params={"max_tokens": 32}), None)
+    expected = {"max_tokens": 8, "requested_max_tokens": 32, "level": 0, "reason": "overload"}
+    assert result["degraded"] == expected
+    assert result["completion_tokens"] == 8
+    assert result["finish_reason"] == "length"
+    reference = harness.engine.model.greedy_reference(list(prompt.encode()), 8)
+    assert result["token_ids"] == reference
+    assert chunks[0]["degraded"] == expected  # a stream learns it with its first token
+    assert all("degraded" not in chunk for chunk in chunks[1:])
+    assert "degraded" not in normal
+    assert normal["completion_tokens"] == 32
+    # A request that asked for no more than the cap is not degraded at all.
+    small = Work(id="s", body=prompt, params={"max_tokens": 4}, priority=LOW)
+    with anyio.fail_after(60):
+        assert "degraded" not in await harness.execute(small, None)
+    assert harness.stats()["degrade"]["shortened"] == 1
+
+
+@pytest.mark.anyio
+async def test_the_admission_check_reads_pressure_and_rejects_at_the_last_level(
+    harness: HarnessBackend,
+) -> None:
+    assert harness.qos is not None
+    estimator = harness.qos.estimator
+    # Seeded measurements and the queue the engine thread would publish: 5,000
+    # prompt tokens ahead at 1 ms each, against the low objective of 500 ms.
+    estimator.prefill_ms_per_token = 1.0
+    estimator.decode_step_ms = 1.0
+    harness._load_now = (5000, 0)
+
+    def check(priority: Priority) -> Rejection | None:
+        return harness._check_slo(
+            AdmissionRequest(priority=priority, body="x", params={}, inflight=0, capacity=4)
+        )
+
+    assert harness.degrader is not None
+    # Scripted: readings above every level for the last 0.6 s (sustain_s is 0.5).
+    harness.degrader.observe(time.monotonic() - 0.6, 10.0)
+    rejection = check(LOW)
+    assert rejection is not None
+    assert rejection.retry_hint_ms == 5001 - 500
+    # The check was a reading too: the estimate over the low objective.
+    assert harness.degrader.stats(time.monotonic())["pressure"] == pytest.approx(5001 / 500)
+    assert check(NORMAL) is None  # not degraded, and plain QoS is off
+    assert check(HIGH) is None
+    assert harness.stats()["degrade"]["rejected"] == 1

@@ -207,6 +207,11 @@ class HarnessBackend(EngineThread):
         self.engine = await anyio.to_thread.run_sync(self._load)
         if self._closed:
             return
+        if self.config.planner is not None:
+            # The planner moves the decode batch and the Governor's capacity together.
+            sched = self.engine.scheduler
+            count = min(sched.config.max_num_seqs, governor.capacity)
+            sched.config = dataclasses.replace(sched.config, max_num_seqs=count)
         self._thread = threading.Thread(target=self._run, name="yieldgate-engine", daemon=True)
         self._thread.start()
         log.info(

@@ -330,7 +330,7 @@ class PrefillPool:
                     if type(request_id) is int and self._unassign(worker, request_id):
                         self._on_failed(request_id, str(message.get("msg", "prefill failed")))
         except (EOFError, OSError, RuntimeError, TransferError) as exc:
-            if not self._closing:
+            if not self._closing and not worker.stopped:
                 log.warning("prefill worker %d lost: %s", worker.index, exc)
         finally:
             self._lose(worker)
