@@ -173,7 +173,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="a short run (8 s of arrivals)")
     parser.add_argument("--duration", type=float, default=20.0, help="seconds of arrivals")
     parser.add_argument("--high-rate", type=float, default=2.0, help="high requests per second")
-    parser.add_argument("--low-rate", type=float, default=10.0, help="low requests per second")
+    parser.add_argument("--low-rate", type=float, default=6.0, help="low requests per second")
     parser.add_argument("--high-tokens", type=int, default=768)
     parser.add_argument("--low-tokens", type=int, default=768)
     parser.add_argument("--high-max-tokens", type=int, default=8)

@@ -125,7 +125,7 @@ async def run_mode(
             interval_s=0.25,
             cooldown_s=1.0,
             min_prefill_workers=0,
-            max_prefill_workers=2,
+            max_prefill_workers=args.max_prefill_workers,
             min_decode_seqs=2,
             max_decode_seqs=args.decode_seqs,
             decode_step=max(1, args.decode_seqs // 4),
@@ -184,7 +184,9 @@ async def run_mode(
                     await anyio.sleep(delay)
                 tg.start_soon(one, i, phase)
         stats = backend.stats()
-        outcome.decisions = stats.get("planner", {}).get("decisions", [])
+        outcome.decisions = [
+            {**d, "at": d["at"] - started} for d in stats.get("planner", {}).get("decisions", [])
+        ]
     finally:
         await backend.aclose()
     return outcome
@@ -194,13 +196,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--quick", action="store_true", help="a short run (16 s of arrivals)")
     parser.add_argument("--duration", type=float, default=40.0, help="seconds, both phases")
-    parser.add_argument("--long-rate", type=float, default=3.0, help="phase 1 requests/s")
-    parser.add_argument("--short-rate", type=float, default=4.0, help="phase 2 requests/s")
+    parser.add_argument("--long-rate", type=float, default=2.0, help="phase 1 requests/s")
+    parser.add_argument("--short-rate", type=float, default=30.0, help="phase 2 requests/s")
     parser.add_argument("--long-tokens", type=int, default=1024)
-    parser.add_argument("--long-max-tokens", type=int, default=4)
+    parser.add_argument("--long-max-tokens", type=int, default=1)
     parser.add_argument("--short-tokens", type=int, default=32)
     parser.add_argument("--short-max-tokens", type=int, default=64)
     parser.add_argument("--decode-seqs", type=int, default=16)
+    parser.add_argument(
+        "--max-prefill-workers",
+        type=int,
+        default=1,
+        help="the planner's ceiling (on 2 cores, a second worker's start-up alone hurts)",
+    )
     parser.add_argument("--ttft-ms", type=float, default=1000.0)
     parser.add_argument("--tpot-ms", type=float, help="default: calibrated in this run")
     parser.add_argument("--offload-threshold", type=int, default=256)
@@ -257,7 +265,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
     for o in outcomes:
         for d in o.decisions:
-            print(f"  {o.mode} decision: {d['action']} -> {d['target']} ({d['reason']})")
+            print(
+                f"  {o.mode} decision at {d['at']:.1f} s: {d['action']} -> {d['target']} "
+                f"({d['reason']}; TTFT p90 {d['ttft_ms']:.0f} ms, TPOT p90 {d['tpot_ms']:.1f} ms)"
+            )
     fixed, planned = rows["fixed"]["goodput_rps"], rows["planner"]["goodput_rps"]
     ratio = planned / fixed if fixed else math.inf
     verdict = "met" if ratio >= GOAL_RATIO else "NOT met"

@@ -148,6 +148,20 @@ def test_both_objectives_missed_is_not_a_split_problem() -> None:
     assert planner.last_hold == "overloaded"
 
 
+def test_both_missed_with_a_prefill_backlog_adds_a_prefill_worker() -> None:
+    planner = Planner(CONFIG)
+    split = Split(workers=1)
+    split.prefill_queue = 2  # one prompt waiting behind the one being prefilled
+    now = feed(planner, 0.0, 5, ttft=300, tpot=50, prompt=500)
+    split.apply(planner.decide(now, split.capacity()))
+    assert planner.decisions[-1].reason == "prefill_backlog"
+    assert split.workers == 2
+    split.prefill_queue = 2  # one each: no backlog
+    now = feed(planner, now + 2, 5, ttft=300, tpot=50, prompt=500)
+    assert planner.decide(now, split.capacity()) == []
+    assert planner.last_hold == "overloaded"
+
+
 def test_pacing_interval_cooldown_and_a_fresh_window() -> None:
     planner = Planner(CONFIG)
     split = Split(workers=0)

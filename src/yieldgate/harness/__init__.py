@@ -9,22 +9,30 @@ package unless asked: ``yieldgate serve --backend harness`` does, lazily.
 - ``runner``: batch to tensors, forward pass, sampling.
 - ``engine``: the three stepped together (synchronous).
 - ``backend``: the engine on its own thread as a server backend.
+- ``degrade``: graceful degradation by priority (sans-IO policy).
+- ``planner``: moving capacity between prefill and decode (sans-IO policy);
+  ``planner_driver`` applies its decisions to a running backend.
 """
 
 from yieldgate.harness.backend import HarnessBackend, HarnessConfig
 from yieldgate.harness.block_manager import BlockManager
+from yieldgate.harness.degrade import DegradeConfig, DegradeLevel
 from yieldgate.harness.engine import Engine, EngineConfig, StepResult, pick_device
 from yieldgate.harness.model import ModelConfig, TinyTransformer, load_checkpoint, save_checkpoint
+from yieldgate.harness.planner import PlannerConfig
 from yieldgate.harness.scheduler import Scheduler, SchedulerConfig
 from yieldgate.harness.sequence import SamplingParams, Sequence
 
 __all__ = [
     "BlockManager",
+    "DegradeConfig",
+    "DegradeLevel",
     "Engine",
     "EngineConfig",
     "HarnessBackend",
     "HarnessConfig",
     "ModelConfig",
+    "PlannerConfig",
     "SamplingParams",
     "Scheduler",
     "SchedulerConfig",

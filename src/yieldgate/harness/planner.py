@@ -22,8 +22,12 @@ The rule, evaluated at most every ``interval_s``:
   force. Samples older than ``window_s`` are dropped.
 - ``ttft`` and ``tpot`` are the ``percentile``-th (nearest rank) of the window;
   ``long_share`` the share of its prompts of at least ``long_prompt_tokens``.
-- **Both objectives missed**: hold (``overloaded``: no split fixes that;
-  early rejection and degradation shed load instead).
+- **Both objectives missed**: when more prompts are queued at the prefill
+  workers than there are workers (at least two), the prefill side is the
+  backlog: start a prefill worker (``prefill_backlog``), up to the maximum,
+  if ``long_share`` is at least ``min_long_share``. Otherwise hold
+  (``overloaded``: no split fixes that; early rejection and degradation
+  shed load instead).
 - **TTFT missed**: with ``long_share`` at least ``min_long_share``, start a
   prefill worker (``disaggregate`` from none, else ``ttft_over_objective``),
   up to ``max_prefill_workers``; otherwise hold (short prompts: more prefill
@@ -211,7 +215,12 @@ class Planner:
         action: tuple[str, int, str] | None = None
         hold = "within_objectives"
         if ttft_bad and tpot_bad:
-            hold = "overloaded"
+            # Both missed: a backlog at the prefill workers says where to add.
+            backlog = state.prefill_queue > max(1, workers)
+            if backlog and not few_long and workers < cfg.max_prefill_workers:
+                action = ("start_prefill_worker", workers + 1, "prefill_backlog")
+            else:
+                hold = "overloaded"
         elif ttft_bad:
             if few_long:
                 hold = "ttft_over_objective_short_prompts"

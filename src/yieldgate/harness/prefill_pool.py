@@ -145,6 +145,8 @@ class PrefillPool:
         self._closing = False
         self._index_lock = threading.Lock()
         self._next_index = 0
+        # Started but not adopted yet: close() kills them, so none outlives the pool.
+        self._launching: set[subprocess.Popen[str]] = set()
         cfg = spec.engine_config().model
         self._expect = (cfg.n_layers, cfg.n_heads, cfg.d_model // cfg.n_heads)
         self.bytes_total = 0
@@ -180,6 +182,8 @@ class PrefillPool:
 
     def adopt(self, worker: WorkerState) -> None:
         """Put a launched worker into service: its link thread starts, jobs may go to it."""
+        with self._index_lock:
+            self._launching.discard(worker.process)
         self.workers.append(worker)
         self.started_total += 1
         thread = threading.Thread(
@@ -191,6 +195,8 @@ class PrefillPool:
 
     def _spawn(self) -> _Spawn:
         with self._index_lock:
+            if self._closing:
+                raise RuntimeError("the prefill pool is closed")
             index = self._next_index
             self._next_index += 1
         timeout_s = self.spec.timeout_s
@@ -214,6 +220,8 @@ class PrefillPool:
         except BaseException:
             listener.close()
             raise
+        with self._index_lock:
+            self._launching.add(process)
         assert process.stdin is not None
         process.stdin.write(json.dumps(launch))
         process.stdin.close()
@@ -375,7 +383,12 @@ class PrefillPool:
     # -- lifecycle ------------------------------------------------------------
 
     def close(self, timeout_s: float = 5.0) -> None:
-        self._closing = True
+        with self._index_lock:
+            self._closing = True
+            launching = list(self._launching)
+            self._launching.clear()
+        for process in launching:
+            _kill(process)
         for worker in self.workers:
             if worker.stopped:
                 continue
@@ -425,6 +438,7 @@ def _await_ready(conn: Connection, index: int, deadline: float) -> None:
 
 
 def _kill(process: subprocess.Popen[str]) -> None:
-    process.kill()
+    with contextlib.suppress(OSError):
+        process.kill()
     with contextlib.suppress(subprocess.TimeoutExpired):
         process.wait(5.0)
