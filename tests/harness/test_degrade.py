@@ -87,6 +87,7 @@ def test_low_priority_prefills_locally_while_workers_serve_high() -> None:
     assert not policy.prefill_locally(HIGH, high_jobs_queued=5)
     off = degrader(local_prefill=False)
     assert not off.prefill_locally(LOW, high_jobs_queued=5)
+    policy.record_local_prefill()
     assert policy.stats(0.0)["local_prefills"] == 1
 
 

@@ -176,7 +176,6 @@ class HarnessBackend(EngineThread):
             _degrade_objective(cfg.degrade, cfg.slo) if cfg.degrade is not None else None
         )
         self.planner: PlannerDriver | None = None
-        self._governor: Governor | None = None
         # (prompt tokens waiting for a prefill, running sequences): published by
         # the engine thread for the admission hook, as one tuple.
         self._load_now: tuple[int, int] = (0, 0)
@@ -199,7 +198,6 @@ class HarnessBackend(EngineThread):
             governor.set_capacity(max_num_seqs)
         if self.qos is not None:
             governor.admission_hook = _chain(governor.admission_hook, self._check_slo)
-        self._governor = governor
         self._loop = asyncio.get_running_loop()
         # Per process, and the engine thread's kernels are the only torch work here.
         torch.set_num_threads(self.config.torch_threads)

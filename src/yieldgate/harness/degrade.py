@@ -202,10 +202,11 @@ class Degrader:
         cfg = self.config
         if not cfg.local_prefill or priority not in cfg.priorities:
             return False
-        if high_jobs_queued >= cfg.high_busy_jobs:
-            self.local_prefills += 1
-            return True
-        return False
+        return high_jobs_queued >= cfg.high_busy_jobs
+
+    def record_local_prefill(self) -> None:
+        """Count a prompt the router would have offloaded and kept local for this policy."""
+        self.local_prefills += 1
 
     def stats(self, now: float) -> dict[str, Any]:
         """The level in force, the last pressure, and verdicts by level."""

@@ -134,13 +134,16 @@ class Disaggregation:
         keep_local = degrader is not None and degrader.prefill_locally(
             priority, self.pool.high_jobs_queued()
         )
-        return self.router.route(
+        route = self.router.route(
             prompt_tokens=len(seq.tokens),
             prefix_hit_tokens=self.engine.blocks.cached_prefix(seq.tokens),
             decode_running=len(self.engine.scheduler.running),
             workers=self.worker_loads(seq.tokens),
             keep_local=keep_local,
         )
+        if degrader is not None and route.reason == "yield_to_high":
+            degrader.record_local_prefill()
+        return route
 
     def place(self, seq: Sequence, priority: Priority = Priority.NORMAL) -> Route:
         """Schedule a new ``seq``: on a prefill worker when routed there and possible."""
