@@ -1,13 +1,16 @@
-"""The planner and degradation on a running harness with real prefill worker processes.
+"""The planner's driver: first alone (fake harness, fake clock), then on a running harness.
 
-One backend for the module (its workers are processes). The planner's
-thread runs for real; the traffic it judges is scripted through its
-``record`` (real requests are recorded too, but with objectives of 10 s
-they never move it), so the test waits on conditions, never on time.
+For the running harness, one backend serves the module (its prefill workers
+are processes). The planner's thread runs for real; the traffic it judges is
+scripted through its ``record`` (real requests are recorded too, but with
+objectives of 10 s they never move it), so the tests wait on conditions,
+never on time.
 """
 
 from __future__ import annotations
 
+import logging
+import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -18,7 +21,8 @@ import pytest
 from yieldgate.harness.backend import HarnessBackend, HarnessConfig
 from yieldgate.harness.degrade import DegradeConfig
 from yieldgate.harness.engine import EngineConfig
-from yieldgate.harness.planner import PlannerConfig
+from yieldgate.harness.planner import Capacity, Planner, PlannerConfig
+from yieldgate.harness.planner_driver import PlannerDriver
 from yieldgate.harness.router import RouterConfig
 from yieldgate.harness.scheduler import SchedulerConfig
 from yieldgate.protocol import Priority
@@ -43,6 +47,72 @@ PLANNER = PlannerConfig(
     min_long_share=0.0,
 )
 LONG = "a long prompt for the prefill workers, with many tokens in it. " * 4
+
+
+class FakeHarness:
+    """What the driver drives, as counters; ``fail`` makes starting a worker raise."""
+
+    def __init__(self) -> None:
+        self.workers = 1
+        self.decode_seqs = 8
+        self.fail = False
+
+    def capacity(self) -> Capacity:
+        return Capacity(
+            prefill_workers=self.workers,
+            prefill_queue=0,
+            decode_seqs=self.decode_seqs,
+            decode_running=0,
+        )
+
+    def start_worker(self) -> None:
+        if self.fail:
+            raise RuntimeError("no process today")
+        self.workers += 1
+
+    def stop_worker(self) -> None:
+        self.workers -= 1
+
+    def set_decode_seqs(self, count: int) -> None:
+        self.decode_seqs = count
+
+
+def test_the_driver_applies_and_logs_each_decision(caplog: pytest.LogCaptureFixture) -> None:
+    now = [0.0]
+    planner = Planner(PLANNER)
+    fake = FakeHarness()
+    driver = PlannerDriver(
+        planner,
+        threading.Lock(),
+        capacity=fake.capacity,
+        start_worker=fake.start_worker,
+        stop_worker=fake.stop_worker,
+        set_decode_seqs=fake.set_decode_seqs,
+        clock=lambda: now[0],
+    )
+    for _ in range(3):
+        planner.record(0.0, ttft_ms=20_000.0, tpot_ms=1.0, prompt_tokens=500)
+    with caplog.at_level(logging.INFO, logger="yieldgate.harness.planner"):
+        [decision] = driver.tick()
+    assert fake.workers == 2
+    [record] = [r for r in caplog.records if r.name == "yieldgate.harness.planner"]
+    assert record.planner == decision.to_dict()  # type: ignore[attr-defined]
+    assert record.planner["reason"] == "ttft_over_objective"  # type: ignore[attr-defined]
+    assert "start_prefill_worker -> 2" in record.getMessage()
+    # A change that fails is logged and counted; the driver goes on.
+    fake.fail = True
+    fake.workers = 0
+    now[0] = 1.0
+    for _ in range(3):
+        planner.record(1.0, ttft_ms=20_000.0, tpot_ms=1.0, prompt_tokens=500)
+    assert driver.tick()[0].reason == "disaggregate"
+    stats = driver.stats()
+    assert (stats["applied"], stats["failures"], stats["decisions_total"]) == (1, 1, 2)
+    now[0] = 2.0
+    for _ in range(3):
+        planner.record(2.0, ttft_ms=1.0, tpot_ms=20_000.0, prompt_tokens=10)
+    assert driver.tick()[0].action == "set_decode_seqs"
+    assert fake.decode_seqs == 6
 
 
 @pytest.fixture(scope="module")
