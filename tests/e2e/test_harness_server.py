@@ -504,3 +504,33 @@ async def test_disaggregated_server_with_qos_and_a_live_router_config(tmp_path: 
             await client.aclose()
     finally:
         proc.stop()
+
+
+async def test_degradation_and_the_planner_from_the_command_line() -> None:
+    proc = spawn(
+        "--backend",
+        "harness",
+        "--max-inflight",
+        "4",
+        "--degrade",
+        "--planner",
+        "--slo-ttft-ms",
+        "400,1500,none",
+        "--slo-tpot-ms",
+        "50",
+        ready_timeout=60,
+    )
+    try:
+        client = await wait_warm(proc)
+        try:
+            backend = (await client.stats())["backend"]
+        finally:
+            await client.aclose()
+    finally:
+        proc.stop()
+    assert backend["degrade"]["level"] == -1  # idle: no overload
+    planner = backend["planner"]["config"]
+    assert (planner["ttft_ms"], planner["tpot_ms"]) == (1500.0, 50.0)
+    assert (planner["max_prefill_workers"], planner["max_decode_seqs"]) == (2, 4)
+    assert planner["long_prompt_tokens"] == 128  # the router's threshold
+    assert backend["prefill_workers_active"] == 0  # the planner starts colocated

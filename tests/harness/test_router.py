@@ -168,6 +168,22 @@ def test_router_offloads_long_prompts_with_effective_tokens() -> None:
     )
 
 
+def test_keep_local_overrides_the_offload_rule_only() -> None:
+    """Degradation: a prompt the rule would offload stays local; a short one is just short."""
+    router = Router(CONFIG)
+    kept = router.route(
+        prompt_tokens=400, prefix_hit_tokens=0, decode_running=0, workers=[idle(0)], keep_local=True
+    )
+    assert kept == Route(remote=False, worker=None, reason="yield_to_high", effective_tokens=400)
+    short = router.route(
+        prompt_tokens=10, prefix_hit_tokens=0, decode_running=0, workers=[idle(0)], keep_local=True
+    )
+    assert short.reason == "short"
+    stats = router.stats()
+    assert stats["decisions"]["yield_to_high"] == 1
+    assert stats["remote"] == 0
+
+
 def test_router_skips_dead_workers() -> None:
     router = Router(CONFIG)
     workers = [idle(0, alive=False), idle(1, queued=2), idle(2, alive=False)]

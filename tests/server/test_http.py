@@ -59,6 +59,12 @@ class ScriptedBackend(SimulatedBackend):
         if mode == "bad-chunk" and emit is not None:
             await emit({"text": "fine "})
             await emit({"bytes": 1})
+        if mode == "degraded":  # the harness's graceful degradation cut the output
+            degraded = {"max_tokens": 2, "requested_max_tokens": 9, "level": 0}
+            if emit is not None:
+                await emit({"text": "a", "degraded": degraded})
+                await emit({"text": "b", "last": True})
+            return {"text": "ab", "completion_tokens": 2, "degraded": degraded}
         return await super().execute(work, emit)
 
 
@@ -136,6 +142,17 @@ async def start() -> AsyncIterator[Start]:
 
 async def post_json(client: httpx.AsyncClient, path: str, body: Any) -> httpx.Response:
     return await client.post(path, json=body)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_cut_output_is_announced_in_a_header(start: Start, stream: bool) -> None:
+    live = await start()
+    body = {"model": "m", "prompt": "p", "stream": stream, "backend_params": {"mode": "degraded"}}
+    response = await post_json(live.http, COMPLETIONS, body)
+    assert response.status_code == 200
+    assert response.headers["x-yieldgate-degraded"] == "max_tokens=2; requested=9; level=0"
+    plain = await post_json(live.http, COMPLETIONS, {"model": "m", "prompt": "p"})
+    assert "x-yieldgate-degraded" not in plain.headers
 
 
 def events(text: str) -> list[Any]:

@@ -286,6 +286,22 @@ def add_parser(sub: Any) -> None:
         type=Path,
         help="JSON file of routing thresholds, reread when it changes (default: built in)",
     )
+    har.add_argument(
+        "--degrade",
+        action="store_true",
+        help=(
+            "graceful degradation: low priority prefilled locally while the prefill workers "
+            "serve high priority, its output cut under sustained overload, then rejected"
+        ),
+    )
+    har.add_argument(
+        "--planner",
+        action="store_true",
+        help=(
+            "move capacity between prefill workers (0 to max(2, --prefill-workers)) and the "
+            "decode batch as TTFT and TPOT miss their objectives"
+        ),
+    )
 
     p.add_argument(
         "--log-level",
@@ -371,6 +387,7 @@ def _http_host(args: argparse.Namespace) -> str:
 def _harness_backend(args: argparse.Namespace) -> Any:
     try:
         from yieldgate.harness import (
+            DegradeConfig,
             EngineConfig,
             HarnessBackend,
             HarnessConfig,
@@ -407,8 +424,10 @@ def _harness_backend(args: argparse.Namespace) -> Any:
         ttft_ms_low=low, ttft_ms_normal=normal, ttft_ms_high=high, tpot_ms=args.slo_tpot_ms
     )
     router: Any = RouterConfig()
+    threshold = router.prefill_length_threshold
     if args.router_config is not None:
-        RouterConfigFile(args.router_config)  # a bad file fails here, before serving
+        # A bad file fails here, before serving.
+        threshold = RouterConfigFile(args.router_config).current().prefill_length_threshold
         router = args.router_config
     return HarnessBackend(
         HarnessConfig(
@@ -419,7 +438,26 @@ def _harness_backend(args: argparse.Namespace) -> Any:
             router=router,
             slo=slo,
             qos=args.qos,
+            degrade=DegradeConfig() if args.degrade else None,
+            planner=_planner_config(args, slo, threshold) if args.planner else None,
         )
+    )
+
+
+def _planner_config(args: argparse.Namespace, slo: Any, long_prompt_tokens: int) -> Any:
+    """The planner held to the normal priority's TTFT objective and ``--slo-tpot-ms``.
+
+    A long prompt, for it, is one the router would offload.
+    """
+    from yieldgate.harness import PlannerConfig
+
+    ttft = slo.ttft_ms_normal or slo.ttft_ms_low or slo.ttft_ms_high
+    return PlannerConfig(
+        **({"ttft_ms": ttft} if ttft is not None else {}),
+        tpot_ms=slo.tpot_ms,
+        max_prefill_workers=max(2, args.prefill_workers),
+        max_decode_seqs=args.max_inflight,
+        long_prompt_tokens=long_prompt_tokens,
     )
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import queue
 import threading
@@ -27,6 +28,7 @@ from yieldgate.harness.engine import Engine, StepResult
 from yieldgate.harness.metrics import ServingMetrics
 from yieldgate.harness.qos import QosPolicy
 from yieldgate.harness.sequence import SamplingParams, Sequence, SequenceStatus
+from yieldgate.protocol import Priority
 
 __all__ = ["EngineThread", "Request"]
 
@@ -42,6 +44,7 @@ class Request:
         "first_token_at",
         "last_token_at",
         "pending",
+        "priority",
         "prompt",
         "sampling",
         "seq",
@@ -50,9 +53,12 @@ class Request:
         "wakeup",
     )
 
-    def __init__(self, prompt: list[int], sampling: SamplingParams) -> None:
+    def __init__(
+        self, prompt: list[int], sampling: SamplingParams, priority: Priority = Priority.NORMAL
+    ) -> None:
         self.prompt = prompt
         self.sampling = sampling
+        self.priority = priority
         self.seq: Sequence | None = None  # set by the engine thread
         self.started_at = time.monotonic()
         self.first_token_at: float | None = None
@@ -164,7 +170,7 @@ class EngineThread:
                 engine.scheduler.add(seq)
                 remote = False
             else:
-                disagg.place(seq)
+                disagg.place(seq, request.priority)
                 remote = seq.status is SequenceStatus.REMOTE
             with self._metrics_lock:
                 self.metrics.record_route(remote)
@@ -184,6 +190,19 @@ class EngineThread:
             disagg.fallback(self._seq(request_id))
         elif disagg is not None and op == "worker_dead":
             disagg.worker_died(payload)
+        # The planner's changes; ``done`` tells its thread they are in force.
+        elif disagg is not None and op == "adopt":
+            worker, done = payload
+            disagg.adopt(worker)
+            done.set()
+        elif disagg is not None and op == "retire":
+            disagg.retire()
+            payload.set()
+        elif op == "decode_seqs":
+            count, done = payload
+            sched = engine.scheduler
+            sched.config = dataclasses.replace(sched.config, max_num_seqs=count)
+            done.set()
 
     def _publish_load(self, engine: Engine) -> None:
         sched = engine.scheduler

@@ -32,6 +32,12 @@ distribution), computed by the engine where the logits are: with prefill
 workers too, since the decode worker always computes a prompt's last
 position itself and samples the first token there.
 
+Graceful degradation (``HarnessConfig.degrade``, ``yieldgate.harness.degrade``):
+a request whose output was cut carries ``"degraded": {"max_tokens",
+"requested_max_tokens", "level", "reason": "overload"}`` in its result (and
+in its stream's first chunk). The planner (``HarnessConfig.planner``) runs
+on a thread of its own (``yieldgate.harness.planner_driver``).
+
 Here: ``HarnessConfig``, and ``HarnessBackend``'s loop side (start-up and
 warm-up, the SLO check, parsing, executing and answering requests, stats).
 The engine thread's side, which it inherits, is ``_engine_thread``.
@@ -41,6 +47,7 @@ from __future__ import annotations
 
 import asyncio
 import codecs
+import dataclasses
 import itertools
 import logging
 import math
@@ -55,13 +62,17 @@ import anyio
 import torch
 
 from yieldgate.harness._engine_thread import EngineThread, Request
+from yieldgate.harness.degrade import DegradeConfig, Degrader
 from yieldgate.harness.disagg import Disaggregation
 from yieldgate.harness.engine import Engine, EngineConfig
 from yieldgate.harness.metrics import ServingMetrics
+from yieldgate.harness.planner import Capacity, Planner, PlannerConfig
+from yieldgate.harness.planner_driver import PlannerDriver
 from yieldgate.harness.prefill_worker import WorkerSpec
 from yieldgate.harness.qos import QosPolicy, SloConfig, TtftEstimator
 from yieldgate.harness.router import Router, RouterConfig, RouterConfigFile
 from yieldgate.harness.sequence import MAX_TOP_LOGPROBS, SamplingParams, TokenLogprob
+from yieldgate.protocol import Priority
 from yieldgate.server.backends import BackendError, Emit, StopText, Work, stop_sequences
 from yieldgate.server.governor import AdmissionHook, AdmissionRequest, Governor, Rejection
 
@@ -93,7 +104,10 @@ class HarnessConfig:
 
     ``expected_load_s`` is the cold-start estimate clients are told while the
     model loads and warms up (the default model takes about 0.25 s on one CPU
-    thread); ``torch_threads`` is set for the whole process.
+    thread); ``torch_threads`` is set for the whole process. ``degrade``
+    turns on graceful degradation (it needs a TTFT objective in ``slo`` for a
+    degraded priority); ``planner`` turns on the planner (it may start prefill
+    workers even from ``prefill_workers=0``).
     """
 
     engine: EngineConfig = field(default_factory=EngineConfig)
@@ -104,6 +118,8 @@ class HarnessConfig:
     router: RouterConfig | Path = field(default_factory=RouterConfig)
     slo: SloConfig = field(default_factory=SloConfig)
     qos: bool = False
+    degrade: DegradeConfig | None = None
+    planner: PlannerConfig | None = None
     worker_timeout_s: float = 60.0
     # Testing only: the prefill workers corrupt this many of their first KV transfers.
     corrupt_transfers: int = 0
@@ -126,6 +142,14 @@ class HarnessConfig:
             )
         if not (self.worker_timeout_s > 0 and math.isfinite(self.worker_timeout_s)):
             raise ValueError("worker_timeout_s must be a positive number")
+        if self.degrade is not None and _degrade_objective(self.degrade, self.slo) is None:
+            raise ValueError("degrade needs a TTFT objective in slo for a degraded priority")
+        if self.planner is not None and not (
+            self.planner.min_prefill_workers
+            <= self.prefill_workers
+            <= self.planner.max_prefill_workers
+        ):
+            raise ValueError("prefill_workers must be within the planner's min and max")
 
     def worker_spec(self) -> WorkerSpec:
         engine = self.engine
@@ -163,7 +187,13 @@ class HarnessBackend(EngineThread):
         cfg = self.config
         self.metrics = ServingMetrics(cfg.slo)
         self._metrics_lock = threading.Lock()  # recorded from both threads
-        self.qos = QosPolicy(cfg.slo, TtftEstimator()) if cfg.qos else None
+        # Degradation reads the same estimate as early rejection.
+        self.qos = QosPolicy(cfg.slo, TtftEstimator()) if cfg.qos or cfg.degrade else None
+        self.degrader = Degrader(cfg.degrade) if cfg.degrade is not None else None
+        self._degrade_objective = (
+            _degrade_objective(cfg.degrade, cfg.slo) if cfg.degrade is not None else None
+        )
+        self.planner: PlannerDriver | None = None
         # (prompt tokens waiting for a prefill, running sequences): published by
         # the engine thread for the admission hook, as one tuple.
         self._load_now: tuple[int, int] = (0, 0)
@@ -193,11 +223,19 @@ class HarnessBackend(EngineThread):
         self.engine = await anyio.to_thread.run_sync(self._load)
         if self._closed:
             return
+        if self.config.planner is not None:
+            # The planner moves the decode batch and the Governor's capacity together.
+            sched = self.engine.scheduler
+            count = min(sched.config.max_num_seqs, governor.capacity)
+            sched.config = dataclasses.replace(sched.config, max_num_seqs=count)
         self._thread = threading.Thread(target=self._run, name="yieldgate-engine", daemon=True)
         self._thread.start()
         log.info(
             "harness engine on %s ready in %.2fs", self.engine.device, time.monotonic() - started
         )
+        if self.config.planner is not None:
+            self.planner = self._planner_driver(self.config.planner, governor)
+            self.planner.start()
         governor.mark_warm()
 
     def _load(self) -> Engine:
@@ -211,27 +249,114 @@ class HarnessBackend(EngineThread):
             estimator.prefill_ms_per_token = engine.prefill_ms_per_token
             estimator.decode_step_ms = engine.decode_step_ms
         cfg = self.config
-        if cfg.prefill_workers:
+        if cfg.prefill_workers or cfg.planner is not None:
             router = Router(
                 RouterConfigFile(cfg.router) if isinstance(cfg.router, Path) else cfg.router
             )
             disagg = Disaggregation(
-                engine, router, cfg.prefill_workers, cfg.worker_spec(), self._inbox_put
+                engine,
+                router,
+                cfg.prefill_workers,
+                cfg.worker_spec(),
+                self._inbox_put,
+                degrader=self.degrader,
             )
             disagg.start()  # spawns the workers and waits until they have loaded
             self.disagg = disagg
         return engine
 
     def _check_slo(self, request: AdmissionRequest) -> Rejection | None:
-        """Early rejection: yield ``slo`` when this request's TTFT would miss its objective."""
+        """Early rejection and degradation: yield ``slo`` when this request must not run now.
+
+        With degradation, every check is also a pressure reading; a degraded
+        priority is rejected only at a rejecting level, and otherwise skips
+        plain early rejection (its output may be cut instead, in ``execute``).
+        """
         assert self.qos is not None
         queued, running = self._load_now
         in_inbox = max(0, self._tokens_sent - self._tokens_taken)
+        prompt_tokens = len(request.body.encode("utf-8"))
+        queued_tokens = queued + in_inbox
+        degrader = self.degrader
+        if degrader is not None:
+            assert self._degrade_objective is not None
+            excess = self.qos.excess_ms(
+                self._degrade_objective,
+                prompt_tokens=prompt_tokens,
+                queued_prefill_tokens=queued_tokens,
+                decode_running=running,
+            )
+            now = time.monotonic()
+            if excess is not None:
+                degrader.observe(now, excess[0] / excess[1])
+            if request.priority in degrader.config.priorities:
+                verdict = degrader.verdict(request.priority, now)
+                if not verdict.reject:
+                    return None
+                degrader.record(verdict)
+                hint = 1 if excess is None else max(1, math.ceil(excess[0] - excess[1]))
+                return Rejection(retry_hint_ms=hint)
+            if not self.config.qos:
+                return None
         return self.qos.check(
             request.priority,
-            prompt_tokens=len(request.body.encode("utf-8")),
-            queued_prefill_tokens=queued + in_inbox,
+            prompt_tokens=prompt_tokens,
+            queued_prefill_tokens=queued_tokens,
             decode_running=running,
+        )
+
+    def _planner_driver(self, config: PlannerConfig, governor: Governor) -> PlannerDriver:
+        """The planner, wired to this backend's pool, engine thread and Governor."""
+        disagg = self.disagg
+        engine = self.engine
+        assert disagg is not None
+        assert engine is not None
+        if config.max_decode_seqs > governor.config.max_inflight:
+            # The Governor's slots are the most the decode batch can ever use.
+            config = dataclasses.replace(
+                config,
+                max_decode_seqs=governor.config.max_inflight,
+                min_decode_seqs=min(config.min_decode_seqs, governor.config.max_inflight),
+            )
+        timeout_s = self.config.worker_timeout_s
+
+        def capacity() -> Capacity:
+            workers = list(disagg.pool.workers)
+            return Capacity(
+                prefill_workers=sum(w.active for w in workers),
+                prefill_queue=sum(w.queued for w in workers),
+                decode_seqs=engine.scheduler.config.max_num_seqs,
+                decode_running=len(engine.scheduler.running),
+            )
+
+        def on_engine(op: str, payload: Any, done: threading.Event) -> None:
+            self._inbox.put((op, payload))
+            if not done.wait(timeout_s):
+                raise RuntimeError(f"the engine thread did not apply {op!r} in time")
+
+        def start_worker() -> None:
+            worker = disagg.pool.launch_worker()
+            done = threading.Event()
+            on_engine("adopt", (worker, done), done)
+
+        def stop_worker() -> None:
+            done = threading.Event()
+            on_engine("retire", done, done)
+
+        def set_decode_seqs(count: int) -> None:
+            done = threading.Event()
+            on_engine("decode_seqs", (count, done), done)
+            loop = self._loop
+            if loop is not None and not loop.is_closed():
+                loop.call_soon_threadsafe(governor.set_capacity, count)
+
+        return PlannerDriver(
+            Planner(config),
+            self._metrics_lock,
+            capacity=capacity,
+            start_worker=start_worker,
+            stop_worker=stop_worker,
+            set_decode_seqs=set_decode_seqs,
         )
 
     def _inbox_put(self, op: str, payload: Any) -> None:
@@ -242,6 +367,8 @@ class HarnessBackend(EngineThread):
         thread = self._thread
         if thread is None:
             return
+        if self.planner is not None:
+            await anyio.to_thread.run_sync(self.planner.close)
         self._inbox.put(("stop", None))
         await anyio.to_thread.run_sync(thread.join)
         self._thread = None
@@ -311,8 +438,11 @@ class HarnessBackend(EngineThread):
         if self.engine is None or self._thread is None or self._stopped:
             raise BackendError("the harness engine is not running", retryable=True)
         prompt, sampling = self._parse(work)
+        degraded = self._degrade(work.priority, sampling)
+        if degraded is not None:
+            sampling = dataclasses.replace(sampling, max_tokens=degraded["max_tokens"])
         stop = StopText(stop_sequences(work.params))
-        request = Request(prompt, sampling)
+        request = Request(prompt, sampling, work.priority)
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         pieces: list[str] = []
         tokens: list[int] = []
@@ -341,6 +471,8 @@ class HarnessBackend(EngineThread):
                         chunk["logprobs"] = logprobs[-1:]
                     if last or stop.stopped:
                         chunk["last"] = True
+                    if degraded is not None and len(tokens) == 1:
+                        chunk["degraded"] = degraded
                     if emit is not None:
                         await emit(chunk)
                     if stop.stopped:
@@ -355,15 +487,41 @@ class HarnessBackend(EngineThread):
         result = self._result(request, "".join(pieces), tokens, finish_reason)
         if sampling.logprobs is not None:
             result["logprobs"] = logprobs
+        if degraded is not None:
+            result["degraded"] = degraded
         times = request.token_times
+        tpot = result["tpot_ms"] if len(tokens) > 1 else None
         with self._metrics_lock:
             self.metrics.record_request(
                 ttft_ms=result["ttft_ms"],
-                tpot_ms=result["tpot_ms"] if len(tokens) > 1 else None,
+                tpot_ms=tpot,
                 itl_ms=[(b - a) * 1000.0 for a, b in itertools.pairwise(times)],
                 priority=work.priority,
             )
+            if self.planner is not None:
+                self.planner.planner.record(
+                    time.monotonic(),
+                    ttft_ms=result["ttft_ms"],
+                    tpot_ms=tpot,
+                    prompt_tokens=len(prompt),
+                )
         return result
+
+    def _degrade(self, priority: Priority, sampling: SamplingParams) -> dict[str, Any] | None:
+        """The reduced output length this request gets under sustained overload, if any."""
+        degrader = self.degrader
+        if degrader is None:
+            return None
+        verdict = degrader.cap(priority, time.monotonic())
+        if verdict.max_tokens is None or verdict.max_tokens >= sampling.max_tokens:
+            return None
+        degrader.record(verdict)
+        return {
+            "max_tokens": verdict.max_tokens,
+            "requested_max_tokens": sampling.max_tokens,
+            "level": verdict.level,
+            "reason": "overload",
+        }
 
     def _result(
         self, request: Request, text: str, tokens: list[int], finish_reason: str
@@ -399,6 +557,10 @@ class HarnessBackend(EngineThread):
             stats["serving"] = self.metrics.snapshot()
         if self.qos is not None:
             stats["qos"] = self.qos.stats()
+        if self.degrader is not None:
+            stats["degrade"] = self.degrader.stats(time.monotonic())
+        if self.planner is not None:
+            stats["planner"] = self.planner.stats()
         return stats
 
 
@@ -415,6 +577,13 @@ def _logprob_entry(request: Request, index: int) -> dict[str, Any]:
         "logprob": entry.logprob,
         "top": [{"id": token, "logprob": logprob} for token, logprob in entry.top],
     }
+
+
+def _degrade_objective(config: DegradeConfig, slo: SloConfig) -> float | None:
+    """The tightest TTFT objective among the degraded priorities: pressure is held to it."""
+    objectives = [slo.ttft_for(p) for p in config.priorities]
+    present = [o for o in objectives if o is not None]
+    return min(present) if present else None
 
 
 def _chain(first: AdmissionHook | None, second: AdmissionHook) -> AdmissionHook:

@@ -12,6 +12,14 @@ Faults: a worker that reports failure or dies leaves its requests holding
 their blocks; they are prefilled locally instead, so nothing hangs and
 nothing is lost. A dead worker is never chosen again.
 
+Degradation: a prompt whose priority ``Degrader.prefill_locally`` keeps off
+the workers (they are busy with high-priority prompts) is prefilled here,
+whatever the router's length rule says (route reason ``yield_to_high``).
+
+Workers come and go (the planner): ``adopt`` one launched elsewhere,
+``retire`` one (it drains, then stops). A dead or retired worker is never
+chosen again.
+
 Every method runs on the engine thread, except the pool callbacks, which
 only put events into the engine's inbox.
 """
@@ -24,11 +32,13 @@ from typing import Any
 
 import torch
 
+from yieldgate.harness.degrade import Degrader
 from yieldgate.harness.engine import Engine
-from yieldgate.harness.prefill_pool import PrefillPool
+from yieldgate.harness.prefill_pool import PrefillPool, WorkerState
 from yieldgate.harness.prefill_worker import WorkerSpec
 from yieldgate.harness.router import PrefixTracker, Route, Router, WorkerLoad
 from yieldgate.harness.sequence import Sequence, SequenceStatus
+from yieldgate.protocol import Priority
 
 __all__ = ["Disaggregation"]
 
@@ -41,10 +51,18 @@ class Disaggregation:
     """Routes prompts to prefill workers and folds their KV back into the engine."""
 
     def __init__(
-        self, engine: Engine, router: Router, num_workers: int, spec: WorkerSpec, post: Post
+        self,
+        engine: Engine,
+        router: Router,
+        num_workers: int,
+        spec: WorkerSpec,
+        post: Post,
+        *,
+        degrader: Degrader | None = None,
     ) -> None:
         self.engine = engine
         self.router = router
+        self.degrader = degrader
         self.pool = PrefillPool(
             num_workers,
             spec,
@@ -52,7 +70,8 @@ class Disaggregation:
             on_failed=lambda rid, reason: post("remote_failed", (rid, reason)),
             on_dead=lambda index: post("worker_dead", index),
         )
-        self.trackers = [PrefixTracker(engine.config.block_size) for _ in range(num_workers)]
+        # By worker index (indices are never reused).
+        self.trackers: dict[int, PrefixTracker] = {}
         self.remote_prefills = 0
         self.local_prefills = 0
         self.fallbacks = 0
@@ -64,41 +83,76 @@ class Disaggregation:
     def close(self) -> None:
         self.pool.close()
 
+    # -- the planner's changes ---------------------------------------------------
+
+    def adopt(self, worker: WorkerState) -> None:
+        """Put a worker launched by ``pool.launch_worker`` into service."""
+        self.pool.adopt(worker)
+
+    def retire(self) -> int | None:
+        """Retire the active worker with the least queued (the newest on a tie); its index."""
+        active = self.pool.active_workers()
+        if not active:
+            return None
+        worker = min(active, key=lambda w: (w.queued_tokens, -w.index))
+        self.pool.retire(worker.index)
+        return worker.index
+
+    def _stop_drained(self) -> None:
+        for worker in self.pool.workers:
+            if not worker.accepting and not worker.stopped:
+                self.pool.stop_if_drained(worker)
+
+    def _tracker(self, index: int) -> PrefixTracker:
+        tracker = self.trackers.get(index)
+        if tracker is None:
+            tracker = self.trackers[index] = PrefixTracker(self.engine.config.block_size)
+        return tracker
+
     def worker_loads(self, tokens: list[int]) -> list[WorkerLoad]:
         return [
             WorkerLoad(
                 index=worker.index,
-                alive=worker.alive,
+                alive=worker.active,
                 queued=worker.queued,
                 queued_tokens=worker.queued_tokens,
-                cached_tokens=self.trackers[worker.index].match(tokens),
+                cached_tokens=self._tracker(worker.index).match(tokens),
             )
-            for worker in self.pool.workers
+            for worker in list(self.pool.workers)
         ]
 
     def remote_queued_tokens(self) -> int:
         """Prompt tokens queued at the prefill workers, per live worker (they run in parallel)."""
-        alive = [worker for worker in self.pool.workers if worker.alive]
+        alive = [worker for worker in list(self.pool.workers) if worker.alive]
         if not alive:
             return 0
         return sum(worker.queued_tokens for worker in alive) // len(alive)
 
-    def route(self, seq: Sequence) -> Route:
+    def route(self, seq: Sequence, priority: Priority = Priority.NORMAL) -> Route:
         """Where ``seq``'s prompt should be prefilled now."""
-        return self.router.route(
+        degrader = self.degrader
+        keep_local = degrader is not None and degrader.prefill_locally(
+            priority, self.pool.high_jobs_queued()
+        )
+        route = self.router.route(
             prompt_tokens=len(seq.tokens),
             prefix_hit_tokens=self.engine.blocks.cached_prefix(seq.tokens),
             decode_running=len(self.engine.scheduler.running),
             workers=self.worker_loads(seq.tokens),
+            keep_local=keep_local,
         )
+        if degrader is not None and route.reason == "yield_to_high":
+            degrader.record_local_prefill()
+        return route
 
-    def place(self, seq: Sequence) -> Route:
+    def place(self, seq: Sequence, priority: Priority = Priority.NORMAL) -> Route:
         """Schedule a new ``seq``: on a prefill worker when routed there and possible."""
-        route = self.route(seq)
+        route = self.route(seq, priority)
         worker = route.worker
         if route.remote and worker is not None and self.engine.reserve_remote(seq):
-            if self.pool.submit(worker, seq.id, seq.tokens, seq.num_cached):
-                self.trackers[worker].record(seq.tokens)
+            high = priority is Priority.HIGH
+            if self.pool.submit(worker, seq.id, seq.tokens, seq.num_cached, high=high):
+                self._tracker(worker).record(seq.tokens)
                 self.remote_prefills += 1
                 return route
             self.engine.remote_failed(seq)  # the worker is gone: prefill here
@@ -111,6 +165,7 @@ class Disaggregation:
     # -- events from the pool (through the engine's inbox) ---------------------
 
     def kv_arrived(self, seq: Sequence | None, start: int, kv: torch.Tensor) -> None:
+        self._stop_drained()
         if seq is None or seq.status is not SequenceStatus.REMOTE:
             return  # aborted meanwhile: its blocks are already free
         try:
@@ -120,6 +175,7 @@ class Disaggregation:
             self.fallback(seq)
 
     def fallback(self, seq: Sequence | None) -> None:
+        self._stop_drained()
         if seq is not None and seq.status is SequenceStatus.REMOTE:
             self.engine.remote_failed(seq)
             self.fallbacks += 1

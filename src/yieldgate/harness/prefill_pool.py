@@ -14,6 +14,12 @@ handed to callbacks (the engine thread's inbox):
 
 A transfer whose header does not fit, or whose checksum does not match, is
 answered ``ack ok: false`` and sent again by the worker.
+
+Each worker has a gloo group of its own (world size 2: this process is rank
+0, the worker rank 1), built from its own store, so workers can come and go
+while serving (the planner's ``launch_worker`` / ``adopt`` and ``retire``).
+A retired worker takes no new job, finishes those it has, and is then told
+to stop; its exit is not a death (no ``on_dead``).
 """
 
 from __future__ import annotations
@@ -62,14 +68,22 @@ class TransferStats:
 
 @dataclass(slots=True)
 class WorkerState:
-    """What the decode worker knows of one prefill worker."""
+    """What the decode worker knows of one prefill worker.
+
+    ``alive`` until its process is lost; ``accepting`` until it is retired
+    (then it drains); ``stopped`` once told to stop after draining.
+    """
 
     index: int
     rank: int
     process: subprocess.Popen[str]
     conn: Connection
+    group: Any = None
     alive: bool = True
+    accepting: bool = True
+    stopped: bool = False
     assigned: dict[int, int] = field(default_factory=dict)  # request id -> tokens
+    high: set[int] = field(default_factory=set)  # of those, the high-priority ones
     lock: threading.Lock = field(default_factory=threading.Lock)
     jobs_total: int = 0
     transfers: int = 0
@@ -82,6 +96,29 @@ class WorkerState:
     @property
     def queued_tokens(self) -> int:
         return sum(self.assigned.values())
+
+    @property
+    def active(self) -> bool:
+        """Whether new jobs may go to it."""
+        return self.alive and self.accepting
+
+    @property
+    def state(self) -> str:
+        if self.stopped:
+            return "stopped"
+        if not self.alive:
+            return "dead"
+        return "active" if self.accepting else "draining"
+
+
+@dataclass(slots=True)
+class _Spawn:
+    """A worker process started, not yet joined."""
+
+    index: int
+    process: subprocess.Popen[str]
+    store: Any
+    listener: Listener
 
 
 class PrefillPool:
@@ -96,109 +133,155 @@ class PrefillPool:
         on_failed: Callable[[int, str], None],
         on_dead: Callable[[int], None],
     ) -> None:
-        if num_workers < 1:
-            raise ValueError("a prefill pool needs at least one worker")
+        if num_workers < 0:
+            raise ValueError("num_workers must be >= 0")
         self.num_workers = num_workers
         self.spec = spec
         self._on_kv = on_kv
         self._on_failed = on_failed
         self._on_dead = on_dead
         self.workers: list[WorkerState] = []
-        self._group: Any = None
         self._threads: list[threading.Thread] = []
         self._closing = False
+        self._index_lock = threading.Lock()
+        self._next_index = 0
+        # Started but not adopted yet: close() kills them, so none outlives the pool.
+        self._launching: set[subprocess.Popen[str]] = set()
         cfg = spec.engine_config().model
         self._expect = (cfg.n_layers, cfg.n_heads, cfg.d_model // cfg.n_heads)
         self.bytes_total = 0
         self.transfer_ms_total = 0.0
+        self.started_total = 0
+        self.stopped_total = 0
 
     def start(self) -> None:
-        """Start the workers and wait until each has joined and loaded its model."""
-        world = self.num_workers + 1
+        """Start the first ``num_workers`` workers (side by side) and wait until each is ready."""
+        spawns: list[_Spawn] = []
+        try:
+            for _ in range(self.num_workers):
+                spawns.append(self._spawn())
+            joined = [self._join(spawn) for spawn in spawns]
+        except BaseException:
+            for spawn in spawns:
+                _kill(spawn.process)
+            raise
+        for worker in joined:
+            self.adopt(worker)
+
+    def launch_worker(self) -> WorkerState:
+        """Start one more worker and wait until it is ready (blocking: not the engine thread).
+
+        It takes no job until ``adopt``.
+        """
+        spawn = self._spawn()
+        try:
+            return self._join(spawn)
+        except BaseException:
+            _kill(spawn.process)
+            raise
+
+    def adopt(self, worker: WorkerState) -> None:
+        """Put a launched worker into service: its link thread starts, jobs may go to it."""
+        with self._index_lock:
+            self._launching.discard(worker.process)
+        self.workers.append(worker)
+        self.started_total += 1
+        thread = threading.Thread(
+            target=self._link, args=(worker,), name=f"yieldgate-kv-link-{worker.index}"
+        )
+        thread.daemon = True
+        thread.start()
+        self._threads.append(thread)
+
+    def _spawn(self) -> _Spawn:
+        with self._index_lock:
+            if self._closing:
+                raise RuntimeError("the prefill pool is closed")
+            index = self._next_index
+            self._next_index += 1
         timeout_s = self.spec.timeout_s
-        store = tcp_store(0, world, is_master=True, timeout_s=timeout_s)
+        store = tcp_store(0, 2, is_master=True, timeout_s=timeout_s)
         authkey = secrets.token_bytes(32)
         listener = Listener(("127.0.0.1", 0), authkey=authkey)
-        processes = []
+        launch = {
+            "rank": 1,
+            "world_size": 2,
+            "store_port": store.port,
+            "control": list(listener.address),
+            "authkey": authkey.hex(),
+            "spec": dataclasses.asdict(self.spec),
+        }
         try:
-            for index in range(self.num_workers):
-                launch = {
-                    "rank": index + 1,
-                    "world_size": world,
-                    "store_port": store.port,
-                    "control": list(listener.address),
-                    "authkey": authkey.hex(),
-                    "spec": dataclasses.asdict(self.spec),
-                }
-                process = subprocess.Popen(
-                    [sys.executable, "-m", "yieldgate.harness._worker_main"],
-                    stdin=subprocess.PIPE,
-                    text=True,
-                )
-                assert process.stdin is not None
-                process.stdin.write(json.dumps(launch))
-                process.stdin.close()
-                processes.append(process)
-            conns = self._accept(listener, processes, timeout_s)
-        finally:
+            process = subprocess.Popen(
+                [sys.executable, "-m", "yieldgate.harness._worker_main"],
+                stdin=subprocess.PIPE,
+                text=True,
+            )
+        except BaseException:
             listener.close()
-        for index, process in enumerate(processes):
-            self.workers.append(
-                WorkerState(index=index, rank=index + 1, process=process, conn=conns[index + 1])
-            )
-        self._group = connect_group(store, 0, world, timeout_s)
-        deadline = time.monotonic() + timeout_s
-        for worker in self.workers:
-            if not worker.conn.poll(max(0.0, deadline - time.monotonic())):
-                raise RuntimeError(f"prefill worker {worker.index} did not start in time")
-            if decode_message(worker.conn.recv_bytes()).get("op") != "ready":
-                raise RuntimeError(f"prefill worker {worker.index} did not say ready")
-        for worker in self.workers:
-            thread = threading.Thread(
-                target=self._link, args=(worker,), name=f"yieldgate-kv-link-{worker.index}"
-            )
-            thread.daemon = True
-            thread.start()
-            self._threads.append(thread)
+            raise
+        with self._index_lock:
+            self._launching.add(process)
+        assert process.stdin is not None
+        process.stdin.write(json.dumps(launch))
+        process.stdin.close()
+        return _Spawn(index, process, store, listener)
 
-    def _accept(
-        self, listener: Listener, processes: list[subprocess.Popen[str]], timeout_s: float
-    ) -> dict[int, Connection]:
-        """Each worker's control connection, by rank; a worker that exits early is an error."""
-        conns: dict[int, Connection] = {}
+    def _join(self, spawn: _Spawn) -> WorkerState:
+        """The spawned worker connected, in its gloo group, and ready; raises if not in time."""
+        timeout_s = self.spec.timeout_s
+        deadline = time.monotonic() + timeout_s
+        try:
+            conn = self._accept(spawn.listener, spawn.process, timeout_s)
+        finally:
+            spawn.listener.close()
+        try:
+            group = connect_group(spawn.store, 0, 2, timeout_s)
+            _await_ready(conn, spawn.index, deadline)
+        except BaseException:
+            conn.close()
+            raise
+        return WorkerState(index=spawn.index, rank=1, process=spawn.process, conn=conn, group=group)
+
+    @staticmethod
+    def _accept(listener: Listener, process: subprocess.Popen[str], timeout_s: float) -> Connection:
+        """The worker's control connection; one that does not come in time is an error."""
         timer = threading.Timer(timeout_s, listener.close)  # unblocks accept() on timeout
         timer.start()
         try:
-            while len(conns) < len(processes):
+            while True:
                 try:
                     conn = listener.accept()
                 except OSError:
-                    raise RuntimeError("prefill workers did not connect in time") from None
+                    raise RuntimeError("a prefill worker did not connect in time") from None
                 hello = decode_message(conn.recv_bytes())
-                rank = hello.get("rank")
-                if hello.get("op") != "hello" or type(rank) is not int or rank in conns:
+                if hello.get("op") != "hello" or hello.get("rank") != 1:
                     conn.close()
                     continue
-                conns[rank] = conn
-        except BaseException:
-            for conn in conns.values():
-                conn.close()
-            for process in processes:
-                process.kill()
-            raise
+                return conn
         finally:
             timer.cancel()
-        return conns
 
     # -- from the engine thread ----------------------------------------------
 
-    def submit(self, index: int, request_id: int, tokens: list[int], start: int) -> bool:
-        """Send a prefill job to worker ``index``; ``False`` if it is gone."""
-        worker = self.workers[index]
+    def worker(self, index: int) -> WorkerState:
+        """The worker of this index (indices are never reused)."""
+        for worker in self.workers:
+            if worker.index == index:
+                return worker
+        raise KeyError(index)
+
+    def submit(
+        self, index: int, request_id: int, tokens: list[int], start: int, *, high: bool = False
+    ) -> bool:
+        """Send a prefill job to worker ``index``; ``False`` if it is gone or retired."""
+        worker = self.worker(index)
         with worker.lock:
-            if not worker.alive:
+            if not worker.active:
                 return False
             worker.assigned[request_id] = len(tokens) - 1 - start
+            if high:
+                worker.high.add(request_id)
             worker.jobs_total += 1
             try:
                 worker.conn.send_bytes(
@@ -208,7 +291,33 @@ class PrefillPool:
                 )
             except OSError:
                 del worker.assigned[request_id]
+                worker.high.discard(request_id)
                 return False
+        return True
+
+    def high_jobs_queued(self) -> int:
+        """High-priority prefills queued or running at live workers."""
+        return sum(len(worker.high) for worker in self.workers if worker.alive)
+
+    def active_workers(self) -> list[WorkerState]:
+        return [worker for worker in self.workers if worker.active]
+
+    def retire(self, index: int) -> None:
+        """Take worker ``index`` out of service: no new job; stopped once drained."""
+        worker = self.worker(index)
+        worker.accepting = False
+        self.stop_if_drained(worker)
+
+    def stop_if_drained(self, worker: WorkerState) -> bool:
+        """Tell a retired worker with nothing assigned to stop; whether it was told."""
+        with worker.lock:
+            if worker.accepting or worker.stopped or worker.assigned:
+                return False
+            worker.stopped = True
+            with contextlib.suppress(OSError):
+                worker.conn.send_bytes(encode_message({"op": "stop"}))
+        self.stopped_total += 1
+        log.info("prefill worker %d (pid %d) retired", worker.index, worker.process.pid)
         return True
 
     # -- link threads ---------------------------------------------------------
@@ -229,18 +338,18 @@ class PrefillPool:
                     if type(request_id) is int and self._unassign(worker, request_id):
                         self._on_failed(request_id, str(message.get("msg", "prefill failed")))
         except (EOFError, OSError, RuntimeError, TransferError) as exc:
-            if not self._closing:
+            if not self._closing and not worker.stopped:
                 log.warning("prefill worker %d lost: %s", worker.index, exc)
         finally:
             self._lose(worker)
 
     def _receive(self, worker: WorkerState, message: dict[str, Any]) -> None:
-        assert self._group is not None
+        assert worker.group is not None
         header = KvHeader.from_message(message, expect=self._expect)
         kv = torch.empty(header.shape, dtype=DTYPES[header.dtype])
         started = time.perf_counter()
         # A failure here (the worker died mid-transfer) ends the link.
-        self._group.recv([kv], worker.rank, _KV_TAG).wait()
+        worker.group.recv([kv], worker.rank, _KV_TAG).wait()
         took_ms = (time.perf_counter() - started) * 1000.0
         if kv_checksum(kv) != header.checksum:
             worker.checksum_failures += 1
@@ -257,6 +366,7 @@ class PrefillPool:
 
     def _unassign(self, worker: WorkerState, request_id: int) -> bool:
         with worker.lock:
+            worker.high.discard(request_id)
             return worker.assigned.pop(request_id, None) is not None
 
     def _lose(self, worker: WorkerState) -> None:
@@ -264,16 +374,24 @@ class PrefillPool:
             worker.alive = False
             orphans = list(worker.assigned)
             worker.assigned.clear()
+            worker.high.clear()
         for request_id in orphans:
             self._on_failed(request_id, f"prefill worker {worker.index} died")
-        if not self._closing:
+        if not self._closing and not worker.stopped:
             self._on_dead(worker.index)
 
     # -- lifecycle ------------------------------------------------------------
 
     def close(self, timeout_s: float = 5.0) -> None:
-        self._closing = True
+        with self._index_lock:
+            self._closing = True
+            launching = list(self._launching)
+            self._launching.clear()
+        for process in launching:
+            _kill(process)
         for worker in self.workers:
+            if worker.stopped:
+                continue
             with contextlib.suppress(OSError):
                 self._send(worker, {"op": "stop"})
         deadline = time.monotonic() + timeout_s
@@ -290,8 +408,10 @@ class PrefillPool:
     def stats(self) -> dict[str, Any]:
         workers = [
             {
+                "index": worker.index,
                 "pid": worker.process.pid,
                 "alive": worker.alive,
+                "state": worker.state,
                 "queued": worker.queued,
                 "jobs_total": worker.jobs_total,
                 "transfers": worker.transfers,
@@ -302,6 +422,23 @@ class PrefillPool:
         return {
             "prefill_workers": workers,
             "prefill_queue": sum(worker.queued for worker in self.workers),
+            "prefill_workers_active": sum(worker.active for worker in self.workers),
+            "prefill_workers_started": self.started_total,
+            "prefill_workers_stopped": self.stopped_total,
             "transfer_bytes_total": self.bytes_total,
             "transfer_ms_total": round(self.transfer_ms_total, 3),
         }
+
+
+def _await_ready(conn: Connection, index: int, deadline: float) -> None:
+    if not conn.poll(max(0.0, deadline - time.monotonic())):
+        raise RuntimeError(f"prefill worker {index} did not start in time")
+    if decode_message(conn.recv_bytes()).get("op") != "ready":
+        raise RuntimeError(f"prefill worker {index} did not say ready")
+
+
+def _kill(process: subprocess.Popen[str]) -> None:
+    with contextlib.suppress(OSError):
+        process.kill()
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        process.wait(5.0)

@@ -168,6 +168,31 @@ class QosPolicy:
         objective = self.slo.ttft_for(priority)
         if objective is None:
             return None
+        excess = self.excess_ms(
+            objective,
+            prompt_tokens=prompt_tokens,
+            queued_prefill_tokens=queued_prefill_tokens,
+            decode_running=decode_running,
+        )
+        if excess is None or excess[0] <= excess[1]:
+            return None
+        self._rejected[priority] += 1
+        return Rejection(retry_hint_ms=max(1, math.ceil(excess[0] - excess[1])))
+
+    def excess_ms(
+        self,
+        objective: float,
+        *,
+        prompt_tokens: int,
+        queued_prefill_tokens: int,
+        decode_running: int,
+    ) -> tuple[float, float] | None:
+        """``(estimate, bound)``: the TTFT estimate and what it is held to, ``None`` unmeasured.
+
+        The bound is the larger of ``objective`` and the request's own TTFT
+        with nothing queued ahead; ``estimate / bound`` is the pressure that
+        graceful degradation (``yieldgate.harness.degrade``) watches.
+        """
         estimate = self.estimator.estimate_ms(
             prompt_tokens=prompt_tokens,
             queued_prefill_tokens=queued_prefill_tokens,
@@ -179,11 +204,7 @@ class QosPolicy:
             prompt_tokens=prompt_tokens, queued_prefill_tokens=0, decode_running=decode_running
         )
         assert idle is not None  # the same measurements as ``estimate``
-        bound = max(objective, idle)
-        if estimate <= bound:
-            return None
-        self._rejected[priority] += 1
-        return Rejection(retry_hint_ms=max(1, math.ceil(estimate - bound)))
+        return estimate, max(objective, idle)
 
     def stats(self) -> dict[str, Any]:
         """Checks and rejections by priority, and the estimator's averages."""

@@ -28,7 +28,10 @@ Every decision carries one reason from a fixed vocabulary (``REASONS``):
   queue is at ``max_prefill_queue``;
 - ``long``: remote, the effective prompt reaches ``prefill_length_threshold``;
 - ``busy_decode``: remote, shorter than that but reaching
-  ``busy_length_threshold`` while decode is busy.
+  ``busy_length_threshold`` while decode is busy;
+- ``yield_to_high``: local, it would have been offloaded but the caller
+  keeps it local (graceful degradation: a low-priority prompt while the
+  prefill workers serve high-priority ones).
 
 ``RouterConfigFile`` keeps the thresholds in a JSON file that may be edited
 while serving; ``PrefixTracker`` estimates which prompt blocks a prefill
@@ -66,7 +69,15 @@ __all__ = [
 
 log = logging.getLogger("yieldgate.harness")
 
-REASONS: Final = ("short", "prefix_hit", "no_worker", "queue_full", "long", "busy_decode")
+REASONS: Final = (
+    "short",
+    "prefix_hit",
+    "no_worker",
+    "queue_full",
+    "yield_to_high",
+    "long",
+    "busy_decode",
+)
 
 # The hash chain's root, the same as BlockManager's, so hashes agree with the engine's.
 _ROOT_HASH: Final = -1
@@ -364,12 +375,19 @@ class Router:
         prefix_hit_tokens: int,
         decode_running: int,
         workers: Sequence[WorkerLoad],
+        keep_local: bool = False,
     ) -> Route:
-        """Route one request; ``prefix_hit_tokens`` is the local (decode worker's) cache hit."""
+        """Route one request; ``prefix_hit_tokens`` is the local (decode worker's) cache hit.
+
+        ``keep_local`` overrides the offload rule: a prompt it would send away
+        stays local, reason ``yield_to_high``.
+        """
         config = self.config
         effective, reason = _length_rule(prompt_tokens, prefix_hit_tokens, decode_running, config)
         if reason in ("short", "prefix_hit"):
             return self._local(reason, effective)
+        if keep_local:
+            return self._local("yield_to_high", effective)
         alive = [w for w in workers if w.alive]
         if not alive:
             return self._local("no_worker", effective)

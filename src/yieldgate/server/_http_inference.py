@@ -13,7 +13,11 @@ asks for admission: a yield is a 429 with ``retry-after-ms`` and
 error with its status, and an admitted request runs through the front
 (``Front.run_admitted``, which cancels it if the client leaves), answered
 whole or streamed as server-sent events that hold the slot until the last.
-Every request it answers is counted by route and status.
+Every request it answers is counted by route and status. A backend that cut
+a request's output (the harness's graceful degradation: ``"degraded"`` in
+its result, or in a stream's first chunk) has the response say so in an
+``x-yieldgate-degraded`` header (``max_tokens=8; requested=64; level=0``),
+which clients that do not know it ignore.
 
 A saturated server answers most requests with a yield, so that path is
 plain ASGI: no starlette ``Request``, no cancel scope per body read (the
@@ -27,7 +31,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from starlette.types import Message, Receive, Scope, Send
@@ -83,6 +87,20 @@ _SSE_HEADERS = [
     (X_ACCEL_BUFFERING_HEADER.encode(), b"no"),
 ]
 _CLOSE = (CONNECTION_HEADER.encode(), b"close")
+_DEGRADED_HEADER = b"x-yieldgate-degraded"
+
+
+def _degraded_headers(data: Any) -> list[tuple[bytes, bytes]]:
+    """The ``x-yieldgate-degraded`` header for a result or chunk that says it was cut."""
+    degraded = data.get("degraded") if isinstance(data, Mapping) else None
+    if not isinstance(degraded, Mapping):
+        return []
+    fields = [("max_tokens", "max_tokens"), ("requested", "requested_max_tokens")]
+    fields.append(("level", "level"))
+    parts = [f"{name}={degraded[key]}" for name, key in fields if type(degraded.get(key)) is int]
+    return [(_DEGRADED_HEADER, "; ".join(parts).encode("ascii"))] if parts else []
+
+
 _RETRY_AFTER_MS = RETRY_AFTER_MS_HEADER.encode()
 _RETRY_AFTER = RETRY_AFTER_HEADER.encode()
 _CONTENT_LENGTH = CONTENT_LENGTH_HEADER.encode()
@@ -355,7 +373,10 @@ class Inference:
     async def _unary(self, receive: Receive, send: Send, job: Job, admitted: Admitted) -> None:
         dialect = self.dialect
 
+        headers: list[tuple[bytes, bytes]] = []
+
         async def finish(result: Any, slot: Slot) -> bytes:
+            headers.extend(_degraded_headers(result))
             return dumps(dialect.ok(job, _generated(job, result)))
 
         outcome = await self.front.run_admitted(admitted, receive, None, finish)
@@ -364,18 +385,19 @@ class Inference:
         if isinstance(outcome, Failure):
             await self._failure(send, outcome)
         else:
-            await send_json(send, 200, outcome)
+            await send_json(send, 200, outcome, headers)
 
     async def _stream(self, receive: Receive, send: Send, job: Job, admitted: Admitted) -> None:
         dialect = self.dialect
         index = 0
         started = False
 
-        async def start() -> None:
+        async def start(data: Any = None) -> None:
             nonlocal started
             if not started:
                 started = True
-                await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS})
+                headers = _SSE_HEADERS + _degraded_headers(data)
+                await send({"type": "http.response.start", "status": 200, "headers": headers})
 
         held: Any = None  # a chunk marked last, for a dialect that ends with it
 
@@ -383,7 +405,7 @@ class Inference:
             nonlocal index
             event = dialect.piece_of(job, index, data)
             index += 1
-            await start()
+            await start(data)
             await send({"type": "http.response.body", "body": event, "more_body": True})
 
         async def emit(data: Any) -> None:
@@ -403,7 +425,7 @@ class Inference:
             else:
                 text, token_ids = chunk_text(held), chunk_token_ids(held)
                 events = dialect.end_with(job, index, text, token_ids, done)
-            await start()
+            await start(held)
             await send({"type": "http.response.body", "body": events, "more_body": False})
             return done.text
 
