@@ -47,6 +47,10 @@ bench: $(STAMP)
 	$(PY) bench/burst_efficiency.py
 	$(PY) bench/harness_decode.py
 	$(PY) bench/harness_disagg.py
+	$(PY) bench/harness_kv.py
+	$(PY) bench/harness_spec.py
+	$(PY) bench/harness_degrade.py
+	$(PY) bench/harness_planner.py
 
 # The clients that cannot share the main env (openai 2.x on httpx, LiteLLM,
 # text-generation with its huggingface_hub<1.0), in a second venv pinned by
