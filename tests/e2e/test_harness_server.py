@@ -313,6 +313,17 @@ async def test_tgi_details_carry_the_byte_vocabulary(server: ServerProcess) -> N
     last = streamed[-1].details
     assert last is not None
     assert (last.finish_reason, last.generated_tokens, last.input_length) == ("length", 10, 6)
+    # Each generated token's log-probability is the harness's, whole and streamed, and the
+    # same as the OpenAI route reports for the same greedy answer.
+    whole = [t.logprob for t in details.tokens]
+    assert all(lp is not None and lp <= 0 for lp in whole)
+    assert [e.token.logprob for e in streamed] == pytest.approx(whole, abs=1e-6)
+    async with openai_client(server) as openai_:
+        reply = await openai_.completions.create(
+            model="tiny", prompt=prompt, max_tokens=10, logprobs=0
+        )
+    assert reply.choices[0].logprobs is not None
+    assert reply.choices[0].logprobs.token_logprobs == pytest.approx(whole, abs=1e-6)
 
 
 async def test_the_exported_tokenizer_counts_what_the_harness_counts(

@@ -18,8 +18,10 @@ from yieldgate.server._http_dialects import (
     Completions,
     Generated,
     Job,
+    TgiGenerate,
     generated,
 )
+from yieldgate.server._http_inference import _refuse_unhonoured
 from yieldgate.server._http_logprobs import UNLIKELY, TokenLogprob, read_logprobs, token_text
 from yieldgate.server.backends import BackendError, SimulatedBackend, features_of
 
@@ -204,3 +206,36 @@ def test_only_a_backend_that_declares_a_feature_has_it() -> None:
         features = frozenset({"logprobs", "top_p", "something-else"})
 
     assert features_of(Declares()) == {"logprobs", "top_p"}
+
+
+def test_tgi_tokens_carry_the_backends_logprobs_where_it_sends_them() -> None:
+    dialect = TgiGenerate(stream=None)
+    job = dialect.parse({"inputs": "p", "parameters": {"details": True}}, None, "m")
+    assert job.logprobs_where_honoured
+    body = dialect.ok(job, _with_logprobs(job))[0]
+    assert [t["logprob"] for t in body["details"]["tokens"]] == [-0.5, -0.25, -3.0]
+    # A backend that sends none: null, as before.
+    plain = dialect.ok(job, generated(job, RESULT))[0]
+    assert [t["logprob"] for t in plain["details"]["tokens"]] == [None, None, None]
+    # Streamed: each event's token has its own; the last one, held for the end, the answer's last.
+    event = sse_data(
+        dialect.piece_of(job, 0, {"text": "", "token_ids": [0xC3], "logprobs": ENTRIES[:1]})
+    )
+    assert event["token"]["logprob"] == -0.5
+    end = sse_data(dialect.end_with(job, 2, "!", (33,), _with_logprobs(job)))
+    assert (end["token"]["id"], end["token"]["logprob"]) == (33, -3.0)
+
+
+def test_logprobs_taken_where_honoured_are_asked_only_of_a_backend_that_has_them() -> None:
+    def tgi_job() -> Job:
+        return TgiGenerate(stream=None).parse({"inputs": "p"}, None, "m")
+
+    class Declares:
+        features = frozenset({"logprobs"})
+
+    job = tgi_job()
+    _refuse_unhonoured(job, SimulatedBackend())
+    assert "logprobs" not in job.params
+    job = tgi_job()
+    _refuse_unhonoured(job, Declares())  # type: ignore[arg-type]
+    assert job.params["logprobs"] == 0

@@ -327,6 +327,9 @@ class Job:
     details: bool = False
     prefill_details: bool = False
     return_full_text: bool = False
+    # Ask the backend for each token's log-probability if it can give them (TGI's
+    # tokens carry one); a backend without the feature answers without them.
+    logprobs_where_honoured: bool = False
     created: int = field(default_factory=lambda: int(time.time()))
     id: str = ""
     # Characters of text streamed so far (where a dialect counts them: text offsets).

@@ -183,8 +183,11 @@ async def _read_body(
 
 
 def _refuse_unhonoured(job: Job, backend: Backend) -> None:
-    """A 400 naming the first optional param the job asks for and the backend does not honour."""
+    """A 400 naming the first optional param the job asks for and the backend does not honour
+    (log-probabilities a dialect only takes where honoured are asked for here, or not)."""
     features = features_of(backend)
+    if job.logprobs_where_honoured and "logprobs" in features:
+        job.params.setdefault("logprobs", 0)
     for key in sorted(FEATURES - features):
         if job.params.get(key) is not None:
             raise BadRequest(f"'{key}' is not supported by this server's backend", key)

@@ -25,11 +25,14 @@ no backend here honours (``top_k``, ``typical_p``, the
 penalties, ``truncate``, ``best_of``, ``watermark``, ``top_n_tokens``,
 ``grammar``, ``adapter_id``) is refused as a validation error unless its
 value asks for nothing; so is ``decoder_input_details`` in a stream, as TGI
-refuses it. Log-probabilities are ``null``: no backend here reports them.
+refuses it. Each generated token's ``logprob`` is the backend's where it computes
+them (the harness: the log-probability of the distribution it was drawn from),
+``null`` otherwise; the prompt's tokens (``prefill``) have ``null``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from yieldgate._headers import ESTIMATED_TIME_FIELD, LOADING_MESSAGE
@@ -41,6 +44,8 @@ from yieldgate.server._http_dialect_base import (
     Job,
     backend_params,
     bool_field,
+    chunk_text,
+    chunk_token_ids,
     int_field,
     number_field,
     object_field,
@@ -52,6 +57,7 @@ from yieldgate.server._http_dialect_base import (
     tokens_of,
     top_p_field,
 )
+from yieldgate.server._http_logprobs import TokenLogprob, read_logprobs
 from yieldgate.server.governor import Yield
 
 __all__ = ["HfModels", "TgiGenerate"]
@@ -110,14 +116,24 @@ def _tgi_job(body: dict[str, Any], model: str, stream: bool) -> Job:
         details=details,
         prefill_details=details and prefill_details,
         return_full_text=bool_field(parameters, "return_full_text", where),
+        logprobs_where_honoured=True,
     )
 
 
 _TGI_FINISH = {"length": "length", "stop_sequence": "stop_sequence", "eos": "eos_token"}
 
 
-def _token(token_id: int, text: str, *, special: bool = False) -> dict[str, Any]:
-    return {"id": token_id, "text": text, "logprob": None, "special": special}
+def _token(
+    token_id: int, text: str, *, special: bool = False, logprob: float | None = None
+) -> dict[str, Any]:
+    return {"id": token_id, "text": text, "logprob": logprob, "special": special}
+
+
+def _logprob_of(logprobs: Sequence[TokenLogprob] | None, token_id: int) -> float | None:
+    """The last of ``logprobs`` if it is ``token_id``'s (a piece's token is its last)."""
+    if not logprobs or logprobs[-1].token_id != token_id:
+        return None
+    return logprobs[-1].logprob
 
 
 def _details(job: Job, done: Generated) -> dict[str, Any]:
@@ -133,8 +149,20 @@ def _details(job: Job, done: Generated) -> dict[str, Any]:
         "generated_tokens": done.usage["completion_tokens"],
         "seed": job.params.get("seed"),
         "prefill": prefill,
-        "tokens": [_token(i, text) for i, text in tokens_of(done.text, done.token_ids)],
+        "tokens": _generated_tokens(done),
     }
+
+
+def _generated_tokens(done: Generated) -> list[dict[str, Any]]:
+    """The generated tokens, each with the backend's log-probability where it sent them."""
+    tokens = tokens_of(done.text, done.token_ids)
+    logprobs = done.logprobs
+    if logprobs is None or len(logprobs) != len(tokens):
+        return [_token(i, text) for i, text in tokens]
+    return [
+        _token(i, text, logprob=lp.logprob if lp.token_id == i else None)
+        for (i, text), lp in zip(tokens, logprobs, strict=True)
+    ]
 
 
 def _generated_text(job: Job, done: Generated) -> str:
@@ -168,9 +196,13 @@ def _tgi_piece(index: int, token: dict[str, Any]) -> dict[str, Any]:
 _NO_TOKEN = _token(0, "", special=True)
 
 
-def _piece_token(text: str, token_ids: tuple[int, ...] | None) -> dict[str, Any]:
+def _piece_token(
+    text: str, token_ids: tuple[int, ...] | None, logprobs: Sequence[TokenLogprob] | None = None
+) -> dict[str, Any]:
     ids = token_ids or text_token_ids(text)
-    return _token(ids[-1], text) if ids else _NO_TOKEN
+    if not ids:
+        return _NO_TOKEN
+    return _token(ids[-1], text, logprob=_logprob_of(logprobs, ids[-1]))
 
 
 class _TgiStream(Dialect):
@@ -181,13 +213,18 @@ class _TgiStream(Dialect):
     def piece(self, job: Job, index: int, text: str, token_ids: tuple[int, ...] | None) -> bytes:
         return sse(_tgi_piece(index, _piece_token(text, token_ids)))
 
+    def piece_of(self, job: Job, index: int, data: Any) -> bytes:
+        token = _piece_token(chunk_text(data), chunk_token_ids(data), read_logprobs(data))
+        return sse(_tgi_piece(index, token))
+
     def end(self, job: Job, index: int, done: Generated) -> bytes:
         return self._last(job, index, _NO_TOKEN, done)
 
     def end_with(
         self, job: Job, index: int, text: str, token_ids: tuple[int, ...] | None, done: Generated
     ) -> bytes:
-        return self._last(job, index, _piece_token(text, token_ids), done)
+        # The held piece is the stream's last: its token's log-probability is the answer's last.
+        return self._last(job, index, _piece_token(text, token_ids, done.logprobs), done)
 
     def _last(self, job: Job, index: int, token: dict[str, Any], done: Generated) -> bytes:
         # Like TGI's last event: the last token, the full text and the details.
