@@ -244,7 +244,7 @@ class _MoreFigures(StrategyResult):
         return {
             **StrategyResult.as_dict(self, timeline=timeline),
             "recovery_s": self.recovery_s,
-            "hint_accuracy": {"p50_ms": 12.5, "within_20pct": 0.75},
+            "stall": {"p50_ms": 12.5, "within_20pct": 0.75},
         }
 
 
@@ -271,9 +271,9 @@ def test_fields_added_later_are_shown_not_a_failure() -> None:
     for needle in (
         "recovery_s",
         "1.25",
-        "hint_accuracy.p50_ms",
+        "stall.p50_ms",
         "12.5",
-        "hint_accuracy.within_20pct",
+        "stall.within_20pct",
     ):
         assert needle in body, needle
 

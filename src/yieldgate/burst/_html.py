@@ -42,6 +42,12 @@ _MAX_EXTRA_SERIES = 6
 
 _RESULT_KEYS = frozenset(
     {
+        # Shown by the terminal table's own rows (``_report``).
+        "timeouts",
+        "hint_accuracy",
+        "recovery",
+        "priorities",
+        "server_rss_peak_bytes",
         "strategy",
         "label",
         "requests",
@@ -78,6 +84,15 @@ _POINT_KEYS = frozenset(
         "server_yielded",
     }
 )
+
+# Timeline series the burst records beyond the core ones: their titles, and a unit scale.
+_SERIES_TITLES = {
+    "scraped_queue": "queue (scraped)",
+    "scraped_running": "running (scraped)",
+    "scraped_kv_cache": "KV cache use (scraped)",
+    "server_rss_bytes": "server memory (RSS), MiB",
+}
+_SERIES_SCALE = {"server_rss_bytes": 1 / 2**20}
 
 _CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src data:"
 _STYLE = """
@@ -364,8 +379,9 @@ def _timeline_plot(report: BurstReport, colors: Mapping[str, str], prefix: str) 
         axes[2].plot(t, [p["completed"] for p in points], c=c)
         axes[2].plot(t, [p["failed"] for p in points], "--", c=c)
         for ax, key in zip(axes[3:], extras, strict=False):
-            ys = [p.get(key) for p in points]
-            ax.plot(t, [y if _num(y) else math.nan for y in ys], c=c)
+            ys: list[Any] = [p.get(key) for p in points]
+            scale = _SERIES_SCALE.get(key, 1.0)
+            ax.plot(t, [y * scale if _num(y) else math.nan for y in ys], c=c)
     caps = {r.server.max_inflight for r in results if r.server is not None}
     if server and len(caps) == 1:
         axes[0].axhline(caps.pop(), color="grey", ls="--", lw=1, label="max_inflight")
@@ -373,7 +389,7 @@ def _timeline_plot(report: BurstReport, colors: Mapping[str, str], prefix: str) 
     axes[1].set_title(f"yields, cumulative ({where})", loc="left")
     axes[2].set_title("requests completed (solid) and failed (dashed), cumulative", loc="left")
     for ax, key in zip(axes[3:], extras, strict=False):
-        ax.set_title(_mpl(key), loc="left")
+        ax.set_title(_mpl(_SERIES_TITLES.get(key, key)), loc="left")
     _legend(axes[0], "best")
     axes[-1].set_xlabel("seconds since the first arrival")
     return _render(fig, prefix)
