@@ -356,7 +356,6 @@ async def _run_one(
     if share is not None:
         requests = [requests[i] for i in share.indices]
         prompts = [prompts[i] for i in share.indices]
-    slots = None if config.concurrency is None else anyio.CapacityLimiter(config.concurrency)
     timeline: list[TimelinePoint] = []
     finished = {"ok": 0, "failed": 0}
     probes: list[Probe] | None = None if config.recovery_probe_s is None else []
@@ -429,23 +428,31 @@ async def _run_one(
         reported: set[str] = set()
 
         async def one(request: Request, prompt: str) -> None:
+            # Open loop: one task per request, sent at its arrival.
             request.origin = t0
             await anyio.sleep_until(t0 + request.arrival_s)
-            if slots is None:
-                await attempt(request, prompt)
-                return
-            async with slots:
-                # Closed loop: the request exists for its caller once it is sent.
+            await attempt(request, prompt)
+
+        async def closed_loop(queue: Iterator[tuple[Request, str]]) -> None:
+            # One of ``concurrency`` senders: each takes the earliest request not yet
+            # sent, waits for its arrival, sends it, and takes the next; as a task per
+            # request waiting on a limiter would, without the task and the limiter.
+            for request, prompt in queue:
+                request.origin = t0
+                await anyio.sleep_until(t0 + request.arrival_s)
                 request.arrival_s = time.monotonic() - t0
                 await attempt(request, prompt)
 
         async def attempt(request: Request, prompt: str) -> None:
-            deadline = math.inf
-            if config.timeout_s is not None:
-                deadline = t0 + request.arrival_s + config.timeout_s
+            cancelled = False
             try:
-                with anyio.CancelScope(deadline=deadline) as scope:
+                if config.timeout_s is None:
                     await send(prompt, request)
+                else:
+                    deadline = t0 + request.arrival_s + config.timeout_s
+                    with anyio.CancelScope(deadline=deadline) as scope:
+                        await send(prompt, request)
+                    cancelled = scope.cancelled_caught
             except Exception as exc:
                 request.error = error_kind(exc)
                 finished["failed"] += 1
@@ -454,7 +461,7 @@ async def _run_one(
                     reported.add(request.error)
                     _log.error("request failed with a programming error", exc_info=exc)
             else:
-                if scope.cancelled_caught:
+                if cancelled:
                     request.error = "timeout"
                     finished["failed"] += 1
                 else:
@@ -495,8 +502,15 @@ async def _run_one(
             else:
                 probing.set()
             async with anyio.create_task_group() as fire:
-                for request, prompt in zip(requests, prompts, strict=True):
-                    fire.start_soon(one, request, prompt)
+                if config.concurrency is None:
+                    for request, prompt in zip(requests, prompts, strict=True):
+                        fire.start_soon(one, request, prompt)
+                else:
+                    # In order of arrival (a stable sort: ties keep their order).
+                    order = sorted(zip(requests, prompts, strict=True), key=_arrival)
+                    queue = iter(order)
+                    for _ in range(min(config.concurrency, len(order))):
+                        fire.start_soon(closed_loop, queue)
             done.set()
             await probing.wait()
         await sample()
@@ -534,6 +548,10 @@ async def _run_one(
         probes=probes,
         priorities=priorities or None,
     )
+
+
+def _arrival(pair: tuple[Request, str]) -> float:
+    return pair[0].arrival_s
 
 
 @contextlib.asynccontextmanager

@@ -30,8 +30,9 @@ def add_parser(sub: Any) -> None:
     p.add_argument(
         "--target",
         help=(
-            "tcp://HOST:PORT, openai+http://HOST:PORT, hf+http://HOST:PORT[/models/NAME] or "
-            "tgi+http://HOST:PORT; with --serve a bare scheme (tcp://) will do (default tcp://)"
+            "tcp://HOST:PORT, openai+http://HOST:PORT, hf+http://HOST:PORT[/models/NAME], "
+            "tgi+http://HOST:PORT or raw+http://HOST:PORT (a lean client, for load); with --serve a "
+            "bare scheme (tcp://) will do (default tcp://)"
         ),
     )
     p.add_argument(
