@@ -48,8 +48,12 @@ class Headers(dict[str, str]):
 
     __slots__ = ()
 
-    def get(self, name: str, default: Any = None) -> Any:  # type: ignore[override]
-        return dict.get(self, name.lower(), default)
+    def get(self, name: str, default: Any = None) -> Any:
+        # Callers mostly ask in lower case already (yieldgate._headers): no copy then.
+        value = dict.get(self, name)
+        if value is None and not name.islower():
+            return dict.get(self, name.lower(), default)
+        return default if value is None else value
 
     def __getitem__(self, name: str) -> str:
         return dict.__getitem__(self, name.lower())

@@ -439,8 +439,11 @@ async def _run_one(
             # request waiting on a limiter would, without the task and the limiter.
             for request, prompt in queue:
                 request.origin = t0
-                await anyio.sleep_until(t0 + request.arrival_s)
-                request.arrival_s = time.monotonic() - t0
+                now = time.monotonic()
+                if now < t0 + request.arrival_s:
+                    await anyio.sleep_until(t0 + request.arrival_s)
+                    now = time.monotonic()
+                request.arrival_s = now - t0
                 await attempt(request, prompt)
 
         async def attempt(request: Request, prompt: str) -> None:

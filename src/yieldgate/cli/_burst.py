@@ -31,8 +31,8 @@ def add_parser(sub: Any) -> None:
         "--target",
         help=(
             "tcp://HOST:PORT, openai+http://HOST:PORT, hf+http://HOST:PORT[/models/NAME], "
-            "tgi+http://HOST:PORT or raw+http://HOST:PORT (a lean client, for load); with --serve a "
-            "bare scheme (tcp://) will do (default tcp://)"
+            "tgi+http://HOST:PORT or raw+http://HOST:PORT (a lean client, for load); with "
+            "--serve a bare scheme (tcp://) will do (default tcp://)"
         ),
     )
     p.add_argument(
