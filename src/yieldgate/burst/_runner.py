@@ -46,7 +46,7 @@ class BurstConfig:
     """One burst, run once per strategy.
 
     ``target`` is a URL (``tcp://HOST:PORT``, ``openai+http://...``,
-    ``hf+http://...``, ``tgi+http://...``). With ``serve_args`` the tool
+    ``hf+http://...``, ``tgi+http://...``, ``raw+http://...``). With ``serve_args`` the tool
     starts ``yieldgate serve ARGS`` itself, fresh for each strategy, and the
     target may be a bare scheme (``tcp://``). Without it every strategy meets
     the same server, in whatever state the one before left it.
