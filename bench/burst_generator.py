@@ -5,8 +5,11 @@ the sleep backend echoes, with no sleep), with its HTTP front, serves every
 generator in turn, in the same run:
 
 - ``yieldgate burst`` with 1 and with 2 worker processes (``--workers``),
-  strategy ``naive`` (one attempt per request, no retry: the generator's own
-  cost), closed loop (``--concurrency``), through the official openai client
+  closed loop (``--concurrency``): through the lean HTTP client of the
+  ``raw+http://`` target, with the ``naive`` strategy (one attempt per
+  request, no retry: the generator's own cost) and with the ``yieldgate``
+  strategy (a real Gate classifying every reply); and, strategy ``naive``,
+  through the official openai client
   (``openai+http://``), through plain httpx (``tgi+http://``) and, for
   reference, through yieldgate's own ``GovernedClient`` on the server's TCP
   port (``tcp://``, the governed protocol: not HTTP, so not Locust's work);
@@ -35,6 +38,9 @@ Run it (from the repository root; Locust in a venv of its own)::
 
     .venv/bin/python bench/burst_generator.py --locust /tmp/venv-locust/bin/locust
     .venv/bin/python bench/burst_generator.py --requests 6000 --seconds 6 --concurrency 64
+    .venv/bin/python bench/burst_generator.py --only-raw --locust /tmp/venv-locust/bin/locust
+
+The ``raw+http://`` rows send 4x ``--requests`` (they are that much faster).
 
 All traffic stays on 127.0.0.1. Exit status 0 unless a generator failed.
 """
@@ -193,7 +199,12 @@ def window(name: str, processes: int, samples: Sequence[Sample], status: int) ->
 
 
 def burst_command(
-    scheme: str, server: ServerProcess, workers: int, requests: int, concurrency: int
+    scheme: str,
+    server: ServerProcess,
+    workers: int,
+    requests: int,
+    concurrency: int,
+    strategy: str = "naive",
 ) -> list[str]:
     assert server.http_address is not None
     host, port = (server.host, server.port) if scheme == "tcp" else server.http_address
@@ -205,7 +216,7 @@ def burst_command(
         "--target",
         f"{scheme}://{host}:{port}",
         "--strategy",
-        "naive",
+        strategy,
         "--requests",
         str(requests),
         "--concurrency",
@@ -251,6 +262,11 @@ def main() -> int:
         help="the locust command (default: $YIELDGATE_LOCUST, else locust on PATH)",
     )
     parser.add_argument("--json", type=Path, help="write the figures here")
+    parser.add_argument(
+        "--only-raw",
+        action="store_true",
+        help="of the burst rows, only the raw+http:// ones (the others take long)",
+    )
     args = parser.parse_args()
 
     print(
@@ -268,17 +284,26 @@ def main() -> int:
             (cwd / f"plain_{kind.lower()}.py").write_text(LOCUSTFILE.format(kind=kind))
         (cwd / "strategic.py").write_text(STRATEGIC)
         runs: list[tuple[str, int, list[str]]] = []
-        for scheme, client in (
-            ("openai+http", "openai client"),
-            ("tgi+http", "httpx"),
-            ("tcp", "GovernedClient"),
+        for scheme, client, strategy in (
+            ("raw+http", "raw HTTP", "naive"),
+            ("raw+http", "raw HTTP", "yieldgate"),
+            ("openai+http", "openai client", "naive"),
+            ("tgi+http", "httpx", "naive"),
+            ("tcp", "GovernedClient", "naive"),
         ):
+            if args.only_raw and scheme != "raw+http":
+                continue
+            # The lean client is fast: give it enough requests for a window of seconds.
+            requests = args.requests * (4 if scheme == "raw+http" else 1)
             for workers in (1, 2):
                 runs.append(
                     (
-                        f"yieldgate burst, {client}, {workers} worker{'s' * (workers > 1)}",
+                        f"yieldgate burst, {client}, {strategy}, "
+                        f"{workers} worker{'s' * (workers > 1)}",
                         workers,
-                        burst_command(scheme, server, workers, args.requests, args.concurrency),
+                        burst_command(
+                            scheme, server, workers, requests, args.concurrency, strategy
+                        ),
                     )
                 )
         if args.locust:
@@ -316,7 +341,7 @@ def main() -> int:
     base = {r.name: r for r in rows if r.name.startswith("locust")}
     print()
     header = (
-        f"{'generator':<44} {'req/s':>8} {'gen cpu':>8} {'req/cpu-s':>10} "
+        f"{'generator':<48} {'req/s':>8} {'gen cpu':>8} {'req/cpu-s':>10} "
         f"{'server cpu':>10} {'/fast':>6} {'/http':>6}"
     )
     print(header)
@@ -327,17 +352,18 @@ def main() -> int:
         ratio_fast = f"{row.per_core / fast.per_core:.2f}" if fast and fast.per_core else "-"
         ratio_http = f"{row.per_core / http.per_core:.2f}" if http and http.per_core else "-"
         print(
-            f"{row.name:<44} {row.rate:>8.0f} {row.cpu:>8.2f} {row.per_core:>10.0f} "
+            f"{row.name:<48} {row.rate:>8.0f} {row.cpu:>8.2f} {row.per_core:>10.0f} "
             f"{row.server_cpu:>10.2f} {ratio_fast:>6} {ratio_http:>6}"
         )
     print(
         "\nreq/cpu-s: requests per CPU second of the generator's processes; /fast, /http: "
         "that figure over Locust's (goal: >= 1.5)"
     )
-    one = next((r for r in rows if r.name == "yieldgate burst, openai client, 1 worker"), None)
-    two = next((r for r in rows if r.name == "yieldgate burst, openai client, 2 workers"), None)
-    if one and two and one.rate:
-        print(f"2 workers / 1 worker (openai client), req/s: {two.rate / one.rate:.2f}")
+    for client in ("raw HTTP, naive", "raw HTTP, yieldgate", "openai client, naive"):
+        one = next((r for r in rows if r.name == f"yieldgate burst, {client}, 1 worker"), None)
+        two = next((r for r in rows if r.name == f"yieldgate burst, {client}, 2 workers"), None)
+        if one and two and one.rate:
+            print(f"2 workers / 1 worker ({client}), req/s: {two.rate / one.rate:.2f}")
     if args.json:
         args.json.write_text(
             json.dumps(

@@ -116,7 +116,7 @@ async def test_a_shared_server_sees_the_sum_of_every_strategy(
     assert assert_valid_json(report)["config"]["fresh_server_per_strategy"] is False
 
 
-@pytest.mark.parametrize("scheme", ["openai+http://", "hf+http://", "tgi+http://"])
+@pytest.mark.parametrize("scheme", ["openai+http://", "hf+http://", "tgi+http://", "raw+http://"])
 def test_http_targets_streaming(scheme: str) -> None:
     report = run_burst(
         BurstConfig(

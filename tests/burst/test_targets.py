@@ -14,6 +14,7 @@ from yieldgate.burst import Target, Workload
         ("openai+http://localhost:8000", "openai", 8000, "", "openai"),
         ("hf+http://127.0.0.1:8000/models/tiny", "hf", 8000, "/models/tiny", "huggingface"),
         ("tgi+http://127.0.0.1:8080/", "tgi", 8080, "", "tgi"),
+        ("raw+http://127.0.0.1:8000", "raw", 8000, "", "openai"),
         ("tcp://", "tcp", None, "", "governed"),
     ],
 )

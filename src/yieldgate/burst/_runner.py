@@ -46,7 +46,7 @@ class BurstConfig:
     """One burst, run once per strategy.
 
     ``target`` is a URL (``tcp://HOST:PORT``, ``openai+http://...``,
-    ``hf+http://...``, ``tgi+http://...``). With ``serve_args`` the tool
+    ``hf+http://...``, ``tgi+http://...``, ``raw+http://...``). With ``serve_args`` the tool
     starts ``yieldgate serve ARGS`` itself, fresh for each strategy, and the
     target may be a bare scheme (``tcp://``). Without it every strategy meets
     the same server, in whatever state the one before left it.
@@ -361,7 +361,6 @@ async def _run_one(
     if share is not None:
         requests = [requests[i] for i in share.indices]
         prompts = [prompts[i] for i in share.indices]
-    slots = None if config.concurrency is None else anyio.CapacityLimiter(config.concurrency)
     timeline: list[TimelinePoint] = []
     finished = {"ok": 0, "failed": 0}
     probes: list[Probe] | None = None if config.recovery_probe_s is None else []
@@ -434,23 +433,34 @@ async def _run_one(
         reported: set[str] = set()
 
         async def one(request: Request, prompt: str) -> None:
+            # Open loop: one task per request, sent at its arrival.
             request.origin = t0
             await anyio.sleep_until(t0 + request.arrival_s)
-            if slots is None:
-                await attempt(request, prompt)
-                return
-            async with slots:
-                # Closed loop: the request exists for its caller once it is sent.
-                request.arrival_s = time.monotonic() - t0
+            await attempt(request, prompt)
+
+        async def closed_loop(queue: Iterator[tuple[Request, str]]) -> None:
+            # One of ``concurrency`` senders: each takes the earliest request not yet
+            # sent, waits for its arrival, sends it, and takes the next; as a task per
+            # request waiting on a limiter would, without the task and the limiter.
+            for request, prompt in queue:
+                request.origin = t0
+                now = time.monotonic()
+                if now < t0 + request.arrival_s:
+                    await anyio.sleep_until(t0 + request.arrival_s)
+                    now = time.monotonic()
+                request.arrival_s = now - t0
                 await attempt(request, prompt)
 
         async def attempt(request: Request, prompt: str) -> None:
-            deadline = math.inf
-            if config.timeout_s is not None:
-                deadline = t0 + request.arrival_s + config.timeout_s
+            cancelled = False
             try:
-                with anyio.CancelScope(deadline=deadline) as scope:
+                if config.timeout_s is None:
                     await send(prompt, request)
+                else:
+                    deadline = t0 + request.arrival_s + config.timeout_s
+                    with anyio.CancelScope(deadline=deadline) as scope:
+                        await send(prompt, request)
+                    cancelled = scope.cancelled_caught
             except Exception as exc:
                 request.error = error_kind(exc)
                 finished["failed"] += 1
@@ -459,7 +469,7 @@ async def _run_one(
                     reported.add(request.error)
                     _log.error("request failed with a programming error", exc_info=exc)
             else:
-                if scope.cancelled_caught:
+                if cancelled:
                     request.error = "timeout"
                     finished["failed"] += 1
                 else:
@@ -500,8 +510,15 @@ async def _run_one(
             else:
                 probing.set()
             async with anyio.create_task_group() as fire:
-                for request, prompt in zip(requests, prompts, strict=True):
-                    fire.start_soon(one, request, prompt)
+                if config.concurrency is None:
+                    for request, prompt in zip(requests, prompts, strict=True):
+                        fire.start_soon(one, request, prompt)
+                else:
+                    # In order of arrival (a stable sort: ties keep their order).
+                    order = sorted(zip(requests, prompts, strict=True), key=_arrival)
+                    queue = iter(order)
+                    for _ in range(min(config.concurrency, len(order))):
+                        fire.start_soon(closed_loop, queue)
             done.set()
             await probing.wait()
         await sample()
@@ -539,6 +556,10 @@ async def _run_one(
         probes=probes,
         priorities=priorities or None,
     )
+
+
+def _arrival(pair: tuple[Request, str]) -> float:
+    return pair[0].arrival_s
 
 
 @contextlib.asynccontextmanager

@@ -4,6 +4,8 @@
 ``openai+http://HOST:PORT`` through the official ``openai`` client,
 ``hf+http://HOST:PORT[/models/NAME]`` through ``huggingface_hub``'s
 ``AsyncInferenceClient`` and ``tgi+http://HOST:PORT`` through plain httpx,
+and ``raw+http://HOST:PORT`` (OpenAI chat completions) through the lean
+client of ``_rawhttp``, a load generator's,
 each with ``yieldgate.http_client`` under it. Every strategy sends through a
 Gate: the ``yieldgate`` strategy's own, or a pass-through Gate (one attempt,
 no limit) for the baselines, which counts their attempts the same way.
@@ -27,19 +29,21 @@ from yieldgate.protocol import PRIORITY_HEADER
 
 __all__ = ["Request", "Send", "StatsSource", "Target", "TargetKind", "Workload", "open_target"]
 
-TargetKind = Literal["tcp", "openai", "hf", "tgi"]
+TargetKind = Literal["tcp", "openai", "hf", "tgi", "raw"]
 
 _SCHEMES: dict[str, TargetKind] = {
     "tcp": "tcp",
     "openai+http": "openai",
     "hf+http": "hf",
     "tgi+http": "tgi",
+    "raw+http": "raw",
 }
 _DIALECTS: dict[TargetKind, str] = {
     "tcp": "governed",
     "openai": "openai",
     "hf": "huggingface",
     "tgi": "tgi",
+    "raw": "openai",
 }
 
 
@@ -261,7 +265,12 @@ async def open_target(
     chosen = dialect or target.default_dialect
     async with httpx.AsyncClient(base_url=target.http_base, timeout=10.0) as plain:
         stats = _http_stats(plain)
-        if target.kind == "openai":
+        if target.kind == "raw":
+            from yieldgate.burst._rawhttp import open_raw
+
+            async with open_raw(target, gate, workload, chosen) as send:
+                yield send, stats
+        elif target.kind == "openai":
             async with _open_openai(target, gate, workload, chosen, native_retries) as send:
                 yield send, stats
         elif target.kind == "hf":

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
+import time
 from pathlib import Path
 from typing import Any
 
@@ -30,8 +31,9 @@ def add_parser(sub: Any) -> None:
     p.add_argument(
         "--target",
         help=(
-            "tcp://HOST:PORT, openai+http://HOST:PORT, hf+http://HOST:PORT[/models/NAME] or "
-            "tgi+http://HOST:PORT; with --serve a bare scheme (tcp://) will do (default tcp://)"
+            "tcp://HOST:PORT, openai+http://HOST:PORT, hf+http://HOST:PORT[/models/NAME], "
+            "tgi+http://HOST:PORT or raw+http://HOST:PORT (a lean client, for load); with "
+            "--serve a bare scheme (tcp://) will do (default tcp://)"
         ),
     )
     p.add_argument(
@@ -342,6 +344,8 @@ class _RichProgress:
             console=Console(stderr=True),
         )
         self.task: Any = None
+        self.done = 0
+        self.next_update = 0.0
 
     def __enter__(self) -> _RichProgress:
         self.bar.start()
@@ -352,9 +356,16 @@ class _RichProgress:
 
     def start(self, label: str, total: int) -> None:
         self.task = self.bar.add_task(label, total=total)
+        self.done = 0
+        self.next_update = 0.0
 
     def advance(self) -> None:
-        self.bar.advance(self.task)
+        # Counted here, shown at most every 50 ms: rich's update costs more than a request.
+        self.done += 1
+        now = time.monotonic()
+        if now >= self.next_update:
+            self.next_update = now + 0.05
+            self.bar.update(self.task, completed=self.done)
 
     def finish(self, result: Any) -> None:
         self.bar.update(self.task, completed=result.requests)
