@@ -71,7 +71,7 @@ _log = logging.getLogger("yieldgate.burst")
 _LEAD_S = 0.1
 _STARTUP_TIMEOUT_S = 120.0
 _STOP_TIMEOUT_S = 5.0
-_POLL_S = 0.01
+_POLL_S = 0.05
 
 
 class _Aborted(Exception):
