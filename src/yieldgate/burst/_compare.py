@@ -15,26 +15,10 @@ import datetime
 from collections.abc import Sequence
 from typing import Any
 
-from yieldgate.burst._results import BurstReport, StrategyResult
-from yieldgate.burst._runner import BurstConfig, Progress, run_burst
+from yieldgate.burst._results import BurstReport
+from yieldgate.burst._runner import BurstConfig, Progress, Relabelled, run_burst
 
 __all__ = ["run_comparison"]
-
-
-class _Prefixed:
-    """Progress for one part: each strategy's label carries the part's."""
-
-    def __init__(self, inner: Progress, prefix: str) -> None:
-        self.inner, self.prefix = inner, prefix
-
-    def start(self, label: str, total: int) -> None:
-        self.inner.start(f"{self.prefix}: {label}", total)
-
-    def advance(self) -> None:
-        self.inner.advance()
-
-    def finish(self, result: StrategyResult) -> None:
-        self.inner.finish(result)
 
 
 def run_comparison(
@@ -51,7 +35,7 @@ def run_comparison(
         raise ValueError("a comparison's parts need different labels")
     reports = []
     for label, part in parts:
-        shown = None if progress is None else _Prefixed(progress, label)
+        shown = None if progress is None else Relabelled(progress, before=f"{label}: ")
         reports.append((label, run_burst(part, progress=shown)))
     results = tuple(
         dataclasses.replace(r, label=f"{label}: {r.label}")

@@ -202,6 +202,23 @@ class Progress(Protocol):
         """A strategy ended."""
 
 
+class Relabelled:
+    """Progress whose strategy labels carry where they run: ``before`` and ``after`` the
+    label (a comparison's part, a sweep's point)."""
+
+    def __init__(self, inner: Progress, *, before: str = "", after: str = "") -> None:
+        self.inner, self.before, self.after = inner, before, after
+
+    def start(self, label: str, total: int) -> None:
+        self.inner.start(f"{self.before}{label}{self.after}", total)
+
+    def advance(self) -> None:
+        self.inner.advance()
+
+    def finish(self, result: StrategyResult) -> None:
+        self.inner.finish(result)
+
+
 class _Silent:
     def start(self, label: str, total: int) -> None:
         pass

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from yieldgate.burst._results import SWEEP_SCHEMA_ID, BurstReport, StrategyResult
-from yieldgate.burst._runner import BurstConfig, Progress, run_burst
+from yieldgate.burst._runner import BurstConfig, Progress, Relabelled, run_burst
 
 __all__ = ["Sweep", "SweepAxis", "SweepReport", "run_sweep"]
 
@@ -147,22 +147,6 @@ class SweepReport:
         }
 
 
-class _Labelled:
-    """Progress for one point: each strategy's label carries the swept value."""
-
-    def __init__(self, inner: Progress, prefix: str) -> None:
-        self.inner, self.prefix = inner, prefix
-
-    def start(self, label: str, total: int) -> None:
-        self.inner.start(f"{label} {self.prefix}", total)
-
-    def advance(self) -> None:
-        self.inner.advance()
-
-    def finish(self, result: StrategyResult) -> None:
-        self.inner.finish(result)
-
-
 def run_sweep(
     config: BurstConfig, sweep: Sweep, *, progress: Progress | None = None
 ) -> SweepReport:
@@ -171,7 +155,7 @@ def run_sweep(
     points = [(value, sweep.point(config, value)) for value in sweep.values]  # fail before firing
     reports: list[tuple[float, BurstReport]] = []
     for value, point in points:
-        shown = None if progress is None else _Labelled(progress, f"{sweep.axis}={value:g}")
+        shown = None if progress is None else Relabelled(progress, after=f" {sweep.axis}={value:g}")
         reports.append((value, run_burst(point, progress=shown)))
     return SweepReport(
         sweep=sweep,
