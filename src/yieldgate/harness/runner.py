@@ -102,18 +102,8 @@ class ModelRunner:
         )
         # Every slot of every block of every sequence, then cut to the longest context.
         slots = (tables.unsqueeze(2) * self.block_size + self._offsets).reshape(len(seqs), -1)
-        longest = max(lengths)
-        slots = slots[:, :longest].contiguous()
-        lengths_t = torch.tensor(lengths, device=device)
-        columns = torch.arange(longest, device=device)
-        mask = (columns.unsqueeze(0) < lengths_t.unsqueeze(1)).view(len(seqs), 1, 1, longest)
-        positions = lengths_t - 1
-        attention = AttentionBatch(
-            is_prefill=False,
-            slot_mapping=slots.gather(1, positions.unsqueeze(1)).squeeze(1),
-            context_slots=slots,
-            context_mask=mask,
-        )
+        slots = slots[:, : max(lengths)].contiguous()
+        positions, attention = decode_attention(slots, lengths)
         tokens = torch.tensor([seq.tokens[-1] for seq in seqs], device=device)
         last = torch.arange(len(seqs), device=device)
         return tokens, positions, attention, last
@@ -165,6 +155,24 @@ class ModelRunner:
             top = tuple(zip(top_ids[i][:n], top_values[i][:n], strict=True))
             out[row] = TokenLogprob(chosen[row], picked[i], top)
         return out
+
+
+def decode_attention(slots: Tensor, lengths: list[int]) -> tuple[Tensor, AttentionBatch]:
+    """One query per row, at the last of its ``lengths[r]`` context slots: ``slots`` holds
+    each row's KV slots, padded to the longest context. The queries' positions, and
+    the batch that attends over those slots (writing the new KV at the last)."""
+    lengths_t = torch.tensor(lengths, device=slots.device)
+    longest = slots.shape[1]
+    columns = torch.arange(longest, device=slots.device)
+    mask = (columns.unsqueeze(0) < lengths_t.unsqueeze(1)).view(len(lengths), 1, 1, longest)
+    positions = lengths_t - 1
+    attention = AttentionBatch(
+        is_prefill=False,
+        slot_mapping=slots.gather(1, positions.unsqueeze(1)).squeeze(1),
+        context_slots=slots,
+        context_mask=mask,
+    )
+    return positions, attention
 
 
 def _nucleus(probs: Tensor, top_p: float) -> Tensor:

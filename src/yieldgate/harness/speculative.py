@@ -54,7 +54,7 @@ from torch import Tensor, nn
 
 from yieldgate.harness.block_manager import BlockManager
 from yieldgate.harness.model import AttentionBatch, KVCache, TinyTransformer
-from yieldgate.harness.runner import ModelRunner
+from yieldgate.harness.runner import ModelRunner, decode_attention
 from yieldgate.harness.scheduler import Batch, Scheduler, SchedulerConfig
 from yieldgate.harness.sequence import SamplingParams, Sequence, TokenLogprob
 
@@ -371,16 +371,7 @@ class Speculator:
                     for i in rows
                 ]
             )
-            lengths_t = torch.tensor(lengths, device=device)
-            columns = torch.arange(longest, device=device)
-            mask = (columns.unsqueeze(0) < lengths_t.unsqueeze(1)).view(len(rows), 1, 1, longest)
-            positions = lengths_t - 1
-            attention = AttentionBatch(
-                is_prefill=False,
-                slot_mapping=matrix.gather(1, positions.unsqueeze(1)).squeeze(1),
-                context_slots=matrix,
-                context_mask=mask,
-            )
+            positions, attention = decode_attention(matrix, lengths)
             tokens = torch.tensor(
                 [drafts[i][-1] if j else seqs[i].tokens[-1] for i in rows], device=device
             )
