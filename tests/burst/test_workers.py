@@ -24,6 +24,7 @@ import pytest
 
 from tests.burst.conftest import schema_errors
 from tests.burst.test_runner import assert_consistent
+from tests.cli.test_burst import run_cli
 from yieldgate.burst import (
     SCHEMA,
     SWEEP_SCHEMA,
@@ -180,16 +181,6 @@ def test_instants_a_hair_apart_are_one_point_and_no_server_means_none() -> None:
 # -- real runs ------------------------------------------------------------------------
 
 
-def run_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "yieldgate", "burst", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
-
-
 @pytest.mark.e2e
 def test_two_workers_from_the_cli_count_every_request_once(tmp_path: Path) -> None:
     out = tmp_path / "burst.json"
@@ -208,6 +199,7 @@ def test_two_workers_from_the_cli_count_every_request_once(tmp_path: Path) -> No
         "--no-progress",
         "--json",
         str(out),
+        timeout=120,
     )
     assert result.returncode == 0, result.stdout + result.stderr
     document: dict[str, Any] = json.loads(out.read_text())
