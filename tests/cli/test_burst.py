@@ -176,8 +176,8 @@ def test_bad_input_is_one_line_and_status_2(args: list[str], message: str) -> No
     assert "Traceback" not in result.stderr
 
 
-def test_the_preset_choices_are_the_presets() -> None:
-    from yieldgate.burst._presets import COMPARISONS, PRESETS
+def burst_parser() -> argparse.ArgumentParser:
+    """``yieldgate burst``'s own argument parser, as the CLI builds it."""
     from yieldgate.cli import _burst
 
     made: dict[str, argparse.ArgumentParser] = {}
@@ -189,7 +189,14 @@ def test_the_preset_choices_are_the_presets() -> None:
             return made[name]
 
     _burst.add_parser(Sub())
-    (preset,) = [a for a in made["burst"]._actions if a.dest == "preset"]
+    return made["burst"]
+
+
+def test_the_preset_choices_are_the_presets() -> None:
+    from yieldgate.burst._presets import COMPARISONS, PRESETS
+
+    parser = burst_parser()
+    (preset,) = [a for a in parser._actions if a.dest == "preset"]
     assert preset.choices is not None
     assert sorted(preset.choices) == sorted([*PRESETS, *COMPARISONS])
 
@@ -232,22 +239,14 @@ def test_a_sweep_against_the_harness_writes_json_csv_and_html(tmp_path: Path) ->
 def test_the_comparison_preset_builds_one_config_per_part(monkeypatch: pytest.MonkeyPatch) -> None:
     from yieldgate.cli import _burst
 
-    made: dict[str, argparse.ArgumentParser] = {}
-
-    class Sub:
-        def add_parser(self, name: str, **kwargs: Any) -> argparse.ArgumentParser:
-            kwargs.pop("help", None)
-            made[name] = argparse.ArgumentParser(name, **kwargs)
-            return made[name]
-
-    _burst.add_parser(Sub())
+    parser = burst_parser()
     seen: dict[str, Any] = {}
 
     def fake_execute(config: Any, **kwargs: Any) -> None:
         seen["config"], seen["kwargs"] = config, kwargs
 
     monkeypatch.setattr(_burst, "execute", fake_execute)
-    args = made["burst"].parse_args(
+    args = parser.parse_args(
         ["--preset", "buffering-vs-governed", "--requests", "50", "--timeout-s", "2"]
     )
     assert _burst.run(args) == 0
