@@ -42,6 +42,7 @@ SURFACE = {
     "errors": [
         "YieldgateError",
         "GateClosedError",
+        "BlockingCallError",
         "CallFailedError",
         "GaveUpError",
         "RetriesExhaustedError",

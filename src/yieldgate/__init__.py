@@ -21,6 +21,7 @@ from importlib import metadata as _metadata
 
 from yieldgate._exceptions import (
     AttemptTimeoutError,
+    BlockingCallError,
     CallFailedError,
     CircuitOpenError,
     DeadlineExceededError,
@@ -69,6 +70,7 @@ except _metadata.PackageNotFoundError:  # pragma: no cover - running from a sour
 
 __all__ = [
     "AttemptTimeoutError",
+    "BlockingCallError",
     "BreakerPolicy",
     "CallFailedError",
     "CircuitOpenError",

@@ -5,6 +5,7 @@ dependency's exception type escapes the public API::
 
     YieldgateError                  .attempts, .last_hint_s, .last_outcome
      ├── GateClosedError            the Gate or client was used after aclose()
+     ├── BlockingCallError          a sync call from a thread that runs an event loop
      ├── CallFailedError            an attempt failed in a way retrying cannot fix
      │    └── RequestTooLargeError       its cost exceeds a whole quota: no wait helps
      ├── GaveUpError                the Gate stopped trying; a later call may succeed
@@ -47,6 +48,7 @@ from typing import Any
 
 __all__ = [
     "AttemptTimeoutError",
+    "BlockingCallError",
     "CallFailedError",
     "CircuitOpenError",
     "DeadlineExceededError",
@@ -106,6 +108,19 @@ class YieldgateError(Exception):
 
 class GateClosedError(YieldgateError):
     """The Gate (or a client holding one) was used after ``aclose()``."""
+
+
+class BlockingCallError(YieldgateError, RuntimeError):
+    """A sync call (``call_sync`` and kin, a sync client's request) was made from a
+    thread that runs an event loop (asyncio or trio).
+
+    Waiting there for a window slot would block the loop, and with it every
+    task that could free the slot: the call would sit until its deadline.
+    Await the async form (``gate.call``, the async client), or run the sync
+    code in a worker thread (``anyio.to_thread.run_sync``). Pass
+    ``allow_event_loop=True`` only where the call cannot wait (the Gate is
+    this loop's alone, with slots to spare). Raised before anything is taken.
+    """
 
 
 class CallFailedError(YieldgateError):

@@ -51,6 +51,7 @@ OPERATIONS: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = [
     ("report", (UP, False, BreakerPolicy()), {}),
     ("breaker", (UP,), {}),
     ("claim_probe", (UP,), {}),
+    ("release_probe", (UP,), {}),
 ]
 
 

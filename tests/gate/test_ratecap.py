@@ -2,24 +2,26 @@
 
 from __future__ import annotations
 
-import threading
-
 import anyio
 import pytest
 
-from yieldgate.gate._async import take_rate
 from yieldgate.gate._ratecap import RateCap, RatePolicy
 
-LOCK = threading.RLock()
-
 pytestmark = pytest.mark.anyio
+
+
+async def take_rate(cap: RateCap) -> None:
+    """A start from the cap, sleeping until ``next_at`` says one is free."""
+    while not cap.try_take(anyio.current_time()):
+        now = anyio.current_time()
+        await anyio.sleep(cap.next_at(now) - now)
 
 
 async def test_paces_attempt_starts() -> None:
     cap = RateCap(RatePolicy(per_s=10), anyio.current_time)
     start = anyio.current_time()
     for _ in range(21):
-        await take_rate(cap, LOCK, anyio.current_time)
+        await take_rate(cap)
     assert anyio.current_time() - start == pytest.approx(2.0, abs=0.15)
 
 
@@ -29,7 +31,7 @@ async def test_ramp_rises_linearly_to_the_top() -> None:
     starts: list[float] = []
     t0 = anyio.current_time()
     while anyio.current_time() - t0 < 12:
-        await take_rate(cap, LOCK, anyio.current_time)
+        await take_rate(cap)
         starts.append(anyio.current_time() - t0)
     first_second = sum(1 for t in starts if t < 1)
     last_second = sum(1 for t in starts if 11 <= t < 12)
@@ -40,6 +42,9 @@ async def test_ramp_rises_linearly_to_the_top() -> None:
 
 async def test_cold_start_restarts_the_ramp() -> None:
     cap = RateCap(RatePolicy(per_s=20, ramp_from_per_s=1, ramp_s=5), anyio.current_time)
+    await anyio.sleep(10)
+    assert cap.rate_now() == pytest.approx(1)  # the ramp begins with the first start
+    assert cap.try_take(anyio.current_time())
     await anyio.sleep(10)
     assert cap.rate_now() == pytest.approx(20)
     cap.restart_ramp()
@@ -63,7 +68,7 @@ async def start_times(cap: RateCap, callers: int, every_s: float = 0.0) -> list[
     t0 = anyio.current_time()
 
     async def one() -> None:
-        await take_rate(cap, LOCK, anyio.current_time)
+        await take_rate(cap)
         starts.append(anyio.current_time() - t0)
 
     async with anyio.create_task_group() as tg:
@@ -100,7 +105,7 @@ async def test_restart_slows_callers_already_queued() -> None:
     starts: list[float] = []
 
     async def one() -> None:
-        await take_rate(cap, LOCK, anyio.current_time)
+        await take_rate(cap)
         starts.append(anyio.current_time())
 
     async with anyio.create_task_group() as tg:

@@ -5,11 +5,31 @@ from __future__ import annotations
 import anyio
 import pytest
 
-from yieldgate.gate._async import acquire
+from yieldgate.gate._async import AsyncSignal
 from yieldgate.gate._window import Permit, Signal, Window, WindowPolicy
 from yieldgate.protocol import Priority
 
 pytestmark = pytest.mark.anyio
+
+
+async def acquire(window: Window, priority: Priority = Priority.NORMAL) -> Permit:
+    """Wait for a permit as a driver does (the window's own API): cancellation takes nothing."""
+    permit = window.try_acquire(priority)
+    if permit is not None:
+        return permit
+    signal = AsyncSignal()
+    waiter = window.enqueue(priority, signal.wake)
+    try:
+        while True:
+            wake_at = window.look(waiter)
+            if waiter.permit is not None:
+                permit, waiter.permit = waiter.permit, None
+                return permit
+            signal.clear()
+            await signal.wait(wake_at, anyio.current_time)
+    except BaseException:
+        window.abandon(waiter)
+        raise
 
 
 def fill(window: Window, n: int) -> list[Permit]:

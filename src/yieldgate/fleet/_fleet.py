@@ -683,6 +683,19 @@ class Fleet:
         """``claim_probe``, blocking (within the budget)."""
         return self._run(self._claim_probe(upstream, ttl_s))
 
+    def _release_probe(self, upstream: str) -> _Op[bool]:
+        keys = (self.keys.breaker(upstream), self.keys.probe(upstream))
+        return _Op("breaker", keys, ("unprobe", self.member), lambda raw: _flag(raw[3]))
+
+    async def release_probe(self, upstream: str) -> bool | None:
+        """Give back the half-open probe this member claimed, if it still holds it (its
+        attempt never went out, or ended without a verdict): another may probe now."""
+        return await self._arun(self._release_probe(upstream))
+
+    def release_probe_sync(self, upstream: str) -> bool | None:
+        """``release_probe``, blocking (within the budget)."""
+        return self._run(self._release_probe(upstream))
+
     # -- lifecycle ---------------------------------------------------------------
 
     def statistics(self) -> FleetStatistics:

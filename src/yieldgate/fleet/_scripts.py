@@ -310,6 +310,7 @@ return result
 # ARGV[1]: op.
 #   report: success (0/1), probe (0/1), fail_max, reset_timeout_s, success_threshold, keep_s
 #   probe: member, ttl_ms
+#   unprobe: member (drop the probe if this member holds it)
 #   state: nothing more
 # Returns state, seconds until an open breaker may probe, whether a probe is
 # out (0/1), and for op probe whether this member got it (0/1).
@@ -350,6 +351,11 @@ if op == 'report' then
   expire(KEYS[1], tonumber(ARGV[7]))
 elseif op == 'probe' and state == 'half-open' then
   if redis.call('SET', KEYS[2], ARGV[2], 'NX', 'PX', ARGV[3]) then got = 1 end
+elseif op == 'unprobe' then
+  if redis.call('GET', KEYS[2]) == ARGV[2] then
+    redis.call('DEL', KEYS[2])
+    got = 1
+  end
 end
 local wait = 0
 if state == 'open' then wait = opened + reset - now end

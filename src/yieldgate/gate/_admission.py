@@ -1,73 +1,54 @@
-"""Admission, sans-IO: what an attempt needs before it may be sent.
+"""Admission, sans-IO: what an attempt needs before it may be sent, and every wait for it.
 
 In order: an upstream whose breaker lets it through (or, when only a
 half-open probe stands in the way, its verdict to wait for), room in its
-quota (paced, by priority then arrival), a window slot (held back while a
-hint is waited out), a token from the rate cap, and a ticket from the
-breaker. Each function takes the call and the time and says
-what the driver must do next: go, or wait for this. ``steps`` strings them
-into the one admission loop both drivers run: a generator that yields each
-wait (``Wait``) and is sent what the wait got. A hedge takes what it needs at
-once or not at all. Every function takes the Gate's lock itself.
+quota (paced, by priority then arrival), the fleet's take, a window slot
+together with a start from the rate cap (both by priority then arrival,
+held back while a hint is waited out), a fleet in-flight lease (a line by
+priority then arrival), the breaker's ticket, and the fleet's half-open
+probe. Each is entered in the attempt's ledger (``_ledger.Attempt``) in the
+step that acquires it; whatever admission gives up on, it gives back through
+the ledger, and an exception anywhere leaves everything to the ledger's
+owner, who gives it back in a ``finally``.
+
+``admit`` is a generator that does all the deciding and all the waiting
+logic for both drivers. It yields only two kinds of wait:
+
+- ``Park(until)``: block until the call's signal (``call.signal``) is set, or
+  ``until`` (a time on the Gate's clock, ``None``: no timer), or the call's
+  deadline, whichever comes first; the generator then looks again (and
+  raises ``DeadlineExceededError`` if the deadline is what passed);
+- ``FleetWait(op)``: run one Redis operation of the fleet; sent back its answer.
+
+A driver (``_async`` for asyncio and trio, ``_sync`` for threads) only
+performs these two, and throws into the generator whatever ended a wait (a
+cancellation). A hedge's admission (``nowait``) takes what it needs at once
+or gives it all back: it never parks.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Generator
-from typing import Any, NamedTuple, Protocol
+from collections.abc import Generator
+from typing import Any, NamedTuple
 
-from yieldgate._exceptions import (
-    CircuitOpenError,
-    DeadlineExceededError,
-    RetryBudgetExhaustedError,
-)
-from yieldgate.gate._attempt import Slot
-from yieldgate.gate._breaker import Breaker, Verdict
+from yieldgate._exceptions import CircuitOpenError, RetryBudgetExhaustedError
+from yieldgate.gate._breaker import Breaker
 from yieldgate.gate._call import CallState
-from yieldgate.gate._quota import BLIND, Claim, QuotaPacer
-from yieldgate.gate._ratecap import RateCap
+from yieldgate.gate._choice import not_after, order, upstream
+from yieldgate.gate._ledger import Attempt
+from yieldgate.gate._quota import Claim
 from yieldgate.gate._shared import FleetOp
-from yieldgate.gate._upstream import Upstream, choose
-from yieldgate.gate._window import Permit, Signal
+from yieldgate.gate._upstream import Upstream
 
-__all__ = [
-    "FleetWait",
-    "Pacer",
-    "RateWait",
-    "SleepWait",
-    "VerdictWait",
-    "Wait",
-    "WindowWait",
-    "admit_hedge",
-    "admit_now",
-    "claim",
-    "not_after",
-    "steps",
-    "upstream",
-]
+__all__ = ["FleetWait", "Park", "Wait", "admit", "admit_now", "hedge"]
 
 
-class VerdictWait(NamedTuple):
-    """Wait for the verdict of ``breaker``'s half-open probe (sent back: ``None``)."""
+class Park(NamedTuple):
+    """Wait until the call's signal is set, ``until`` or the call's deadline (sent
+    back: ``None``)."""
 
-    breaker: Breaker
-
-
-class WindowWait(NamedTuple):
-    """Wait for a slot of ``up``'s window, no later than ``not_after`` past a hold
-    (sent back: the ``Permit``)."""
-
-    up: Upstream
-    not_after: float | None
-
-
-class RateWait(NamedTuple):
-    """Wait for a start from ``rate`` (the rate cap, or a quota's pacer), in its
-    queue's order (sent back: ``None``)."""
-
-    rate: Pacer
-    while_: str = "waiting for the rate cap"
+    until: float | None
 
 
 class FleetWait(NamedTuple):
@@ -77,172 +58,269 @@ class FleetWait(NamedTuple):
     op: FleetOp
 
 
-class SleepWait(NamedTuple):
-    """Sleep ``seconds`` (within the call's deadline), then go on (sent back: ``None``)."""
-
-    seconds: float
-    while_: str
+Wait = Park | FleetWait
+Steps = Generator[Wait, Any, Any]
 
 
-Wait = VerdictWait | WindowWait | RateWait | FleetWait | SleepWait
+def _park(call: CallState, until: float | None, while_: str) -> Steps:
+    """One park; past the call's deadline, raise."""
+    yield Park(until)
+    deadline = call.deadline
+    if deadline is not None and call.core.clock() >= deadline:
+        raise call.deadline_error(while_)
 
 
-class Pacer(Protocol):
-    """A queue that paces starts: the rate cap, or one claim on a quota."""
+def sleep(call: CallState, seconds: float, while_: str) -> Steps:
+    """Sleep ``seconds`` on the Gate's clock (within the call's deadline)."""
+    clock = call.core.clock
+    end = clock() + seconds
+    while clock() < end:
+        call.signal.clear()
+        yield from _park(call, end, while_)
 
-    def try_take(self, now: float) -> bool: ...
-    def join(self, wake: Callable[[], None]) -> Any: ...
-    def at_head(self, waiter: Any) -> bool: ...
-    def take_queued(self, waiter: Any, now: float) -> float | None: ...
-    def leave(self, waiter: Any) -> None: ...
 
-
-def steps(call: CallState) -> Generator[Wait, Any, Slot]:
-    """Admission as the drivers run it: each wait yielded, the slot returned.
-
-    A driver sends back what a wait got, or throws in what ended it (a
-    deadline, a cancellation): nothing taken is then kept.
+def admit(call: CallState, attempt: Attempt) -> Steps:
+    """Fill ``attempt``'s ledger with what it needs, waiting for each in turn.
 
     The quota comes first, before a window slot: its queue is the one that
     orders callers by priority when a quota is what binds, and a caller
-    waiting for it holds no slot another could use.
+    waiting for it holds no slot another could use. Returns once the attempt
+    may be sent; until then, every start-over gives back what was taken.
     """
     core = call.core
-    clock, lock = core.clock, core.lock
     if call.fleet_retry:
         yield from _fleet_budget(call)
+    waited = False
     while True:
-        target = upstream(call, clock())
+        target = upstream(call, core.clock())
         if isinstance(target, Breaker):
-            yield VerdictWait(target)
+            yield from _verdict(call, target)
             continue
-        up = target
+        up = attempt.up = target
+        yield from _fleet_before(call, up)
+        paced = yield from _quota(call, attempt, up)
+        if paced is None:
+            continue
+        provisional = not up.quota.active
+        if paced or (yield from _window(call, attempt, up)):
+            waited = True
+        elif attempt.permit is None:  # pragma: no cover - _window always ends with one
+            continue
+        if provisional and up.quota.active:
+            # Taken while no bucket was known, and one was learnt meanwhile: the
+            # claim queues again, by the quota's order.
+            _start_over(attempt)
+            continue
+        if (yield from _lease(call, attempt, up)):
+            waited = True
+        outcome = yield from _ticket(call, attempt, up)
+        if outcome is True:
+            return waited
+        if isinstance(outcome, Breaker):
+            _start_over(attempt)
+            yield from _verdict(call, outcome)
+            continue
+        # The fleet's probe was another member's: look again after a pause.
+        _start_over(attempt)
         shared = core.shared
-        if shared is not None:
-            with lock:
-                ops = shared.before(up, clock())
-            for op in ops:
-                got = yield FleetWait(op)
-                with lock:
-                    shared.apply(core.upstreams, up, op, got, clock())
-        quota_claim = call.claim()
-        with lock:
-            # Taken while no bucket is known, a claim is provisional: if one is
-            # learnt while it waits for a window slot, it queues again.
-            provisional = not up.quota.active
-            if not provisional:
-                call.too_large(up.quota)
-            paced = up.quota.try_take(quota_claim, clock())
-        if not paced:
-            started = clock()
-            try:
-                yield RateWait(QuotaPacer(up.quota, quota_claim), "waiting for the quota")
-            finally:
-                with lock:
-                    core.counters.waited_s += clock() - started
-        if shared is not None and up.quota.shared:
-            with lock:
-                take = shared.take(up, quota_claim)
-            if take is not None:
-                try:
-                    got = yield FleetWait(take)
-                except BaseException:
-                    with lock:
-                        up.quota.refund(quota_claim, clock())
-                    raise
-                with lock:
-                    granted = shared.took(core.upstreams, up, quota_claim, got, clock())
-                if not granted:  # refused (paced until its refill) or Redis away (alone)
-                    continue
+        assert shared is not None
+        pause = shared.policy.poll_s * (0.5 + core.rng.random())
+        yield from sleep(call, max(pause, 0.1), "waiting for the fleet's breaker probe")
+
+
+def _start_over(attempt: Attempt) -> None:
+    core = attempt.core
+    with core.lock:
+        attempt.give_back(core.clock())
+    core.after_lock()
+
+
+def _verdict(call: CallState, breaker: Breaker) -> Steps:
+    """Wait for a half-open probe's verdict (the caller starts over after it)."""
+    core = call.core
+    signal = call.signal
+    with core.lock:
+        signal.clear()
+        if not breaker.await_verdict(signal.wake):
+            return
+    try:
+        yield from _park(call, None, "waiting for the breaker's probe")
+    finally:
+        with core.lock:
+            breaker.leave_verdict(signal.wake)
+
+
+def _fleet_before(call: CallState, up: Upstream) -> Steps:
+    core = call.core
+    shared = core.shared
+    if shared is None:
+        return
+    with core.lock:
+        ops = shared.before(up, core.clock())
+    for op in ops:
+        got = yield FleetWait(op)
+        with core.lock:
+            shared.apply(core.upstreams, up, op, got, core.clock())
+
+
+def _quota(call: CallState, attempt: Attempt, up: Upstream) -> Steps:
+    """A claim on ``up``'s quota, waited for in its queue, and the fleet's take:
+    whether it waited; ``None``: start over (the fleet refused, or Redis is away)."""
+    core = call.core
+    lock, clock = core.lock, core.clock
+    quota = up.quota
+    claim = Claim(call.cost, call.priority, call.started)
+    with lock:
+        # Taken while no bucket is known, a claim is provisional: if one is
+        # learnt while it waits for a window slot, it queues again.
+        if quota.active:
+            call.too_large(quota)
+        attempt.claim = claim
+        if not quota.try_take(claim, clock()):
+            quota.join(claim, call.signal.wake)
+            attempt.queued = True
+    waited = attempt.queued
+    if waited:
+        started = clock()
         try:
-            slot = yield from _window_and_rest(
-                call, up, quota_claim, waited=not paced, provisional=provisional
-            )
-        except BaseException:
-            _give_back(call, up, quota_claim)
-            raise
-        if slot is None:  # a probe's verdict was waited for, or a quota learnt: start over
-            _give_back(call, up, quota_claim)
+            while True:
+                with lock:
+                    again = None
+                    if quota.at_head(claim):
+                        again = quota.take_queued(claim, clock())
+                        if again is None:
+                            attempt.queued = False  # taken: it left the queue
+                            break
+                    call.signal.clear()
+                yield from _park(call, again, "waiting for the quota")
+        finally:
+            with lock:
+                core.counters.waited_s += clock() - started
+    shared = core.shared
+    if shared is None or not quota.shared:
+        return waited
+    with lock:
+        take = shared.take(up, claim)
+    if take is None:
+        return waited
+    got = yield FleetWait(take)
+    with lock:
+        if shared.took(core.upstreams, up, claim, got, clock()):
+            return waited
+        attempt.claim = None  # refunded: refused (paced until its refill) or Redis away
+    return None
+
+
+def _window(call: CallState, attempt: Attempt, up: Upstream) -> Steps:
+    """A window slot on ``up`` (and a start of the rate cap, taken with it); whether
+    the caller waited for it."""
+    core = call.core
+    lock, clock = core.lock, core.clock
+    window = up.window
+    with lock:
+        if core.orphans or core.next_lapse <= clock():
+            core.reclaim(clock())
+        permit = window.try_acquire(call.priority)
+        if permit is not None:
+            attempt.permit = permit
+            return False
+    now = clock()
+    latest = not_after(call, up, now)
+    with lock:
+        waiter = attempt.waiter = window.enqueue(
+            call.priority, call.signal.wake, key=call.started, not_after=latest
+        )
+        held = window.held_until(call.priority, now) > 0
+    try:
+        while True:
+            with lock:
+                now = clock()
+                if core.orphans or core.next_lapse <= now:
+                    core.reclaim(now)
+                wake_at = window.look(waiter)
+                if waiter.permit is not None:
+                    attempt.permit, waiter.permit = waiter.permit, None
+                    attempt.waiter = None
+                    break
+                call.signal.clear()
+                lapse = core.next_lapse
+            if lapse != math.inf and (wake_at is None or lapse < wake_at):
+                wake_at = lapse  # a held slot may lapse then
+            core.after_lock()
+            yield from _park(call, wake_at, "waiting for a window slot")
+    finally:
+        if held:  # waiting out a hint, as a retry's sleep would
+            with lock:
+                core.counters.waited_s += clock() - now
+    return True
+
+
+def _lease(call: CallState, attempt: Attempt, up: Upstream) -> Steps:
+    """A lease on one of the fleet's in-flight slots for ``up``, waited for in line;
+    none when there is no cap or Redis does not answer. Whether it waited."""
+    core = call.core
+    shared = core.shared
+    if shared is None or not shared.available or shared.policy.inflight_cap is None:
+        return False
+    op = FleetOp("acquire", (up.name, shared.policy.inflight_cap))
+    lock, clock = core.lock, core.clock
+    with lock:
+        turn = attempt.turn = shared.join_line(up, call.priority, call.started, call.signal.wake)
+    waited = False
+    while True:
+        with lock:
+            now = clock()
+            first = shared.first_in_line(up, turn)
+            pause = shared.lease_pause(up, now) if first else 0.0
+            if not first or pause > 0:
+                call.signal.clear()
+        if not first:
+            waited = True
+            yield from _park(call, None, "waiting for a fleet in-flight slot")
             continue
-        return slot
+        if pause > 0:
+            waited = True
+            yield from _park(call, now + pause, "waiting for a fleet in-flight slot")
+            continue
+        got = yield FleetWait(op)
+        with lock:
+            if got is None or got is not False:
+                if got is not None:  # Redis away: the local window alone bounds it
+                    attempt.lease = got
+                    shared.leased(up, got)
+                attempt.turn = None
+                shared.leave_line(up, turn)
+                return waited
+            shared.lease_refused(up, clock(), core.rng.random())
+        waited = True
 
 
-def _give_back(call: CallState, up: Upstream, quota_claim: Claim) -> None:
-    """What an admission took and never used: its quota claim, the fleet's take and lease."""
+def _ticket(call: CallState, attempt: Attempt, up: Upstream) -> Steps:
+    """The breaker's ticket, and the fleet's probe if it is one. ``True``: admitted;
+    a ``Breaker``: its probe is out, wait for the verdict; ``False``: the fleet's
+    probe is another member's."""
     core = call.core
     with core.lock:
-        up.quota.refund(quota_claim, core.clock())
-        shared = core.shared
-        if shared is not None:
-            shared.refund(up, quota_claim)
-            shared.ended(up, quota_claim, hold_s=None, rank=0)
-
-
-def _window_and_rest(
-    call: CallState, up: Upstream, quota_claim: Claim, *, waited: bool, provisional: bool
-) -> Generator[Wait, Any, Slot | None]:
-    """A window slot, the rate token and the breaker's ticket, on ``up``; ``None``
-    after waiting for a half-open probe's verdict, or when a quota was learnt
-    while a ``provisional`` claim waited (the caller starts over)."""
-    core = call.core
-    clock, lock = core.clock, core.lock
-    with lock:
-        permit = up.window.try_acquire(call.priority)
-    waited = waited or permit is None
-    if permit is None:
-        now = clock()
-        latest = not_after(call, up, now)
-        with lock:
-            held = up.window.held_until(call.priority, now) > 0
         try:
-            permit = yield WindowWait(up, latest)
-        finally:
-            if held:  # waiting out a hint, as a retry's sleep would
-                with lock:
-                    core.counters.waited_s += clock() - now
-    if provisional:
-        with lock:
-            if up.quota.active:
-                up.window.release(permit, Signal.CANCELLED)
-                return None
+            # Claimed only now that we can send: a half-open probe never queues.
+            attempt.ticket = ticket = up.breaker.acquire()
+        except CircuitOpenError as exc:
+            if up.breaker.probe_pending:
+                return up.breaker
+            raise call.circuit_error(exc) from None
     shared = core.shared
-    cap = None if shared is None or not shared.available else shared.policy.inflight_cap
-    if cap is not None:
-        try:
-            yield from _lease(call, up, quota_claim, cap)
-        except BaseException:
-            with lock:
-                up.window.release(permit, Signal.CANCELLED)
-            raise
-        waited = True
-    claimed = claim(call, up, permit, quota_claim, clock(), waited=waited)
-    if isinstance(claimed, RateCap):
-        try:
-            yield RateWait(claimed)
-        except BaseException:
-            with lock:
-                up.window.release(permit, Signal.CANCELLED)
-            raise
-        claimed = claim(call, up, permit, quota_claim, clock(), waited=True, rated=True)
-    assert not isinstance(claimed, RateCap)  # claimed with the token in hand
-    if isinstance(claimed, Breaker):
-        yield VerdictWait(claimed)
-        return None
-    if claimed.ticket.probe and shared is not None and shared.available:
-        # One probe for the whole fleet: another member's may be out already.
-        ttl = core.policy.timeout.attempt_s or shared.policy.lease_ttl_s
-        got = yield FleetWait(FleetOp("claim_probe", (up.name, ttl)))
-        if got is False:
-            with lock:
-                up.window.release(permit, Signal.CANCELLED)
-                up.breaker.record(claimed.ticket, Verdict.NEUTRAL)
-                pause = shared.policy.poll_s * (0.5 + core.rng.random())
-            yield SleepWait(max(pause, 0.1), "waiting for the fleet's breaker probe")
-            return None
-    return claimed
+    if not ticket.probe or shared is None or not shared.available:
+        return True
+    # One probe for the whole fleet: another member's may be out already.
+    ttl = core.policy.timeout.attempt_s or shared.policy.lease_ttl_s
+    got = yield FleetWait(FleetOp("claim_probe", (up.name, ttl)))
+    if got is True:
+        with core.lock:
+            attempt.probe = True
+    return got is not False
 
 
-def _fleet_budget(call: CallState) -> Generator[Wait, Any, None]:
+def _fleet_budget(call: CallState) -> Steps:
     """The fleet's retry budget for the retry about to be admitted, or the
     Gate's own when Redis does not answer; ``RetryBudgetExhaustedError`` if spent."""
     core = call.core
@@ -250,15 +328,15 @@ def _fleet_budget(call: CallState) -> Generator[Wait, Any, None]:
     assert shared is not None
     call.fleet_retry = False
     got = yield FleetWait(FleetOp("withdraw", (core.name, core.policy.budget)))
-    if got is None:
-        with core.lock:
-            receipt = core.budget.withdraw()
-        if receipt is not None:
-            call.withdrawn = receipt
+    with core.lock:
+        if got is None:
+            receipt = core.withdraw()
+            if receipt is not None:
+                call.withdrawn = receipt
+                return
+        elif got is not False:
+            call.fleet_receipt = got
             return
-    elif got is not False:
-        call.fleet_receipt = got
-        return
     last = call.last
     raise call.error(
         RetryBudgetExhaustedError,
@@ -267,181 +345,98 @@ def _fleet_budget(call: CallState) -> Generator[Wait, Any, None]:
     )
 
 
-def _lease(
-    call: CallState, up: Upstream, quota_claim: Claim, cap: int
-) -> Generator[Wait, Any, None]:
-    """A lease on one of the fleet's ``cap`` in-flight slots for ``up``, polled for
-    (with jitter) while the cap is reached; none when Redis does not answer."""
-    core = call.core
-    shared = core.shared
-    assert shared is not None
-    op = FleetOp("acquire", (up.name, cap))
-    while True:
-        # One poll per member at a time while the cap is reached: each member asks
-        # as often as the others, however many of its calls wait.
-        with core.lock:
-            pause = shared.lease_pause(up, core.clock())
-        if pause > 0:
-            yield SleepWait(pause, "waiting for a fleet in-flight slot")
-            continue
-        got = yield FleetWait(op)
-        if got is None:
-            return  # Redis away: the local window alone bounds this member
-        with core.lock:
-            if got is not False:
-                quota_claim.lease = got
-                shared.leased(up, got)
-                return
-            shared.lease_refused(up, core.clock(), core.rng.random())
-
-
-def admit_now(call: CallState) -> Slot | None:
+def admit_now(call: CallState, attempt: Attempt) -> bool:
     """The common case without a wait: one upstream, no hint to wait out, a free
-    slot, no rate cap, a closed breaker. ``None``: take the general path."""
+    slot, no rate cap, a closed breaker, no quota known. ``False``: take ``admit``."""
     core = call.core
     ups = core.upstreams
-    if len(ups) != 1 or core.policy.rate is not None or core.shared is not None:
-        return None
+    if len(ups) != 1 or core.rate is not None or core.shared is not None or core.orphans:
+        return False
     up = ups[0]
     with core.lock:
         if up.quota.buckets:  # a quota known: the general path paces by it
-            return None
+            return False
         ticket = up.breaker.try_pass()
         if ticket is None:
-            return None
+            return False
         permit = up.window.try_acquire(call.priority)  # refuses while a hold is in force
         if permit is None:
-            return None
-        return Slot(up, permit, ticket, False, BLIND)
+            return False
+        attempt.up = up
+        attempt.permit = permit
+        attempt.ticket = ticket
+        return True
 
 
-def _order(call: CallState, now: float) -> list[Upstream]:
-    """The upstreams in the order this call should try them (the one, without a set)."""
-    ups = call.core.upstreams
-    if len(ups) == 1:
-        return ups
-    return choose(ups, call.priority, now, call.core.rng, _avoid(call))
-
-
-def _avoid(call: CallState) -> set[Upstream]:
-    avoid = set(call.running or ())
-    if call.last_failed is not None:
-        avoid.add(call.last_failed)
-    return avoid
-
-
-def upstream(call: CallState, now: float) -> Upstream | Breaker:
-    """The upstream for the next attempt, or the breaker whose half-open probe's
-    verdict to wait for (when only that stands between the call and an
-    upstream). Raises ``CircuitOpenError`` when every breaker says no."""
-    core = call.core
-    ups = core.upstreams
-    with core.lock:
-        order = _order(call, now)
-        refusal: CircuitOpenError | None = None
-        for up in order:
-            try:
-                up.breaker.check()
-            except CircuitOpenError as exc:
-                # Fail over; report the breaker that will let a probe through first.
-                if refusal is None or (exc.retry_after_s or math.inf) < (
-                    refusal.retry_after_s or math.inf
-                ):
-                    refusal = exc
-                continue
-            return up
-        assert refusal is not None
-        probing = [u for u in ups if u.breaker.probe_pending]
-        if probing:
-            return probing[0].breaker
-        raise call.circuit_error(refusal)
-
-
-def not_after(call: CallState, up: Upstream, now: float) -> float | None:
-    """The latest this call can start and still have time for an attempt, for a
-    hold that outlasts its deadline (never before the hint itself ends)."""
-    if call.deadline is None:
-        return None
-    with call.core.lock:
-        hint_end = up.window.hint_until(call.priority, now)
-    if not hint_end:
-        return None
-    if hint_end > call.deadline:
-        raise call.error(
-            DeadlineExceededError,
-            f"the upstream asked to wait {hint_end - now:.3f} s, past the call's deadline "
-            f"({call.deadline - now:.3f} s left), after {call.attempts} attempt(s)",
-        )
-    return call.deadline - call.margin(up, call.deadline - hint_end)
-
-
-def claim(
-    call: CallState,
-    up: Upstream,
-    permit: Permit,
-    quota_claim: Claim,
-    now: float,
-    *,
-    waited: bool,
-    rated: bool = False,
-) -> Slot | RateCap | Breaker:
-    """With a window slot: take the rate token and the breaker ticket.
-
-    Returns the slot, or what to wait for first: the rate cap (keeping the
-    window slot; then ``claim`` again with ``rated``, or give the slot back
-    if the wait fails), or a half-open probe's verdict (the slot given
-    back; then start over). The rate token is taken
-    last, by a caller that can start at once: taken before the window,
-    tokens would pile up in its queue and be spent together when slots free.
-    """
-    core = call.core
-    with core.lock:
-        rate = core.rate_cap()
-        if not rated and rate is not None and not rate.try_take(now):
-            return rate  # waited for with the window slot held
-        try:
-            # Claimed only now that we can send: a half-open probe never queues.
-            ticket = up.breaker.acquire()
-        except CircuitOpenError as exc:
-            up.window.release(permit, Signal.CANCELLED)
-            if up.breaker.probe_pending:
-                return up.breaker
-            raise call.circuit_error(exc) from None
-        return Slot(up, permit, ticket, waited or rated, quota_claim)
-
-
-def admit_hedge(call: CallState, now: float) -> Slot | None:
-    """What a hedge needs, taken now or not at all: a hedge never waits.
+def hedge(call: CallState, attempt: Attempt) -> Steps:
+    """What a hedge needs, through the same steps as any attempt, taken at once or
+    not at all: ``True`` if admitted; else everything taken is given back.
 
     It needs an upstream with no hint hold and a closed breaker (a hedge
-    never takes the half-open probe), a free window slot there, a rate
-    token at hand, room in its quota, and a withdrawal from the retry budget.
+    never takes the half-open probe), room in its quota and the fleet's take, a
+    free window slot with a start of the rate cap, a fleet lease, and a draw
+    from the retry budget.
     """
     core = call.core
+    now = core.clock()
     if call.deadline is not None and now >= call.deadline:
-        return None
+        return False
     with core.lock:
-        order = _order(call, now)
-        rate = core.rate_cap()
-        for up in order:
-            if not up.breaker.lets_through or not up.takes(call.priority, now):
-                continue
-            permit = up.window.try_acquire(call.priority)
-            if permit is None:
-                continue
-            receipt = core.budget.withdraw()
-            quota_claim = call.claim()
-            if (
-                receipt is None
-                or not up.quota.try_take(quota_claim, now)
-                or (rate is not None and not rate.try_take(now))
-            ):
-                if receipt is not None:
-                    core.budget.refund(receipt)
-                up.quota.refund(quota_claim, now)
-                up.window.release(permit, Signal.CANCELLED)
-                core.counters.hedges_denied += 1
-                return None
-            core.counters.hedges += 1
-            return Slot(up, permit, up.breaker.acquire(), True, quota_claim)
-        return None
+        candidates = [
+            u for u in order(call, now) if u.breaker.lets_through and u.takes(call.priority, now)
+        ]
+    for up in candidates:
+        attempt.up = up
+        admitted = yield from _hedge_on(call, attempt, up)
+        if admitted is None:
+            continue  # no free slot there: the next upstream, if any
+        if admitted:
+            with core.lock:
+                core.counters.hedges += 1
+            return True
+        _start_over(attempt)
+        with core.lock:
+            core.counters.hedges_denied += 1
+        return False
+    return False
+
+
+def _hedge_on(call: CallState, attempt: Attempt, up: Upstream) -> Steps:
+    """A hedge's needs on ``up``: ``True`` taken, ``False`` refused (given back by
+    the caller), ``None`` no free slot there."""
+    core = call.core
+    lock, clock = core.lock, core.clock
+    with lock:
+        attempt.permit = up.window.try_acquire(call.priority)  # with the rate cap's start
+        if attempt.permit is None:
+            return None
+        attempt.receipt = core.withdraw()
+        if attempt.receipt is None:
+            return False
+        claim = attempt.claim = Claim(call.cost, call.priority, call.started)
+        if not up.quota.try_take(claim, clock()):
+            attempt.claim = None
+            return False
+    shared = core.shared
+    if shared is not None and up.quota.shared:
+        with lock:
+            take = shared.take(up, claim)
+        if take is not None:
+            got = yield FleetWait(take)
+            with lock:
+                if not shared.took(core.upstreams, up, claim, got, clock()):
+                    attempt.claim = None
+                    return False
+    if shared is not None and shared.available and shared.policy.inflight_cap is not None:
+        got = yield FleetWait(FleetOp("acquire", (up.name, shared.policy.inflight_cap)))
+        if got is False:
+            return False
+        if got is not None:
+            with lock:
+                attempt.lease = got
+                shared.leased(up, got)
+    with lock:
+        if not up.breaker.lets_through:
+            return False
+        attempt.ticket = up.breaker.acquire()
+    return True

@@ -1,43 +1,43 @@
 """The async driver: runs a call's decisions on anyio (asyncio and trio).
 
-It does what the sans-IO core cannot: wait (for a window slot, a rate
-token, a probe's verdict, a retry's wait), bound an attempt by its deadline
-with a cancel scope, and call the user's coroutine function. Every decision
-is the ``CallState``'s. The core's clock is the Gate's (``time.monotonic`` by
-default); a wait until a core time is turned into the loop's time at the
-moment it starts, so asyncio, trio (whose clock has an offset) and threads
-share one timeline.
+It does what the sans-IO core cannot: perform admission's two kinds of wait
+(park on the call's signal until a time, run a fleet operation), bound an
+attempt by its deadline, and call the user's coroutine function. Every
+decision is the core's (``_admission``, ``CallState``), and every wait's
+logic too: the sync driver (``_sync``) performs the same waits in a thread.
+The core's clock is the Gate's (``time.monotonic`` by default); a wait until
+a core time is turned into the loop's time at the moment it starts, so
+asyncio, trio (whose clock has an offset) and threads share one timeline.
+
+Every attempt's ledger is created before its admission and closed in a
+``finally`` around it and its sending; the call's own (``CallState.close``)
+in a ``finally`` around the call.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import math
 import sys
 import threading
-from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from collections.abc import Awaitable, Callable, Generator
+from typing import Any
 
 import anyio
 
 from yieldgate.gate import _admission as admission
 from yieldgate.gate import _deadlines
-from yieldgate.gate._attempt import CURRENT, Slot, current_task
-from yieldgate.gate._breaker import Breaker
+from yieldgate.gate._attempt import CURRENT, current_task
 from yieldgate.gate._call import CallState
 from yieldgate.gate._core import GateCore
 from yieldgate.gate._hedge import hedged_round
-from yieldgate.gate._outcome import Classifier, Outcome
+from yieldgate.gate._ledger import Attempt
+from yieldgate.gate._outcome import Classifier, Outcome, checked
 from yieldgate.gate._retrying import Strategies, needs_retry
 from yieldgate.gate._shared import FleetOp
-from yieldgate.gate._window import Permit, Window
-from yieldgate.protocol import Priority
 
-__all__ = ["AsyncSignal", "acquire", "run", "take_rate"]
-
-T = TypeVar("T")
+__all__ = ["AsyncSignal", "drive", "run"]
 
 AsyncFn = Callable[..., Awaitable[Any]]
 AsyncDiscard = Callable[[Any], Awaitable[None]]
@@ -102,63 +102,6 @@ class AsyncSignal:
             await self._event.wait()
 
 
-async def acquire(
-    window: Window,
-    priority: Priority = Priority.NORMAL,
-    *,
-    key: float | None = None,
-    not_after: float | None = None,
-    lock: Any = None,
-    clock: Callable[[], float] | None = None,
-) -> Permit:
-    """Wait for a window permit. Cancellation while waiting takes nothing."""
-    lock = lock if lock is not None else threading.RLock()
-    clock = clock if clock is not None else window._clock
-    with lock:
-        permit = window.try_acquire(priority)
-        if permit is not None:
-            # Granted without awaiting: nothing can cancel us between the grant
-            # and the caller holding the permit (and no event-loop trip is paid).
-            return permit
-        signal = AsyncSignal()
-        waiter = window.enqueue(priority, signal.wake, key=key, not_after=not_after)
-    try:
-        while True:
-            with lock:
-                wake_at = window.look(waiter)
-                if waiter.permit is not None:
-                    return waiter.permit
-                signal.clear()
-            await signal.wait(wake_at, clock)
-    except BaseException:
-        with lock:
-            window.abandon(waiter)
-        raise
-
-
-async def take_rate(rate: admission.Pacer, lock: Any, clock: Callable[[], float]) -> None:
-    """Wait for a start from the rate cap (or a quota), in its queue's order."""
-    signal = AsyncSignal()
-    with lock:
-        if rate.try_take(clock()):
-            return
-        waiter = rate.join(signal.wake)
-    try:
-        while True:
-            with lock:
-                again = None
-                if rate.at_head(waiter):
-                    again = rate.take_queued(waiter, clock())
-                    if again is None:
-                        return
-                signal.clear()
-            await signal.wait(again, clock)
-    except BaseException:
-        with lock:
-            rate.leave(waiter)
-        raise
-
-
 async def run_fleet_op(core: GateCore, op: FleetOp) -> Any:
     """Run ``op`` on the Gate's fleet: what it answers (``None`` when Redis does not)."""
     shared = core.shared
@@ -182,6 +125,32 @@ async def flush(core: GateCore) -> None:
             await run_fleet_op(core, op)
 
 
+async def drive(call: CallState, steps: Generator[admission.Wait, Any, Any]) -> Any:
+    """Run one of the core's step generators to its end, performing its waits:
+    what it returns. What ends a wait (a cancellation) is thrown into it."""
+    core = call.core
+    got: Any = None
+    thrown: BaseException | None = None
+    while True:
+        try:
+            wait = steps.send(got) if thrown is None else steps.throw(thrown)
+        except StopIteration as done:
+            return done.value
+        got = thrown = None
+        try:
+            if isinstance(wait, admission.Park):
+                until, deadline = wait.until, call.deadline
+                if deadline is not None and (until is None or deadline < until):
+                    until = deadline
+                signal = call.signal
+                assert isinstance(signal, AsyncSignal)
+                await signal.wait(until, core.clock)
+            else:
+                got = await run_fleet_op(core, wait.op)  # bounded by the fleet's budget
+        except BaseException as exc:  # thrown in: the core looks at it first
+            thrown = exc
+
+
 class _Driver:
     """One async call: its state, function and the waits it makes."""
 
@@ -202,105 +171,36 @@ class _Driver:
         self.classify = classify
         self.discard = discard
 
-    async def within_deadline(self, wait: Callable[[], Awaitable[T]], while_: str) -> T:
-        """Await ``wait()`` within the call's deadline."""
-        deadline = self.call.deadline
-        if deadline is None:
-            return await wait()
-        with anyio.CancelScope(deadline=anyio.current_time() + (deadline - self.core.clock())):
-            return await wait()
-        raise self.call.deadline_error(while_)
-
-    async def verdict(self, breaker: Breaker) -> None:
-        signal = AsyncSignal()
-        with self.core.lock:
-            if not breaker.await_verdict(signal.wake):
-                return
-        await self.within_deadline(
-            lambda: signal.wait(None, self.core.clock), "waiting for the breaker's probe"
-        )
-
-    async def admit(self) -> Slot:
-        """Wait for what an attempt needs: a hint to pass, a window slot, the rate
-        cap, a ticket from the breaker (the core's ``admission.steps``)."""
+    async def admit(self, attempt: Attempt) -> bool:
+        """Wait for what ``attempt`` needs (``admission.admit``); whether it waited."""
+        call = self.call
+        if admission.admit_now(call, attempt):
+            return False
         if self.core.shared is not None:
             await flush(self.core)
-        admitting = admission.steps(self.call)
-        advance: Callable[[Any], admission.Wait] = admitting.send
-        got: Any = None
-        while True:
-            try:
-                wait = advance(got)
-            except StopIteration as done:
-                slot: Slot = done.value
-                return slot
-            try:
-                got, advance = await self.wait(wait), admitting.send
-            except BaseException as exc:  # thrown in: the core gives back what it took
-                got, advance = exc, admitting.throw
+        call.signal = AsyncSignal()
+        waited: bool = await drive(call, admission.admit(call, attempt))
+        return waited
 
-    async def wait(self, wait: admission.Wait) -> Any:
-        core = self.core
-        if isinstance(wait, admission.VerdictWait):
-            return await self.verdict(wait.breaker)
-        if isinstance(wait, admission.WindowWait):
-            window_slot = functools.partial(
-                acquire,
-                wait.up.window,
-                self.call.priority,
-                key=self.call.started,
-                not_after=wait.not_after,
-                lock=core.lock,
-                clock=core.clock,
-            )
-            return await self.within_deadline(window_slot, "waiting for a window slot")
-        if isinstance(wait, admission.FleetWait):
-            return await run_fleet_op(core, wait.op)  # bounded by the fleet's budget
-        if isinstance(wait, admission.SleepWait):
-            pause = functools.partial(anyio.sleep, wait.seconds)
-            return await self.within_deadline(pause, wait.while_)
-        start = functools.partial(take_rate, wait.rate, core.lock, core.clock)
-        return await self.within_deadline(start, wait.while_)
-
-    async def send(self, slot: Slot) -> Outcome:
-        """One attempt on ``slot``, bounded by its deadline."""
+    async def send(self, attempt: Attempt, waited: bool) -> Outcome:
+        """Send an admitted attempt, bounded by its deadline, and end it."""
         call, core = self.call, self.core
-        attempt = call.begin(slot, core.clock())
-        attempt.task = call.task if call.hedge is None else current_task()
         outcome: Outcome | None = None
-        token = CURRENT.set(attempt)
+        cut = False
         try:
-            deadline = attempt.deadline
-            task = attempt.task
-            if deadline is None:
-                outcome = await self._invoke()
-            elif isinstance(task, asyncio.Task):
-                # One timer per loop for every attempt's deadline (see _deadlines).
-                when = task.get_loop().time() + (deadline - core.clock())
-                entry = _deadlines.add(when, task)
-                try:
-                    outcome = await self._invoke()
-                except asyncio.CancelledError:
-                    if not entry.timed_out() and not _scope_redelivers(entry):
-                        raise
-                    outcome = call.timed_out(attempt)
-                else:
-                    if entry.fired:  # the attempt swallowed its cancellation
-                        task.uncancel()
-                finally:
-                    entry.done()
-            else:
-                with anyio.CancelScope(
-                    deadline=anyio.current_time() + (deadline - core.clock())
-                ) as scope:
-                    outcome = await self._invoke()
-                if scope.cancelled_caught:
-                    outcome = call.timed_out(attempt)
+            call.begin(attempt, core.clock(), waited=waited)
+            attempt.task = call.task if call.hedge is None else current_task()
+            token = CURRENT.set(attempt)
+            try:
+                outcome, cut = await self._bounded(attempt)
+            finally:
+                CURRENT.reset(token)
         finally:
-            CURRENT.reset(token)
-            lost = call.end(attempt, outcome, core.clock())
+            lost = call.end(attempt, outcome, core.clock(), cut=cut)
         if core.shared is not None:
             await flush(core)  # its readings, its lease, its hint, for the fleet
+        if cut:
+            raise call.deadline_error("during an attempt")
         assert outcome is not None
         if lost and self.discard is not None:
             # A hedge that answered too after another had won: its value (an
@@ -309,19 +209,64 @@ class _Driver:
                 await self.discard(outcome.value)
         return outcome
 
+    async def _bounded(self, attempt: Attempt) -> tuple[Outcome | None, bool]:
+        """The attempt under its deadline: its outcome, and whether the call's own
+        deadline cut it (then ``None``)."""
+        deadline = attempt.deadline
+        if deadline is None:
+            return await self._invoke(), False
+        call, core = self.call, self.core
+        task = attempt.task
+        if isinstance(task, asyncio.Task):
+            # One timer per loop for every attempt's deadline (see _deadlines).
+            when = task.get_loop().time() + (deadline - core.clock())
+            entry = _deadlines.add(when, task)
+            try:
+                outcome = await self._invoke()
+            except asyncio.CancelledError:
+                if not entry.timed_out() and not _scope_redelivers(entry):
+                    raise
+                timed = call.timed_out(attempt)
+                return timed, timed is None
+            else:
+                if entry.fired:  # the attempt swallowed its cancellation
+                    task.uncancel()
+            finally:
+                entry.done()
+            return outcome, False
+        with anyio.CancelScope(deadline=anyio.current_time() + (deadline - core.clock())) as scope:
+            outcome = await self._invoke()
+        if scope.cancelled_caught:
+            timed = call.timed_out(attempt)
+            return timed, timed is None
+        return outcome, False
+
     async def _invoke(self) -> Outcome:
         try:
             value = await self.fn(*self.args)
         except Exception as exc:
-            return self.classify(None, exc)
-        return self.classify(value, None)
+            return checked(self.classify, None, exc)
+        try:
+            outcome: Outcome = checked(self.classify, value, None)
+        except BaseException:
+            if self.discard is not None and value is not None:
+                with anyio.CancelScope(shield=True):
+                    await self.discard(value)
+            raise
+        return outcome
 
     async def round(self) -> Outcome:
         """One attempt, or, under a hedge policy, one attempt and its hedges."""
         call = self.call
-        if call.hedge is None or call.hedging_off:
-            return await self.send(await self.admit())
-        return await hedged_round(call, await self.admit(), self.send)
+        attempt = call.attempt()
+        try:
+            waited = await self.admit(attempt)
+            if call.hedge is None or call.hedging_off:
+                return await self.send(attempt, waited)
+            return await hedged_round(call, attempt, waited, self.send, drive)
+        finally:
+            if not attempt.ended:
+                call.end(attempt, None, self.core.clock())
 
     async def sleep(self, seconds: float) -> None:
         if seconds <= 0:
@@ -339,10 +284,7 @@ class _Driver:
         # scope, waits get one only when they must wait, and a retry wait that
         # would pass the deadline is never started.
         call = self.call
-        if call.hedge is None:
-            outcome = await self.send(admission.admit_now(call) or await self.admit())
-        else:
-            outcome = await self.round()
+        outcome = await self.round()
         if needs_retry(outcome):
             strategies = Strategies(call)
             wait = strategies.first_wait(outcome)
@@ -350,13 +292,6 @@ class _Driver:
                 await self.sleep(wait)
                 outcome = await strategies.async_retrying(self.sleep)(self.round)
         return call.finish(outcome)
-
-    async def abandon(self) -> None:
-        """The call ends in an exception: give back what it holds, close a won value."""
-        left, value = self.call.abandon()
-        if left and self.discard is not None:
-            with anyio.CancelScope(shield=True):
-                await self.discard(value)
 
 
 async def run(
@@ -366,10 +301,18 @@ async def run(
     classify: Classifier,
     discard: AsyncDiscard | None,
 ) -> Any:
-    """Run ``call`` to its value or its error; on any exception, give back what it holds."""
+    """Run ``call`` to its value or its error; whatever ends it, give back what it holds."""
     driver = _Driver(call, fn, args, classify, discard)
+    handed = False
     try:
-        return await driver.run()
-    except BaseException:
-        await driver.abandon()
-        raise
+        value = await driver.run()
+        handed = True
+        return value
+    finally:
+        left, won = call.close(handed=handed)
+        shared = call.core.shared
+        if shared is not None and shared.backlog:
+            shared.hand_over()  # what the ledgers gave back, run off this path
+        if left and discard is not None:
+            with anyio.CancelScope(shield=True):
+                await discard(won)

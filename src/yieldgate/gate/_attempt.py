@@ -9,18 +9,15 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 
+from yieldgate.gate._ledger import Attempt
 from yieldgate.protocol import Priority
 
 if TYPE_CHECKING:
-    from yieldgate.gate._breaker import BreakerTicket
-    from yieldgate.gate._call import CallState
-    from yieldgate.gate._quota import Claim, Cost, QuotaReading
-    from yieldgate.gate._upstream import Upstream
-    from yieldgate.gate._window import Permit
+    from yieldgate.gate._cost import Cost, QuotaReading
 
-__all__ = ["CURRENT", "Attempt", "AttemptInfo", "Slot", "current_attempt", "current_task"]
+__all__ = ["CURRENT", "AttemptInfo", "current_attempt", "current_task"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -55,13 +52,13 @@ class AttemptInfo:
         against it rather than against the estimate. Safe to call after the attempt
         ended (at the end of a stream), once; a no-op outside a Gate."""
         if self.attempt is not None:
-            self.attempt.call.used(self.attempt, used)
+            self.attempt.used(used)
 
     def report_quota(self, readings: tuple[QuotaReading, ...]) -> None:
         """Report a response's quota readings (rate-limit headers) for this attempt's
         upstream. The HTTP dialects do it for every response they classify."""
         if self.attempt is not None and readings:
-            self.attempt.call.observe(self.attempt, readings)
+            self.attempt.observe(readings)
 
     def remaining_s(self) -> float | None:
         """Seconds left for this attempt (its timeout or the call's deadline), or None."""
@@ -78,43 +75,6 @@ class AttemptInfo:
         if self.call_deadline is None:
             return None
         return max(0.0, self.call_deadline - self.clock())
-
-
-class Slot(NamedTuple):
-    """What an attempt needs before it is sent: an upstream, a window slot, a breaker ticket.
-
-    ``waited``: it was not free at once (the attempt's time then starts when it is sent).
-    ``claim``: its cost, taken from the upstream's quota.
-    """
-
-    upstream: Upstream
-    permit: Permit
-    ticket: BreakerTicket
-    waited: bool
-    claim: Claim
-
-
-class Attempt:
-    """One attempt in flight: its call, number, slot and deadline, and the task (or
-    thread) that runs it, so a call of the same Gate from there is seen as nested."""
-
-    __slots__ = ("call", "deadline", "number", "settled", "slot", "started", "task")
-
-    def __init__(
-        self,
-        call: CallState,
-        number: int,
-        slot: Slot,
-        started: float,
-        deadline: float | None,
-    ) -> None:
-        self.call = call
-        self.number = number
-        self.slot = slot
-        self.started = started
-        self.deadline = deadline
-        self.task: object = None
-        self.settled = False  # its quota claim settled against what it used
 
 
 def current_task() -> object:
@@ -143,19 +103,18 @@ def current_attempt() -> AttemptInfo | None:
     attempt = CURRENT.get()
     if attempt is None:
         return None
-    call = attempt.call
-    core = call.core
-    upstream = attempt.slot.upstream
+    core = attempt.core
+    upstream = attempt.upstream
     named = core.named
     return AttemptInfo(
         gate=core.name,
         number=attempt.number,
-        priority=call.priority,
+        priority=attempt.priority,
         deadline=attempt.deadline,
         upstream=upstream.name if named else None,
         target=upstream.target if named else None,
-        hedging=call.hedge is not None,
-        call_deadline=call.deadline,
+        hedging=attempt.hedging,
+        call_deadline=attempt.call_deadline,
         clock=core.clock,
         attempt=attempt,
     )

@@ -156,10 +156,21 @@ class Breaker:
         self._verdict_waiters.append(wake)
         return True
 
+    def leave_verdict(self, wake: Callable[[], None]) -> None:
+        """A caller stops waiting for the verdict (cancelled, out of time)."""
+        with contextlib.suppress(ValueError):
+            self._verdict_waiters.remove(wake)
+
     def _announce(self) -> None:
         waiters, self._verdict_waiters = self._verdict_waiters, []
         for wake in waiters:
             wake()
+
+    def forked(self) -> None:
+        """In a forked child: no ticket of the parent's counts, no probe is out."""
+        self._generation += 1
+        self._probe_out = False
+        self._verdict_waiters = []
 
     @property
     def failures(self) -> int:

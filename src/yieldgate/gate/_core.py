@@ -3,20 +3,43 @@
 One ``GateCore`` per Gate holds the upstreams (each with its window, breaker
 and latency record), the retry budget, the rate cap, the counters, the clock
 and the random source, and the one lock that guards them all. The lock is a
-``threading.RLock``: sync callers in threads and async callers on an event
-loop (or several loops) share one Gate, and nothing ever waits while holding
-it, so an event loop is never blocked on it for longer than a few field
-updates take.
+plain ``threading.Lock``: sync callers in threads and async callers on an
+event loop (or several loops) share one Gate, nothing ever waits while
+holding it, and no user code runs under it, so it is never taken twice by
+one thread.
+
+User code the Gate calls while it changes state (instrumentation hooks,
+listeners) is queued in ``events`` and run by ``deliver`` once the lock is
+released; whatever it raises is logged, and never stops a give-back.
+
+Besides the attempts' ledgers (``_ledger``), the core keeps what outlives a
+call: the slots held by leases (``held``: the ledgers of held slots), those
+whose ``Lease`` was dropped unreleased (``orphans``, given back by the next
+caller that looks), and the retry-budget draws not yet sent or refunded
+(``draws``). ``audit`` lists anything held when nothing should be.
+
+A process that forks (gunicorn ``--preload``, Celery's prefork pool,
+multiprocessing) copies every Gate with the slots its threads held mid-call;
+in the child, none of those threads exists. Each Gate's lock is taken before
+a fork, so the copy is consistent, and the child's Gates start clean: a new
+lock, no slot, waiter, claim or lease held (``epoch`` moves on, so the
+parent's attempts and leases, if the forking thread had any, give back
+nothing in the child).
 """
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import itertools
+import logging
+import os
 import random
 import threading
 import time
+import weakref
 from collections.abc import Callable
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from yieldgate.gate._breaker import Breaker, BreakerState
 from yieldgate.gate._budget import RetryBudget
@@ -27,12 +50,16 @@ from yieldgate.gate._ratecap import RateCap
 from yieldgate.gate._shared import Shared
 from yieldgate.gate._telemetry import BreakerChange, Instrumentation, WindowChange
 from yieldgate.gate._upstream import LatencyTracker, Upstream
-from yieldgate.gate._window import Window, WindowStatistics
+from yieldgate.gate._window import Signal, Window, WindowStatistics
 
-__all__ = ["GateCore", "default_clock", "unique_name"]
+if TYPE_CHECKING:
+    from yieldgate.gate._lease import Held
+
+__all__ = ["GateCore", "default_clock", "log", "unique_name"]
 
 _SERIAL: Final = itertools.count(1)
 
+log: Final = logging.getLogger("yieldgate")
 
 # The Gate's clock unless told otherwise: monotonic, shared by every thread and loop.
 default_clock: Final[Callable[[], float]] = time.monotonic
@@ -61,9 +88,14 @@ class GateCore:
         self.instr = instr
         self.rng = rng
         self.clock = clock
-        self.lock = threading.RLock()
+        self.lock = threading.Lock()
+        self.epoch = 0
         self.budget = RetryBudget(policy.budget, clock)
+        # Retry-budget draws taken and neither sent nor refunded yet.
+        self.draws = 0
         self.rate: RateCap | None = None
+        if policy.rate is not None:
+            self.rate = RateCap(policy.rate, clock)
         self.counters = Counters()
         self.closed = False
         self.since_checkpoint = 0
@@ -76,21 +108,33 @@ class GateCore:
         self.named = False
         # The fleet this Gate shares its state with (``Gate(shared=...)``).
         self.shared: Shared | None = None
+        # Notifications for user code, run outside the lock (``deliver``).
+        self.events: collections.deque[Callable[[], None]] = collections.deque()
+        # The ledgers of held slots, those dropped unreleased, and the earliest
+        # time one of them may lapse.
+        self.held: set[Held] = set()
+        self.orphans: collections.deque[Held] = collections.deque()
+        self.next_lapse = float("inf")
+        _CORES.add(self)
 
     def make_upstream(
         self, name: str, target: Any, *, label: str, latency: LatencyTracker | None = None
     ) -> Upstream:
         instr = self.instr
+        events = self.events
 
         def window_changed(old: int, new: int) -> None:
-            instr.on_window_change(WindowChange(gate=label, old=old, new=new))
+            change = WindowChange(gate=label, old=old, new=new)
+            events.append(lambda: instr.on_window_change(change))
 
         def breaker_changed(old: BreakerState, new: BreakerState) -> None:
-            instr.on_breaker_change(BreakerChange(gate=label, old=str(old), new=str(new)))
+            change = BreakerChange(gate=label, old=str(old), new=str(new))
+            events.append(lambda: instr.on_breaker_change(change))
 
         window = Window(
             self.policy.window, on_change=window_changed, clock=self.clock, rng=self.rng
         )
+        window.pacer = self.rate
         breaker = Breaker(self.policy.breaker, self.clock, name=label, on_change=breaker_changed)
         if latency is None:
             latency = LatencyTracker(self.latency_size)
@@ -104,12 +148,109 @@ class GateCore:
             quota.shared = self.shared.available
         return Upstream(name, target, window, breaker, latency, quota)
 
-    def rate_cap(self) -> RateCap | None:
-        # Built on first use: a ramp should start when traffic does, not when
-        # the Gate was constructed.
-        if self.rate is None and self.policy.rate is not None:
-            self.rate = RateCap(self.policy.rate, self.clock)
-        return self.rate
+    # -- user code, outside the lock -------------------------------------------------
+
+    def deliver(self) -> None:
+        """Run the queued notifications (never under the lock); log what they raise."""
+        events = self.events
+        while events:
+            try:
+                hook = events.popleft()
+            except IndexError:  # another thread took the last one
+                return
+            try:
+                hook()
+            except Exception:
+                log.exception("an instrumentation hook of gate %r raised", self.name)
+
+    def after_lock(self) -> None:
+        """What follows a change made under the lock: its notifications, delivered."""
+        if self.events:
+            self.deliver()
+
+    def hook(self, fn: Callable[[Any], object], details: Any) -> None:
+        """Call a hook of the user's now (outside the lock); log what it raises."""
+        try:
+            fn(details)
+        except Exception:
+            log.exception("an instrumentation hook of gate %r raised", self.name)
+
+    # -- the retry budget's draws ---------------------------------------------------------
+
+    def withdraw(self) -> int | None:
+        """One retry from the budget (under the lock): a receipt, counted until the
+        retry is sent (``draws``) or refunded; ``None`` when the budget is spent."""
+        receipt = self.budget.withdraw()
+        if receipt is not None:
+            self.draws += 1
+        return receipt
+
+    def refund_draw(self, receipt: int) -> None:
+        """A draw whose retry was never sent goes back (under the lock)."""
+        self.draws -= 1
+        self.budget.refund(receipt)
+
+    # -- held slots -------------------------------------------------------------------
+
+    def orphan(self, held: Held) -> None:
+        """A ``Lease`` was collected unreleased: give its slot back, now if the lock is
+        free, else by the next caller that looks. Called by the garbage collector,
+        possibly inside the Gate's own code on this thread: it never waits for the lock."""
+        if held.released:
+            return
+        if self.lock.acquire(blocking=False):
+            try:
+                held.give_back(Signal.CANCELLED)
+            finally:
+                self.lock.release()
+            return
+        self.orphans.append(held)
+
+    def reclaim(self, now: float) -> None:
+        """Give back dropped and lapsed leases (under the lock)."""
+        orphans = self.orphans
+        while orphans:
+            orphans.popleft().give_back(Signal.CANCELLED)
+        if now < self.next_lapse:
+            return
+        soonest = float("inf")
+        for held in list(self.held):
+            if held.idle_s is None:
+                continue
+            if held.lapsed(now):
+                held.give_back(Signal.CANCELLED)
+            elif not held.reading:
+                soonest = min(soonest, held.touched + held.idle_s)
+            else:
+                soonest = min(soonest, now + held.idle_s)
+        self.next_lapse = soonest
+
+    def release_all(self, helds: list[Held]) -> None:
+        """Give back these held slots at once (a transport closing its responses)."""
+        with self.lock:
+            for held in helds:
+                held.give_back(Signal.CANCELLED)
+        self.after_lock()
+
+    # -- forks ----------------------------------------------------------------------------
+
+    def _forked(self) -> None:
+        """In a forked child: a new lock, and nothing held by the parent's threads."""
+        self.lock = threading.Lock()
+        self.epoch += 1
+        self.draws = 0
+        self.held.clear()
+        self.orphans.clear()
+        self.events.clear()
+        self.next_lapse = float("inf")
+        for up in self.upstreams:
+            up.window.reset()
+            up.breaker.forked()
+            up.quota.forked()
+        if self.shared is not None:
+            self.shared.forked()
+
+    # -- snapshots ---------------------------------------------------------------------------
 
     def statistics(self) -> GateStatistics:
         try:
@@ -139,7 +280,7 @@ class GateCore:
             breaker = states.pop() if len(states) == 1 else "mixed"
         rate = self.rate
         rate_per_s = None
-        if rate is not None:
+        if rate is not None and rate.started:
             rate_per_s = rate.rate_now(rate.updated if now is None else now)
         return GateStatistics(
             name=self.name,
@@ -164,3 +305,65 @@ class GateCore:
             losers_cancelled=c.losers_cancelled,
             upstreams=tuple(u.statistics(now) for u in ups) if self.named else (),
         )
+
+    def audit(self) -> list[str]:
+        """What the Gate holds that no running call or held lease accounts for:
+        empty when it holds nothing it should not. For tests and debugging; meant
+        to be read when no call runs (it says what would be stranded)."""
+        with self.lock:
+            with contextlib.suppress(RuntimeError):  # a loop's clock, read outside the loop
+                self.reclaim(self.clock())
+            problems: list[str] = []
+            held_by = collections.Counter(h.up for h in self.held if h.permit is not None)
+            for up in self.upstreams:
+                where = f"{self.name}/{up.name}"
+                w = up.window
+                if w.inflight != held_by[up]:
+                    problems.append(
+                        f"{where}: window has {w.inflight} slot(s) in flight, "
+                        f"{held_by[up]} of them held by leases"
+                    )
+                if w.waiting:
+                    problems.append(f"{where}: {w.waiting} waiter(s) queued for the window")
+                if up.breaker.probe_pending:
+                    problems.append(f"{where}: the breaker's half-open probe is out")
+                problems += [f"{where}: {p}" for p in up.quota.audit()]
+            if self.draws:
+                problems.append(f"{self.draws} retry-budget draw(s) neither sent nor refunded")
+            if self.shared is not None:
+                problems += self.shared.audit(self.held)
+            return problems
+
+
+# Every Gate's core, for the fork handlers.
+_CORES: weakref.WeakSet[GateCore] = weakref.WeakSet()
+
+
+def _before_fork() -> None:
+    # Each lock taken, so that the child copies no state half-changed; nothing waits
+    # while holding one, so this waits for a few field updates at most.
+    for core in list(_CORES):
+        core.lock.acquire()
+        _LOCKED.append(core)
+
+
+def _after_fork_in_parent() -> None:
+    while _LOCKED:
+        _LOCKED.pop().lock.release()
+
+
+def _after_fork_in_child() -> None:
+    locked = set(_LOCKED)
+    _LOCKED.clear()
+    for core in list(_CORES):
+        if core in locked:
+            core._forked()
+
+
+_LOCKED: list[GateCore] = []
+if hasattr(os, "register_at_fork"):  # pragma: no branch - POSIX
+    os.register_at_fork(
+        before=_before_fork,
+        after_in_parent=_after_fork_in_parent,
+        after_in_child=_after_fork_in_child,
+    )

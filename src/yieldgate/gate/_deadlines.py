@@ -12,6 +12,18 @@ attempt turns that cancellation into a time-out, as ``asyncio.timeout``
 does (counting ``Task.cancelling`` so a cancellation from elsewhere still
 propagates). Under trio, whose deadlines cost little, the async driver uses
 a cancel scope instead.
+
+A deadline always fires. When it comes while another cancellation of the
+task is pending (an anyio scope inside the attempt whose deadline is the same
+instant, an inner Gate's attempt), cancelling now would replace that
+cancellation's message, by which anyio's scopes know their own; so it waits
+for the task to take that cancellation, and fires on the next loop iteration
+after it, unless the attempt has ended by then. A canceller that swallows its
+own cancellation cannot make the deadline be skipped.
+
+Nothing here keeps a loop or a task alive: the table of loops holds them
+weakly, and a deadline lets go of its task when its attempt ends, however
+long its entry stays in the heap.
 """
 
 from __future__ import annotations
@@ -30,43 +42,57 @@ _SWEEP_AT: Final = 1024
 
 
 class Deadline:
-    """One attempt's deadline: ``expired`` once it has passed while the attempt ran, and
-    ``fired`` if it cancelled the task then.
-
-    It does not cancel a task whose cancellation someone else has already asked for
-    since the attempt began (an enclosing cancel scope whose deadline is the same
-    instant, say): that cancellation ends the attempt anyway, and a second
-    ``Task.cancel`` would replace its message, by which anyio's scopes know their
-    own, so the enclosing scope would let the ``CancelledError`` escape.
-    """
+    """One attempt's deadline: ``expired`` once it has passed while the attempt ran,
+    and ``fired`` once it cancelled the task."""
 
     __slots__ = ("active", "cancelling", "expired", "fired", "owner", "task", "when")
 
     def __init__(self, owner: _Deadlines, when: float, task: asyncio.Task[Any]) -> None:
         self.owner = owner
         self.when = when
-        self.task = task
+        self.task: asyncio.Task[Any] | None = task
         self.cancelling = task.cancelling()
-        self.active = True
+        self.active = True  # in the heap, not yet expired nor done
         self.expired = False
         self.fired = False
 
     def timed_out(self) -> bool:
         """After a ``CancelledError``: whether it was this deadline's doing alone."""
-        return self.fired and self.task.uncancel() <= self.cancelling
+        task = self.task
+        return self.fired and task is not None and task.uncancel() <= self.cancelling
 
     def done(self) -> None:
-        """The attempt ended: the deadline no longer applies."""
+        """The attempt ended: the deadline no longer applies, and lets go of its task."""
         if self.active:
             self.owner.remove(self)
+        self.task = None
 
     def expire(self) -> None:
-        """The deadline has passed: cancel the task, unless a cancellation is pending."""
+        """The deadline has passed: cancel the task, once no other cancellation of it
+        is pending."""
         self.active = False
         self.expired = True
-        if self.task.cancelling() <= self.cancelling:
-            self.fired = True
-            self.task.cancel()
+        self._fire()
+
+    def _fire(self) -> None:
+        task = self.task
+        if task is None or task.done():
+            return  # the attempt ended meanwhile
+        if task.cancelling() > self.cancelling and _pending(task):
+            # Another cancellation is on its way in: let the task take it first.
+            task.get_loop().call_soon(self._fire)
+            return
+        self.fired = True
+        task.cancel()
+
+
+def _pending(task: asyncio.Task[Any]) -> bool:
+    """Whether a cancellation of ``task`` was asked for and not yet thrown into it
+    (asyncio's own fields, read as anyio reads them)."""
+    if getattr(task, "_must_cancel", False):
+        return True
+    waiter = getattr(task, "_fut_waiter", None)
+    return isinstance(waiter, asyncio.Future) and waiter.cancelled()
 
 
 class _Deadlines:
@@ -75,7 +101,8 @@ class _Deadlines:
     __slots__ = ("__weakref__", "armed", "dead", "handle", "heap", "loop", "seq")
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.loop = loop
+        # Weakly: the table of loops holds these by their loop, weakly too.
+        self.loop = weakref.ref(loop)
         self.heap: list[tuple[float, int, Deadline]] = []
         self.seq = itertools.count()
         self.handle: asyncio.TimerHandle | None = None
@@ -98,16 +125,22 @@ class _Deadlines:
             self.dead = 0
 
     def _arm(self, when: float) -> None:
+        loop = self.loop()
+        if loop is None:  # pragma: no cover - a loop gone has no attempts left
+            return
         if self.handle is not None:
             self.handle.cancel()
-        self.handle = self.loop.call_at(when, self._fire)
+        self.handle = loop.call_at(when, self._fire)
         self.armed = when
 
     def _fire(self) -> None:
         self.handle = None
         self.armed = math.inf
+        loop = self.loop()
+        if loop is None:  # pragma: no cover - called by that loop
+            return
         heap = self.heap
-        now = self.loop.time()
+        now = loop.time()
         while heap and (heap[0][0] <= now or not heap[0][2].active):
             _, _, entry = heapq.heappop(heap)
             if entry.active:

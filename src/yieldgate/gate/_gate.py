@@ -28,10 +28,11 @@ from typing import Any, ParamSpec, TypeVar
 
 from yieldgate._exceptions import GateClosedError
 from yieldgate.gate import _sync
-from yieldgate.gate._calls import Lease, Timeout
+from yieldgate.gate._calls import Timeout
 from yieldgate.gate._core import GateCore, default_clock, unique_name
 from yieldgate.gate._gate_async import AsyncCalls
 from yieldgate.gate._gate_sync import SyncCalls
+from yieldgate.gate._lease import Lease
 from yieldgate.gate._outcome import Classifier, default_classify
 from yieldgate.gate._policy import USE_POLICY, GatePolicy, GateStatistics
 from yieldgate.gate._shared import Shared
@@ -227,15 +228,20 @@ class Gate(AsyncCalls, SyncCalls):
         timeout: Timeout = USE_POLICY,
         classify: Classifier | None = None,
     ) -> Any:
-        """Decorate a function so that every call goes through this Gate.
+        """Decorate a callable so that every call goes through this Gate.
 
         ``@gate.wrap`` or ``@gate.wrap(priority="high", timeout=10, classify=...)``,
-        on a coroutine function (calls go through ``call``) or a plain one
-        (through ``call_sync``) alike.
+        on a coroutine function, or an object whose ``__call__`` is one (calls
+        go through ``call``), or a plain callable (through ``call_sync``). A
+        plain callable that returns an awaitable cannot be governed in a
+        thread: calling its wrapper raises ``TypeError`` (the awaitable is
+        closed, never run); make it ``async def``.
         """
 
         def decorate(f: Callable[P, Any]) -> Callable[P, Any]:
-            if inspect.iscoroutinefunction(f):
+            if not callable(f):
+                raise TypeError(f"gate.wrap needs a callable, got {type(f).__name__}")
+            if _is_async(f):
 
                 @functools.wraps(f)
                 async def wrapper(*args: P.args, **kwargs: P.kwargs) -> Any:
@@ -250,13 +256,46 @@ class Gate(AsyncCalls, SyncCalls):
 
             @functools.wraps(f)
             def sync_wrapper(*args: P.args, **kwargs: P.kwargs) -> Any:
-                return self.call_sync(
-                    functools.partial(f, *args, **kwargs),
-                    priority=priority,
-                    timeout=timeout,
-                    classify=classify,
-                )
+                refusal: list[TypeError] = []
+
+                def attempt() -> Any:
+                    value = f(*args, **kwargs)
+                    if inspect.isawaitable(value):
+                        close = getattr(value, "close", None)
+                        if close is not None:
+                            close()  # never run: it would run outside the Gate
+                        refusal.append(
+                            TypeError(
+                                f"gate.wrap({_name(f)}): calling it returned "
+                                f"{type(value).__name__}, an awaitable a sync call cannot "
+                                "govern; make it an async def (or give wrap an object whose "
+                                "__call__ is async def)"
+                            )
+                        )
+                        raise refusal[-1]
+                    return value
+
+                try:
+                    return self.call_sync(
+                        attempt, priority=priority, timeout=timeout, classify=classify
+                    )
+                except Exception as exc:
+                    if refusal and (exc is refusal[-1] or exc.__cause__ is refusal[-1]):
+                        raise refusal[-1] from None
+                    raise
 
             return sync_wrapper
 
         return decorate(fn) if fn is not None else decorate
+
+
+def _is_async(f: Any) -> bool:
+    """A coroutine function, a partial of one, or an object whose ``__call__`` is one."""
+    if inspect.iscoroutinefunction(f):
+        return True
+    call = inspect.getattr_static(type(f), "__call__", None)
+    return not inspect.isfunction(f) and inspect.iscoroutinefunction(call)
+
+
+def _name(f: Any) -> str:
+    return getattr(f, "__qualname__", None) or type(f).__name__

@@ -15,10 +15,12 @@ import anyio.lowlevel
 
 from yieldgate.gate import _async
 from yieldgate.gate._call import CallState
-from yieldgate.gate._calls import GateBase, Lease, Timeout
+from yieldgate.gate._calls import GateBase, Timeout
+from yieldgate.gate._lease import Lease
 from yieldgate.gate._outcome import Classifier
 from yieldgate.gate._policy import USE_POLICY
 from yieldgate.gate._quota import Cost
+from yieldgate.gate._telemetry import NULL_OBSERVER, observed
 from yieldgate.gate._window import Signal
 from yieldgate.protocol import Priority
 
@@ -45,15 +47,18 @@ class AsyncCalls(GateBase):
         discard: Callable[[Any], Awaitable[None]] | None,
     ) -> Any:
         core = self._core
-        core.since_checkpoint += 1
-        if core.since_checkpoint >= _CHECKPOINT_EVERY:
-            # Calls whose attempts never await would otherwise never let the loop
-            # drop the attempt timers they disarmed (nor run anything else).
-            core.since_checkpoint = 0
-            await anyio.lowlevel.checkpoint()
         try:
-            with call.observer.scope():
+            core.since_checkpoint += 1
+            if core.since_checkpoint >= _CHECKPOINT_EVERY:
+                # Calls whose attempts never await would otherwise never let the loop
+                # drop the attempt timers they disarmed (nor run anything else).
+                core.since_checkpoint = 0
+                await anyio.lowlevel.checkpoint()
+            if call.observer is NULL_OBSERVER:
                 value = await _async.run(call, fn, args, classify or core.classify, discard)
+            else:
+                with observed(call.observer, core):
+                    value = await _async.run(call, fn, args, classify or core.classify, discard)
         except BaseException as exc:
             self._ended(call, exc)
             raise

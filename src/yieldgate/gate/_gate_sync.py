@@ -3,36 +3,68 @@
 Each starts a ``CallState`` (``GateBase``) and hands it to the sync driver
 (``_sync``), in the calling thread. They share the Gate's window, budget,
 breaker and hint holds with its async calls.
+
+A sync call blocks its thread while it waits. On a thread that runs an
+event loop that would block the loop, and with it the tasks that could free
+what the call waits for: such a call is refused at once
+(``BlockingCallError``) unless the caller says it cannot wait
+(``allow_event_loop=True``).
 """
 
 from __future__ import annotations
 
-import concurrent.futures
+import asyncio
 import contextlib
+import sys
+import threading
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar, TypeVarTuple
 
+from yieldgate._exceptions import BlockingCallError
 from yieldgate.gate import _sync
 from yieldgate.gate._call import CallState
-from yieldgate.gate._calls import GateBase, Lease, Timeout
+from yieldgate.gate._calls import GateBase, Timeout
+from yieldgate.gate._lease import Lease
 from yieldgate.gate._outcome import Classifier
 from yieldgate.gate._policy import USE_POLICY
 from yieldgate.gate._quota import Cost
-from yieldgate.gate._telemetry import NULL_OBSERVER
+from yieldgate.gate._telemetry import NULL_OBSERVER, observed
 from yieldgate.gate._window import Signal
 from yieldgate.protocol import Priority
 
-__all__ = ["SyncCalls"]
+__all__ = ["SyncCalls", "in_event_loop"]
 
 T = TypeVar("T")
 R = TypeVar("R")
 Ts = TypeVarTuple("Ts")
+
+# How often a thread waiting for map_sync's workers looks up (a Ctrl-C sent as
+# ``_thread.interrupt_main`` is only seen when it does).
+_JOIN_EVERY_S = 0.05
+
+
+def in_event_loop() -> bool:
+    """Whether this thread is running an event loop (asyncio's, or trio's)."""
+    if asyncio._get_running_loop() is not None:
+        return True
+    trio = sys.modules.get("trio")
+    return trio is not None and bool(trio.lowlevel.in_trio_run())
 
 
 class SyncCalls(GateBase):
     """The thread side of a Gate."""
 
     _timer: _sync.Timer
+
+    def _refuse_in_loop(self, what: str) -> None:
+        if in_event_loop():
+            raise BlockingCallError(
+                f"gate {self.name!r}: {what} was called from a thread that runs an event "
+                "loop; waiting here would block the loop (and the tasks that could free a "
+                "slot) until the call's deadline. Await the async form, or run the sync "
+                "code in a worker thread (anyio.to_thread.run_sync); pass "
+                "allow_event_loop=True only if this call can never wait"
+            )
 
     def _run_sync(
         self,
@@ -41,15 +73,18 @@ class SyncCalls(GateBase):
         call: CallState,
         classify: Classifier | None,
         discard: Callable[[Any], None] | None,
+        batch: _sync.Batch | None = None,
     ) -> Any:
         core = self._core
         try:
             if call.observer is NULL_OBSERVER:
-                value = _sync.run(call, fn, args, classify or core.classify, discard, self._timer)
+                value = _sync.run(
+                    call, fn, args, classify or core.classify, discard, self._timer, batch
+                )
             else:
-                with call.observer.scope():
+                with observed(call.observer, core):
                     value = _sync.run(
-                        call, fn, args, classify or core.classify, discard, self._timer
+                        call, fn, args, classify or core.classify, discard, self._timer, batch
                     )
         except BaseException as exc:
             self._ended(call, exc)
@@ -66,6 +101,7 @@ class SyncCalls(GateBase):
         timeout: Timeout = USE_POLICY,
         classify: Classifier | None = None,
         cost: Cost | int | None = None,
+        allow_event_loop: bool = False,
     ) -> Any:
         """``call`` for a plain function, in the calling thread (the sync driver).
 
@@ -73,6 +109,9 @@ class SyncCalls(GateBase):
         other caller, sync or async. An attempt is not interrupted at its
         deadline (a thread cannot be): the code it runs reads
         ``current_attempt().remaining_s()``, as the transports do.
+
+        Raises ``BlockingCallError`` when called from a thread that runs an
+        event loop, unless ``allow_event_loop`` (see the module docstring).
         """
         if self._nested():
             try:
@@ -80,6 +119,8 @@ class SyncCalls(GateBase):
             except Exception as exc:
                 return self._classify_nested(classify, None, exc)
             return self._classify_nested(classify, value, None)
+        if not allow_event_loop:
+            self._refuse_in_loop("call_sync")
         call = self._new_call(priority, timeout, hold=False, cost=cost)
         return self._run_sync(fn, args, call, classify, None)
 
@@ -94,6 +135,7 @@ class SyncCalls(GateBase):
         classify: Classifier | None = None,
         cost: Cost | int | None = None,
         discard: Callable[[Any], None] | None = None,
+        allow_event_loop: bool = False,
     ) -> Iterator[Any]:
         """``hold`` for a plain function: the slot is kept until the ``with`` block exits."""
         value, lease = self.call_and_hold_sync(
@@ -104,11 +146,16 @@ class SyncCalls(GateBase):
             classify=classify,
             discard=discard,
             cost=cost,
+            allow_event_loop=allow_event_loop,
         )
         outcome = Signal.FAILURE
         try:
             yield value
             outcome = Signal.SUCCESS
+        except BaseException as exc:
+            if not isinstance(exc, Exception):  # Ctrl-C, a generator closed: no verdict
+                outcome = Signal.CANCELLED
+            raise
         finally:
             lease.release(outcome)
 
@@ -122,10 +169,13 @@ class SyncCalls(GateBase):
         classify: Classifier | None = None,
         cost: Cost | int | None = None,
         discard: Callable[[Any], None] | None = None,
+        allow_event_loop: bool = False,
     ) -> tuple[Any, Lease]:
         """``call_and_hold`` for a plain function, in the calling thread."""
         if self._nested():
             return self.call_sync(fn, *args, classify=classify), self._nested_lease()
+        if not allow_event_loop:
+            self._refuse_in_loop("call_and_hold_sync")
         call = self._new_call(priority, timeout, hold=True, cost=cost)
         value = self._run_sync(fn, args, call, classify, discard)
         return value, self._lease(call)
@@ -142,35 +192,60 @@ class SyncCalls(GateBase):
         timeout: Timeout = USE_POLICY,
         classify: Classifier | None = None,
         cost: Cost | int | None = None,
+        allow_event_loop: bool = False,
     ) -> list[R | BaseException]:
         """``map`` for a plain function, on ``concurrency`` worker threads.
 
-        The first failure stops the items not yet started and is raised once
-        the calls in flight end, unless ``return_exceptions``.
+        The first failure stops the batch (unless ``return_exceptions``): no
+        item not yet started is started, the calls waiting in the Gate give up
+        their place, and the failure is raised once the attempts in flight end.
+        A ``KeyboardInterrupt`` (Ctrl-C) stops it the same way and is raised at
+        once; attempts in flight then end in their threads, without retrying.
         """
         work = list(items)
         limit = self._map_limit(concurrency)
+        if not work:
+            return []
+        if not allow_event_loop:
+            self._refuse_in_loop("map_sync")
         results: list[Any] = [None] * len(work)
-        stop = False
+        failure: list[BaseException] = []
+        batch = _sync.Batch()
+        pending = iter(enumerate(work))
+        take = threading.Lock()
 
-        def one(index: int, item: T) -> None:
-            if stop:
-                return
-            try:
-                results[index] = self.call_sync(
-                    fn, item, priority=priority, timeout=timeout, classify=classify, cost=cost
-                )
-            except Exception as exc:
-                results[index] = exc
-                raise
+        def worker() -> None:
+            while not batch.stopped:
+                with take:
+                    index, item = next(pending, (-1, None))
+                if index < 0:
+                    return
+                try:
+                    call = self._new_call(priority, timeout, hold=False, cost=cost)
+                    results[index] = self._run_sync(fn, (item,), call, classify, None, batch)
+                except _sync.Stopped:
+                    return
+                except Exception as exc:
+                    results[index] = exc
+                    if not return_exceptions:
+                        with take:
+                            failure.append(exc)
+                        batch.stop()
+                        return
 
-        with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, min(limit, len(work)))) as ex:
-            futures = [ex.submit(one, i, item) for i, item in enumerate(work)]
-            for future in futures:
-                error = future.exception()
-                if error is not None and not return_exceptions:
-                    stop = True
-                    for other in futures:
-                        other.cancel()
-                    raise error
+        threads = [
+            threading.Thread(target=worker, name=f"{self.name}-map", daemon=True)
+            for _ in range(min(limit, len(work)))
+        ]
+        try:
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                while thread.is_alive():
+                    thread.join(_JOIN_EVERY_S)
+        except BaseException:
+            batch.stop()  # Ctrl-C: nothing more starts, and nothing waits on
+            raise
+        if failure:
+            raise failure[0]
         return results

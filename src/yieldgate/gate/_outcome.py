@@ -41,6 +41,7 @@ __all__ = [
     "Outcome",
     "OutcomeKind",
     "OutcomeSignal",
+    "checked",
     "default_classify",
     "sanitize_hint_s",
 ]
@@ -269,3 +270,19 @@ def default_classify(value: Any, error: BaseException | None) -> Outcome:
     if _is_httpx_transport_error(error):
         return Outcome.retryable(error)
     return Outcome.fatal(error)
+
+
+def checked(classify: Classifier, value: Any, error: BaseException | None) -> Outcome:
+    """``classify(value, error)``, which must be an ``Outcome``: anything else is a
+    ``TypeError`` (raised to the caller once the attempt's ledger is closed)."""
+    outcome = classify(value, error)
+    if type(outcome) is Outcome or isinstance(outcome, Outcome):
+        return outcome
+    raise TypeError(
+        f"a classifier must return an Outcome, but {_name(classify)} returned "
+        f"{type(outcome).__name__} {outcome!r:.80}"
+    ) from error
+
+
+def _name(fn: Any) -> str:
+    return getattr(fn, "__qualname__", None) or type(fn).__name__

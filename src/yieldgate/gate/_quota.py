@@ -37,9 +37,8 @@ import bisect
 import itertools
 import math
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
-from typing import NamedTuple
 
+from yieldgate.gate._cost import NOTHING, ONE_REQUEST, Bucket, Cost, QuotaReading, as_cost
 from yieldgate.gate._window import RANK
 from yieldgate.protocol import Priority
 
@@ -51,7 +50,6 @@ __all__ = [
     "Claim",
     "Cost",
     "Quota",
-    "QuotaPacer",
     "QuotaReading",
     "as_cost",
 ]
@@ -61,107 +59,6 @@ DEFAULT_WINDOW_S = 60.0
 # A reading whose used share is below this says too little about the refill rate.
 _MIN_USED_SHARE = 0.02
 _MIN_SLEEP_S = 1e-6
-
-
-class Cost(NamedTuple):
-    """What one attempt spends of a quota: one request and its tokens.
-
-    ``tokens`` is the total a provider meters (prompt plus the output it may
-    produce), ``input_tokens`` and ``output_tokens`` its parts, for providers
-    that meter them apart (Anthropic).
-    """
-
-    requests: int = 1
-    tokens: int = 0
-    input_tokens: int = 0
-    output_tokens: int = 0
-
-    @classmethod
-    def of(cls, input_tokens: int, output_tokens: int) -> Cost:
-        """One request of ``input_tokens`` and at most ``output_tokens``."""
-        return cls(1, input_tokens + output_tokens, input_tokens, output_tokens)
-
-    def amount(self, resource: str) -> int:
-        value: int = getattr(self, resource)
-        return value
-
-
-def as_cost(cost: Cost | int) -> Cost:
-    """A ``cost=`` argument as a ``Cost``: an int is a number of tokens, in one request."""
-    if isinstance(cost, Cost):
-        if any(type(v) is not int or v < 0 for v in cost):
-            raise ValueError(f"a cost's fields must be integers >= 0, got {cost!r}")
-        return cost
-    if type(cost) is not int or cost < 0:
-        raise ValueError(f"cost must be a Cost or a number of tokens >= 0, got {cost!r}")
-    return Cost(1, cost)
-
-
-ONE_REQUEST = Cost()
-"""The cost of an attempt nothing more is known of."""
-NOTHING = Cost(0)
-"""What an attempt refused before any work used."""
-
-
-@dataclass(frozen=True, slots=True)
-class QuotaReading:
-    """One bucket as a provider's headers describe it.
-
-    ``key`` names the bucket (``openai:tokens``), ``resource`` what it meters
-    (a ``Cost`` field). ``reset_s`` is the time until it is full again,
-    ``window_s`` the window its limit is for, when a header says (IETF's ``w``).
-    """
-
-    key: str
-    resource: str
-    limit: float
-    remaining: float
-    reset_s: float | None = None
-    window_s: float | None = None
-
-
-class Bucket:
-    """A continuously refilling bucket: ``limit`` at most, ``rate`` per second."""
-
-    __slots__ = ("applied", "key", "learnt", "level", "limit", "rate", "resource", "updated")
-
-    def __init__(
-        self, key: str, resource: str, limit: float, rate: float, now: float, *, learnt: bool
-    ) -> None:
-        self.key = key
-        self.resource = resource
-        self.limit = limit
-        self.rate = rate
-        self.level = limit
-        self.updated = now
-        self.learnt = learnt  # from headers (the provider's count), else the caller's own
-        self.applied = 0  # the send number of the newest reading applied
-
-    def level_at(self, now: float, cap: float = 1.0, pace: float = 1.0) -> float:
-        """The level at ``now``, holding ``cap`` of the limit and refilling at ``pace``
-        of the rate (a member's shares of a fleet's quota)."""
-        if now <= self.updated:
-            return self.level
-        return min(self.limit * cap, self.level + (now - self.updated) * self.rate * pace)
-
-    def settle(self, now: float, cap: float = 1.0, pace: float = 1.0) -> None:
-        self.level = self.level_at(now, cap, pace)
-        self.updated = max(self.updated, now)
-
-    def take(self, amount: float, now: float, cap: float = 1.0, pace: float = 1.0) -> None:
-        self.settle(now, cap, pace)
-        self.level -= amount
-
-    def give(self, amount: float, now: float, cap: float = 1.0, pace: float = 1.0) -> None:
-        self.settle(now, cap, pace)
-        self.level = min(self.limit * cap, self.level + amount)
-
-    def wait_s(self, amount: float, now: float, cap: float = 1.0, pace: float = 1.0) -> float:
-        """How long until ``amount`` fits (0: now)."""
-        short = amount - self.level_at(now, cap, pace)
-        if short <= 0:
-            return 0.0
-        return short / (self.rate * pace)
 
 
 class Claim:
@@ -178,12 +75,10 @@ class Claim:
     fleet = False  # taken while a fleet's buckets paced
     wake: Callable[[], None] | None = None
     # In a fleet: the send number the fleet's take gave it (0: none), what it took
-    # there, whether its answer was reported, and its in-flight lease.
+    # there, and whether its answer was reported.
     seq = 0
     wants: list[tuple[str, float, float, float]] = []  # noqa: RUF012 - replaced, never mutated
     observed = False
-    lease: str | None = None
-    lease_held = False
 
     def __init__(self, cost: Cost, priority: Priority, key: float) -> None:
         self.cost = cost
@@ -457,6 +352,28 @@ class Quota:
         """``claim``'s attempt is over, answered or not: no longer in flight."""
         self._inflight.pop(claim, None)
 
+    def forked(self) -> None:
+        """In a forked child: no claim of the parent's is queued, pending or in flight."""
+        self._inflight.clear()
+        self._pending.clear()
+        self._blind.clear()
+        self.blind_requests = 0
+        self._queue.clear()
+
+    def audit(self) -> list[str]:
+        """Claims queued, taken or in flight (none when no call runs)."""
+        problems = []
+        if self._queue:
+            problems.append(f"{len(self._queue)} claim(s) queued for the quota")
+        if self._pending:
+            problems.append(f"{len(self._pending)} quota claim(s) taken and never sent")
+        if self._inflight:
+            problems.append(f"{len(self._inflight)} quota claim(s) in flight")
+        if self._blind or self.blind_requests:
+            count = self.blind_requests + sum(self._blind.values())
+            problems.append(f"{count} blind attempt(s) counted in flight")
+        return problems
+
 
 def _rate(reading: QuotaReading, bucket: Bucket | None) -> float:
     """The refill rate a reading implies: its window's, the used share over the
@@ -475,29 +392,3 @@ def _rate(reading: QuotaReading, bucket: Bucket | None) -> float:
     if bucket is not None and bucket.limit == reading.limit:
         return bucket.rate
     return reading.limit / DEFAULT_WINDOW_S
-
-
-class QuotaPacer:
-    """One claim's wait on a quota, in the shape the drivers wait on a rate cap."""
-
-    __slots__ = ("claim", "quota")
-
-    def __init__(self, quota: Quota, claim: Claim) -> None:
-        self.quota = quota
-        self.claim = claim
-
-    def try_take(self, now: float) -> bool:
-        return self.quota.try_take(self.claim, now)
-
-    def join(self, wake: Callable[[], None]) -> Claim:
-        self.quota.join(self.claim, wake)
-        return self.claim
-
-    def at_head(self, waiter: Claim) -> bool:
-        return self.quota.at_head(waiter)
-
-    def take_queued(self, waiter: Claim, now: float) -> float | None:
-        return self.quota.take_queued(waiter, now)
-
-    def leave(self, waiter: Claim) -> None:
-        self.quota.leave(waiter)

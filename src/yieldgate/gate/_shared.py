@@ -14,6 +14,9 @@ things with the other members of its fleet through a ``yieldgate.fleet.Fleet``:
   holds at most every ``HOLDS_EVERY_S`` before admitting (``holds``).
 - **in-flight leases**, with ``FleetPolicy.inflight_cap``: an attempt sends
   only with a lease (``acquire``), given back when it ends (``release``).
+  The callers of one member wait for a lease in a line (``Turn``), by
+  priority then arrival, as they do for a window slot; only the head asks
+  Redis, so each member polls at one pace however many of its calls wait.
 
 Nothing here does I/O: admission yields a ``FleetOp`` for the driver to run
 and is sent the result; what an attempt leaves to do (its readings, its
@@ -22,13 +25,22 @@ attempt and before each admission. Every operation answers ``None`` when
 Redis is down or slow: the Gate then goes on alone (``available`` false), its
 quota paced at ``1 / members`` of what the provider's headers say, and tries
 Redis again every ``REJOIN_EVERY_S`` (a membership heartbeat) until it answers.
+
+One background thread per Gate (started when first needed, ended when it has
+nothing left to do) renews the leases held and runs what must not wait for
+the next call: the release of a lease held past its call (``Lease.release``,
+which may run on an event loop that must not block on Redis), and what a
+cancelled attempt gave back after its driver could no longer await.
 """
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import threading
+import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 from yieldgate.gate._breaker import BreakerState
@@ -36,8 +48,9 @@ from yieldgate.gate._policy import FleetPolicy, RetryBudgetPolicy
 from yieldgate.gate._quota import Claim, Cost, QuotaReading
 from yieldgate.gate._upstream import Upstream
 from yieldgate.gate._window import RANK
+from yieldgate.protocol import Priority
 
-__all__ = ["FleetOp", "Shared"]
+__all__ = ["FleetOp", "Shared", "Turn"]
 
 HOLDS_EVERY_S = 0.025
 HEARTBEAT_EVERY_S = 1.0
@@ -56,6 +69,16 @@ class FleetOp(NamedTuple):
     kwargs: dict[str, Any] = {}  # noqa: RUF012 - never mutated
 
 
+class Turn:
+    """A caller's place in the line for a fleet lease; ``wake`` is its driver's."""
+
+    __slots__ = ("gone", "wake")
+
+    def __init__(self, wake: Callable[[], None]) -> None:
+        self.wake = wake
+        self.gone = False
+
+
 class Shared:
     """The fleet a Gate belongs to, and the state of its link (see the module docstring)."""
 
@@ -72,17 +95,26 @@ class Shared:
         self._shapes_due: dict[str, float] = {}
         self._heartbeat_due: dict[str, float] = {}
         self.members: dict[str, int] = {}
-        # Leases held now (id -> upstream), renewed by a thread every third of their TTL.
-        self.leases: dict[str, str] = {}
-        self._renewer: threading.Thread | None = None
         self._lease_poll: dict[str, float] = {}  # upstream -> no lease asked before
+        # Per upstream, the line for a lease: (-rank, arrival key, seq, turn).
+        self._lines: dict[str, list[tuple[int, float, int, Turn]]] = {}
+        self._seq = itertools.count()
         # Calls made and not yet told the fleet's retry budget (told in batches).
         self.deposits = 0
         self._deposited = -1.0
         # Upstreams whose last verdict this member reported was a failure: only then
         # does a success need telling (it ends the fleet's run of failures).
         self._failing: set[str] = set()
-        self._stop = threading.Event()
+        self._init_worker()
+
+    def _init_worker(self) -> None:
+        # Leases held now (id -> upstream), renewed by the worker every third of their
+        # TTL; ops for it to run at once; both guarded by ``_cond``.
+        self._cond = threading.Condition(threading.Lock())
+        self.leases: dict[str, str] = {}
+        self._soon: deque[FleetOp] = deque()
+        self._worker: threading.Thread | None = None
+        self._stopped = False
 
     # -- before admission -----------------------------------------------------------
 
@@ -245,7 +277,7 @@ class Shared:
     # -- after an attempt --------------------------------------------------------------
 
     def lease_pause(self, up: Upstream, now: float) -> float:
-        """How long to wait before asking for a lease (another local call is asking)."""
+        """How long the head of the line waits before asking for a lease again."""
         return self._lease_poll.get(up.name, 0.0) - now
 
     def lease_refused(self, up: Upstream, now: float, draw: float) -> None:
@@ -253,32 +285,150 @@ class Shared:
         pause = self.policy.poll_s * (0.5 + draw)
         self._lease_poll[up.name] = max(self._lease_poll.get(up.name, 0.0), now + pause)
 
+    # -- the line for a lease (under the Gate's lock) --------------------------------
+
+    def join_line(
+        self, up: Upstream, priority: Priority, key: float, wake: Callable[[], None]
+    ) -> Turn:
+        """Stand in ``up``'s line for a lease, by priority then arrival."""
+        turn = Turn(wake)
+        line = self._lines.setdefault(up.name, [])
+        heapq.heappush(line, (-RANK[priority], key, next(self._seq), turn))
+        head = self._head(up)
+        if head is turn and len(line) > 1:
+            for _, _, _, other in line:
+                if other is not turn and not other.gone:
+                    other.wake()  # the old head stands back
+                    break
+        return turn
+
+    def _head(self, up: Upstream) -> Turn | None:
+        line = self._lines.get(up.name)
+        while line and line[0][3].gone:
+            heapq.heappop(line)
+        return line[0][3] if line else None
+
+    def first_in_line(self, up: Upstream, turn: Turn) -> bool:
+        return self._head(up) is turn
+
+    def leave_line(self, up: Upstream, turn: Turn) -> None:
+        """Leave the line (leased, or gave up); a new head is woken to ask."""
+        if turn.gone:
+            return
+        head = self._head(up) is turn
+        turn.gone = True
+        if head:
+            after = self._head(up)
+            if after is not None:
+                after.wake()
+
+    # -- leases ------------------------------------------------------------------------
+
     def leased(self, up: Upstream, lease: str) -> None:
         """A lease was granted: renew it until it is released."""
-        self.leases[lease] = up.name
-        if self._renewer is None or not self._renewer.is_alive():
-            self._renewer = threading.Thread(
-                target=self._renew, name="yieldgate-fleet-leases", daemon=True
-            )
-            self._renewer.start()
+        with self._cond:
+            self.leases[lease] = up.name
+            self._ensure_worker()
 
     def released(self, lease: str) -> None:
-        self.leases.pop(lease, None)
+        with self._cond:
+            self.leases.pop(lease, None)
 
-    def _renew(self) -> None:
-        """Extend every lease held, a third of their TTL before they would lapse, until
-        none is left; a member that dies stops renewing, and its leases lapse."""
-        while not self._stop.wait(self.policy.lease_ttl_s / 3):
-            held: dict[str, list[str]] = {}
-            for lease, upstream in list(self.leases.items()):
-                held.setdefault(upstream, []).append(lease)
-            if not held:
-                return
-            for upstream, leases in held.items():
+    def release(self, up: Upstream, lease: str, *, soon: bool = False) -> None:
+        """Give a lease back: no longer renewed, and released in Redis (by the next
+        flush, or at once by the worker when ``soon``)."""
+        self.released(lease)
+        op = FleetOp("release", (up.name, lease))
+        if soon:
+            self.run_soon([op])
+        else:
+            self.backlog.append(op)
+
+    def run_soon(self, ops: Sequence[FleetOp]) -> None:
+        """Have the worker run ``ops`` now, off every caller's path."""
+        with self._cond:
+            self._soon.extend(ops)
+            self._ensure_worker()
+            self._cond.notify()
+
+    def hand_over(self) -> None:
+        """What attempts left for the fleet, run by the worker (a driver that can no
+        longer await it: a cancelled call)."""
+        ops = []
+        while self.backlog:
+            try:
+                ops.append(self.backlog.popleft())
+            except IndexError:
+                break
+        if ops:
+            self.run_soon(ops)
+
+    def _ensure_worker(self) -> None:
+        # Under ``_cond``: a worker exits only under it, having seen nothing to do.
+        if self._worker is None and not self._stopped:
+            self._worker = threading.Thread(
+                target=self._work, name=f"yieldgate-fleet-{self.gate}", daemon=True
+            )
+            self._worker.start()
+
+    def _work(self) -> None:
+        """Renew the leases held a third of their TTL before they would lapse, and run
+        the ops handed over; end when there is neither (a member that dies stops
+        renewing, and its leases lapse)."""
+        every = self.policy.lease_ttl_s / 3
+        renew_at = time.monotonic() + every
+        while True:
+            with self._cond:
+                while True:
+                    if self._stopped or (not self.leases and not self._soon):
+                        self._worker = None
+                        return
+                    if self._soon:
+                        break
+                    left = renew_at - time.monotonic()
+                    if left <= 0:
+                        break
+                    self._cond.wait(left)
+                ops = list(self._soon)
+                self._soon.clear()
+                renew: dict[str, list[str]] = {}
+                if time.monotonic() >= renew_at:
+                    renew_at = time.monotonic() + every
+                    for lease, upstream in self.leases.items():
+                        renew.setdefault(upstream, []).append(lease)
+            for op in ops:
+                getattr(self.fleet, op.name + "_sync")(*op.args, **op.kwargs)
+            for upstream, leases in renew.items():
                 self.fleet.renew_sync(upstream, leases)
 
     def close(self) -> None:
-        self._stop.set()
+        with self._cond:
+            self._stopped = True
+            self._cond.notify()
+
+    def forked(self) -> None:
+        """In a forked child: the parent's leases, ops and thread are not this
+        process's (its leases lapse when the parent stops renewing them)."""
+        self._init_worker()
+        self.backlog.clear()
+        self._lines.clear()
+        self.deposits = 0
+
+    def audit(self, held: Any) -> list[str]:
+        """What the fleet link holds that no held slot accounts for (see GateCore.audit)."""
+        problems = []
+        kept = {h.lease for h in held if h.lease is not None}
+        with self._cond:
+            stray = [lease for lease in self.leases if lease not in kept]
+            queued = len(self._soon)
+        if stray:
+            problems.append(f"{len(stray)} fleet lease(s) held and renewed with no call")
+        waiting = sum(1 for line in self._lines.values() for e in line if not e[3].gone)
+        if waiting:
+            problems.append(f"{waiting} caller(s) in line for a fleet lease")
+        if self.backlog or queued:
+            problems.append(f"{len(self.backlog) + queued} fleet operation(s) not yet run")
+        return problems
 
     def verdict(self, up: Upstream, success: bool, *, probe: bool) -> None:
         """An attempt's verdict for the fleet's breaker (neutral ones are not told). A
@@ -295,17 +445,20 @@ class Shared:
         policy = up.breaker.policy
         self.backlog.append(FleetOp("report", (up.name, success, policy), {"probe": probe}))
 
-    def ended(self, up: Upstream, claim: Claim, *, hold_s: float | None, rank: int) -> None:
-        """An attempt ended: its take answered without a reading, its lease, its hint."""
+    def finished(self, up: Upstream, claim: Claim) -> None:
+        """An attempt's take was answered without a reading (or not at all)."""
         if claim.seq and not claim.observed:
             self.backlog.append(FleetOp("finished", (up.name, _amounts(claim))))
             claim.observed = True
-        if claim.lease is not None and not claim.lease_held:
-            self.backlog.append(FleetOp("release", (up.name, claim.lease)))
-            self.released(claim.lease)
-            claim.lease = None
-        if hold_s is not None and hold_s > 0 and self.available:
+
+    def hold(self, up: Upstream, rank: int, hold_s: float) -> None:
+        """Share a congestion hint with the fleet."""
+        if hold_s > 0 and self.available:
             self.backlog.append(FleetOp("hold", (up.name, rank, hold_s)))
+
+    def release_probe(self, up: Upstream) -> None:
+        """The fleet's half-open probe this member held had no verdict: free it."""
+        self.backlog.append(FleetOp("release_probe", (up.name,)))
 
 
 def _amounts(claim: Claim) -> list[tuple[str, float]]:

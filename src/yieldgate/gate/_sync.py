@@ -1,16 +1,21 @@
 """The sync driver: runs a call's decisions in the calling thread.
 
-The same decisions as the async driver (they are the ``CallState``'s); only
-the waiting differs: a thread blocks on a ``threading.Event`` (woken by
-whoever frees what it waits for, in any thread or event loop) with a
-timeout on the Gate's clock. Deadlines, priorities, holds, the breaker, the
-budget and the rate cap all apply, and callers of both drivers share them.
+The same decisions as the async driver (they are the ``CallState``'s) and
+the same waits (admission's, ``_admission``): only how a wait is performed
+differs. A thread parks on a ``threading.Event`` (woken by whoever frees
+what it waits for, in any thread or event loop) with a timeout on the Gate's
+clock. Deadlines, priorities, holds, the breaker, the budget and the rate
+cap all apply, and callers of both drivers share them.
 
 Two differences follow from threads. An attempt cannot be interrupted: a
 blocking call is not a coroutine, so the attempt's deadline is handed to
 the code it runs (``current_attempt().remaining_s()``, which the transports
 pass on as their request timeout) instead of being enforced from outside.
 And the hedge policy is ignored (see ``_hedge``).
+
+A call may belong to a ``Batch`` (``Gate.map_sync``): stopping the batch
+(its first failure, a Ctrl-C) wakes its calls that are waiting, and they end
+at once with ``Stopped`` instead of waiting on.
 
 ``Timer`` is how the driver sleeps and waits; tests give it a virtual one.
 """
@@ -19,21 +24,19 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from typing import Any
 
 from yieldgate.gate import _admission as admission
-from yieldgate.gate._attempt import CURRENT, Slot
-from yieldgate.gate._breaker import Breaker
+from yieldgate.gate._attempt import CURRENT
 from yieldgate.gate._call import CallState
 from yieldgate.gate._core import GateCore
-from yieldgate.gate._outcome import Classifier, Outcome
+from yieldgate.gate._ledger import Attempt
+from yieldgate.gate._outcome import Classifier, Outcome, checked
 from yieldgate.gate._retrying import Strategies, needs_retry
 from yieldgate.gate._shared import FleetOp
-from yieldgate.gate._upstream import Upstream
-from yieldgate.gate._window import Permit
 
-__all__ = ["Timer", "run"]
+__all__ = ["Batch", "Stopped", "ThreadSignal", "Timer", "run"]
 
 SyncFn = Callable[..., Any]
 SyncDiscard = Callable[[Any], None]
@@ -49,10 +52,133 @@ class Timer:
         return event.wait(seconds)
 
 
-class _Driver:
-    """One sync call: its state, function and the waits it makes."""
+class Stopped(Exception):
+    """A call of a stopped ``Batch``: it gave up waiting (never raised to a caller)."""
 
-    __slots__ = ("args", "call", "classify", "core", "discard", "fn", "timer")
+
+class ThreadSignal:
+    """A wake-up for one waiting thread, that any thread or event loop may send."""
+
+    __slots__ = ("event",)
+
+    def __init__(self) -> None:
+        self.event = threading.Event()
+
+    def wake(self) -> None:
+        self.event.set()
+
+    def clear(self) -> None:
+        self.event.clear()
+
+
+class Batch:
+    """The calls of one ``map_sync``: ``stop`` wakes those waiting, to end them."""
+
+    def __init__(self) -> None:
+        self.stopped = False
+        self._lock = threading.Lock()
+        self._signals: set[ThreadSignal] = set()
+
+    def join(self, signal: ThreadSignal) -> None:
+        with self._lock:
+            self._signals.add(signal)
+        if self.stopped:
+            raise Stopped
+
+    def leave(self, signal: ThreadSignal) -> None:
+        with self._lock:
+            self._signals.discard(signal)
+
+    def stop(self) -> None:
+        with self._lock:
+            self.stopped = True
+            signals = list(self._signals)
+        for signal in signals:
+            signal.wake()
+
+
+def drive(
+    call: CallState,
+    steps: Generator[admission.Wait, Any, Any],
+    timer: Timer,
+    batch: Batch | None = None,
+) -> Any:
+    """Run one of the core's step generators to its end in this thread, performing its
+    waits: what it returns. What ends a wait (a stop, Ctrl-C) is thrown into it."""
+    core = call.core
+    clock = core.clock
+    signal = ThreadSignal()
+    call.signal = signal
+    if batch is not None:
+        batch.join(signal)
+    try:
+        got: Any = None
+        thrown: BaseException | None = None
+        while True:
+            try:
+                wait = steps.send(got) if thrown is None else steps.throw(thrown)
+            except StopIteration as done:
+                return done.value
+            got = thrown = None
+            try:
+                if isinstance(wait, admission.Park):
+                    until, deadline = wait.until, call.deadline
+                    if deadline is not None and (until is None or deadline < until):
+                        until = deadline
+                    timer.wait(signal.event, None if until is None else max(0.0, until - clock()))
+                else:
+                    got = run_fleet_op(core, wait.op)  # bounded by the fleet's budget
+            except BaseException as exc:  # thrown in: the core looks at it first
+                thrown = exc
+            if thrown is None and batch is not None and batch.stopped:
+                thrown = Stopped()
+    finally:
+        if batch is not None:
+            batch.leave(signal)
+
+
+def _send(
+    call: CallState,
+    attempt: Attempt,
+    waited: bool,
+    fn: SyncFn,
+    args: tuple[Any, ...],
+    classify: Classifier,
+    discard: SyncDiscard | None,
+) -> Outcome:
+    """Send an admitted attempt in this thread, and end it."""
+    clock = call.core.clock
+    outcome: Outcome | None = None
+    try:
+        call.begin(attempt, clock(), waited=waited)
+        attempt.task = call.task
+        token = CURRENT.set(attempt)
+        try:
+            try:
+                value = fn(*args)
+            except Exception as exc:
+                outcome = checked(classify, None, exc)
+            else:
+                try:
+                    outcome = checked(classify, value, None)
+                except BaseException:
+                    if discard is not None and value is not None:
+                        discard(value)
+                    raise
+        finally:
+            CURRENT.reset(token)
+    finally:
+        call.end(attempt, outcome, clock())  # never a lost race: threads do not hedge
+    if call.core.shared is not None:
+        flush(call.core)  # its readings, its lease, its hint, for the fleet
+    assert outcome is not None  # else the attempt raised
+    return outcome
+
+
+class _Driver:
+    """One sync call past its first attempt: its state, function and waits."""
+
+    __slots__ = ("args", "batch", "call", "classify", "core", "discard", "fn", "timer")
 
     def __init__(
         self,
@@ -62,6 +188,7 @@ class _Driver:
         classify: Classifier,
         discard: SyncDiscard | None,
         timer: Timer,
+        batch: Batch | None,
     ) -> None:
         self.core = call.core
         self.call = call
@@ -70,106 +197,12 @@ class _Driver:
         self.classify = classify
         self.discard = discard
         self.timer = timer
-
-    def _block(self, event: threading.Event, until: float | None, while_: str) -> None:
-        """Block until ``event`` is set or ``until``; past the call's deadline, raise."""
-        clock = self.core.clock
-        deadline = self.call.deadline
-        limit = until
-        if deadline is not None and (limit is None or deadline < limit):
-            limit = deadline
-        if self.timer.wait(event, None if limit is None else max(0.0, limit - clock())):
-            return
-        if deadline is not None and limit == deadline and clock() >= deadline:
-            raise self.call.deadline_error(while_)
-
-    def verdict(self, breaker: Breaker) -> None:
-        event = threading.Event()
-        with self.core.lock:
-            if not breaker.await_verdict(event.set):
-                return
-        while not event.is_set():
-            self._block(event, None, "waiting for the breaker's probe")
-
-    def acquire(self, up: Upstream, not_after: float | None) -> Permit:
-        call, core = self.call, self.core
-        window = up.window
-        event = threading.Event()
-        with core.lock:
-            permit: Permit | None = window.try_acquire(call.priority)
-            if permit is not None:
-                return permit
-            waiter = window.enqueue(call.priority, event.set, key=call.started, not_after=not_after)
-        try:
-            while True:
-                with core.lock:
-                    wake_at = window.look(waiter)
-                    if waiter.permit is not None:
-                        return waiter.permit
-                    event.clear()
-                self._block(event, wake_at, "waiting for a window slot")
-        except BaseException:
-            with core.lock:
-                window.abandon(waiter)
-            raise
-
-    def take_rate(self, rate: admission.Pacer, while_: str = "waiting for the rate cap") -> None:
-        core = self.core
-        event = threading.Event()
-        with core.lock:
-            if rate.try_take(core.clock()):
-                return
-            waiter = rate.join(event.set)
-        try:
-            while True:
-                with core.lock:
-                    again = None
-                    if rate.at_head(waiter):
-                        again = rate.take_queued(waiter, core.clock())
-                        if again is None:
-                            return
-                    event.clear()
-                self._block(event, again, while_)
-        except BaseException:
-            with core.lock:
-                rate.leave(waiter)
-            raise
-
-    def admit(self) -> Slot:
-        """Wait, in this thread, for what an attempt needs (``admission.steps``)."""
-        if self.core.shared is not None:
-            flush(self.core)
-        admitting = admission.steps(self.call)
-        advance: Callable[[Any], admission.Wait] = admitting.send
-        got: Any = None
-        while True:
-            try:
-                wait = advance(got)
-            except StopIteration as done:
-                slot: Slot = done.value
-                return slot
-            try:
-                got, advance = self.wait(wait), admitting.send
-            except BaseException as exc:  # thrown in: the core gives back what it took
-                got, advance = exc, admitting.throw
-
-    def wait(self, wait: admission.Wait) -> Any:
-        if isinstance(wait, admission.VerdictWait):
-            return self.verdict(wait.breaker)
-        if isinstance(wait, admission.WindowWait):
-            return self.acquire(wait.up, wait.not_after)
-        if isinstance(wait, admission.FleetWait):
-            return run_fleet_op(self.core, wait.op)  # bounded by the fleet's budget
-        if isinstance(wait, admission.SleepWait):
-            self._block(threading.Event(), self.core.clock() + wait.seconds, wait.while_)
-            return None
-        return self.take_rate(wait.rate, wait.while_)
-
-    def send(self, slot: Slot) -> Outcome:
-        return _send(self.call, slot, self.fn, self.args, self.classify)
+        self.batch = batch
 
     def round(self) -> Outcome:
-        return self.send(self.admit())
+        return _round(
+            self.call, self.fn, self.args, self.classify, self.discard, self.timer, self.batch
+        )
 
     def sleep(self, seconds: float) -> None:
         if seconds <= 0:
@@ -177,22 +210,56 @@ class _Driver:
         clock = self.core.clock
         started = clock()
         try:
-            self.timer.sleep(seconds)
+            batch = self.batch
+            if batch is None:
+                self.timer.sleep(seconds)
+            else:
+                # A sleep a stopped batch cuts short: parked on a signal it wakes.
+                signal = ThreadSignal()
+                batch.join(signal)
+                try:
+                    self.timer.wait(signal.event, seconds)
+                finally:
+                    batch.leave(signal)
+                if batch.stopped:
+                    raise Stopped
         finally:
             with self.core.lock:
                 self.core.counters.waited_s += clock() - started
 
-    def run(self, first: Outcome | None) -> Any:
-        """The call from its first outcome (``None``: not sent yet) to its end."""
-        call = self.call
-        outcome = first if first is not None else self.send(self.admit())
-        if needs_retry(outcome):
-            strategies = Strategies(call)
-            wait = strategies.first_wait(outcome)
-            if wait is not None:
-                self.sleep(wait)
-                outcome = strategies.retrying(self.sleep)(self.round)
-        return call.finish(outcome)
+    def retry(self, outcome: Outcome) -> Outcome:
+        """The call's retries after ``outcome`` (tenacity's loop asks the core)."""
+        strategies = Strategies(self.call)
+        wait = strategies.first_wait(outcome)
+        if wait is None:
+            return outcome
+        self.sleep(wait)
+        retried: Outcome = strategies.retrying(self.sleep)(self.round)
+        return retried
+
+
+def _round(
+    call: CallState,
+    fn: SyncFn,
+    args: tuple[Any, ...],
+    classify: Classifier,
+    discard: SyncDiscard | None,
+    timer: Timer,
+    batch: Batch | None,
+) -> Outcome:
+    """One attempt: its ledger opened, filled by admission, closed whatever happens."""
+    attempt = call.attempt()
+    try:
+        if admission.admit_now(call, attempt):
+            waited = False
+        else:
+            if call.core.shared is not None:
+                flush(call.core)
+            waited = drive(call, admission.admit(call, attempt), timer, batch)
+        return _send(call, attempt, waited, fn, args, classify, discard)
+    finally:
+        if not attempt.ended:
+            call.end(attempt, None, call.core.clock())
 
 
 def run(
@@ -202,47 +269,29 @@ def run(
     classify: Classifier,
     discard: SyncDiscard | None,
     timer: Timer,
+    batch: Batch | None = None,
 ) -> Any:
-    """Run ``call`` to its value or its error; on any exception, give back what it holds."""
+    """Run ``call`` to its value or its error; whatever ends it, give back what it holds."""
+    handed = False
     try:
-        slot = admission.admit_now(call)
-        if slot is not None:
-            # The common case, without a driver object: sent at once, and done.
-            outcome = _send(call, slot, fn, args, classify)
-            if not needs_retry(outcome):
-                return call.finish(outcome)
-        driver = _Driver(call, fn, args, classify, discard, timer)
-        return driver.run(None if slot is None else outcome)
-    except BaseException:
-        left, value = call.abandon()
-        if left and discard is not None:
-            discard(value)
-        raise
-
-
-def _send(
-    call: CallState, slot: Slot, fn: SyncFn, args: tuple[Any, ...], classify: Classifier
-) -> Outcome:
-    """One attempt on ``slot``, in this thread."""
-    clock = call.core.clock
-    attempt = call.begin(slot, clock())
-    attempt.task = call.task
-    outcome: Outcome | None = None
-    token = CURRENT.set(attempt)
-    try:
-        try:
-            value = fn(*args)
-        except Exception as exc:
-            outcome = classify(None, exc)
-        else:
-            outcome = classify(value, None)
+        outcome = _round(call, fn, args, classify, discard, timer, batch)
+        if needs_retry(outcome):
+            outcome = _Driver(call, fn, args, classify, discard, timer, batch).retry(outcome)
+        value = call.finish(outcome)
+        handed = True
+        return value
     finally:
-        CURRENT.reset(token)
-        call.end(attempt, outcome, clock())  # never a lost race: threads do not hedge
-    if call.core.shared is not None:
-        flush(call.core)  # its readings, its lease, its hint, for the fleet
-    assert outcome is not None  # else the attempt raised
-    return outcome
+        if (
+            call.withdrawn is not None
+            or call.fleet_receipt is not None
+            or (call.held is not None and not handed)
+        ):
+            left, won = call.close(handed=handed)
+            if left and discard is not None:
+                discard(won)
+        shared = call.core.shared
+        if shared is not None and shared.backlog:
+            shared.hand_over()  # what the ledgers gave back, run off this path
 
 
 def run_fleet_op(core: GateCore, op: FleetOp) -> Any:

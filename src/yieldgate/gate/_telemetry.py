@@ -25,6 +25,7 @@ Every instrument carries the ``yieldgate.gate`` attribute (the Gate's name).
 from __future__ import annotations
 
 import contextlib
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -44,6 +45,7 @@ __all__ = [
     "OtelInstrumentation",
     "WaitDetails",
     "WindowChange",
+    "observed",
 ]
 
 
@@ -93,6 +95,36 @@ class WindowChange:
     gate: str
     old: int
     new: int
+
+
+@contextlib.contextmanager
+def observed(observer: CallObserver, core: Any) -> Iterator[None]:
+    """``observer.scope()`` around a call, if it can be entered: a scope that raises
+    on the way in or out is logged (``core.hook``'s logger), and the call goes on."""
+    try:
+        scope = observer.scope()
+        scope.__enter__()
+    except Exception:
+        core.hook(_reraise, sys.exc_info()[1])
+        yield
+        return
+    try:
+        yield
+    except BaseException:
+        try:
+            if scope.__exit__(*sys.exc_info()):
+                pass  # a scope may not swallow the call's error: it is raised
+        except Exception:
+            core.hook(_reraise, sys.exc_info()[1])
+        raise
+    try:
+        scope.__exit__(None, None, None)
+    except Exception:
+        core.hook(_reraise, sys.exc_info()[1])
+
+
+def _reraise(error: BaseException) -> None:
+    raise error
 
 
 class CallObserver(Protocol):

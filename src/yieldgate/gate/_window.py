@@ -1,37 +1,8 @@
 """The Window: an adaptive concurrency limit with priority admission.
 
-Congestion control in the manner of TCP, applied to requests in flight:
-
-- **Slow start.** The limit starts at ``initial`` (8, or ``max`` if that is
-  lower) and grows by one per success, doubling per round trip, until the
-  first congestion signal or ``max``. A backend sees a ramp, not a wall,
-  without a burst idling most of it for the first round trips (which, for an
-  LLM, last seconds): a governed server refuses the excess of a first round at
-  once, and a buffering one batches eight requests without noticing.
-  ``GatePolicy.cold_start()`` begins at one for a backend known to be fragile.
-- **Additive increase.** Past the slow-start threshold, each success adds
-  ``increase / limit``: about ``increase`` per window of successes.
-- **Exact decrease on refusal.** A ``yield`` is the upstream saying, before
-  doing any work, that this one attempt was one too many: the limit sheds
-  exactly one slot per refused attempt (eight refusals from a slow-start
-  overshoot shed eight). A multiplicative cut would idle a share of an honest
-  server's slots after every probe. Refusals end slow start where they leave
-  the limit, except when they empty the window (a cold or briefly full
-  upstream refused everything): then the threshold is the limit the event
-  met, cut by ``decrease``, and the window climbs back by slow start, not one
-  slot per round trip.
-- **Multiplicative decrease.** Other congestion (an overload that may have
-  cost the upstream work, an attempt that timed out on a buffering backend)
-  multiplies the limit by ``decrease``, at most once per window: signals from
-  permits granted before the last decrease belong to the same congestion
-  event (a burst of 50 timeouts shrinks the window once, not 50 times).
-- **A plateau where it hurt.** Growth slows to a quarter near the limit at
-  which congestion last came, so the window probes that level rarely (each
-  probe costs a refused attempt) and grows at the usual pace once past it.
-- **Growth needs demand.** Only permits that were part of a full window (the
-  limit bound at or after their grant: it was full, or callers waited) make
-  it grow, so a quiet spell cannot inflate it, while a busy round counts in
-  full.
+The limit is the ``Limit``'s (``_limit``): congestion control in the manner
+of TCP, applied to requests in flight (slow start, additive increase,
+decreases on refusal and congestion). This module admits callers under it.
 
 Waiting callers are admitted by priority, then in order of their ``key`` (the
 Gate passes when each call started, so a call that waited longest goes
@@ -66,9 +37,9 @@ import heapq
 import random
 import time
 from collections.abc import Callable
-from enum import StrEnum
-from typing import Final
+from typing import Final, Protocol
 
+from yieldgate.gate._limit import Limit, Signal
 from yieldgate.gate._policy import WindowPolicy, WindowStatistics
 from yieldgate.protocol import Priority
 
@@ -82,30 +53,28 @@ __all__ = [
 ]
 
 _PRIORITY_ORDER: Final = (Priority.HIGH, Priority.NORMAL, Priority.LOW)
-# How much slower the window grows just below the level that last met congestion.
-_PLATEAU: Final = 0.25
 RANK: Final = {Priority.LOW: 0, Priority.NORMAL: 1, Priority.HIGH: 2}
 
 
-class Signal(StrEnum):
-    """How an attempt ended, as far as the window cares."""
-
-    SUCCESS = "success"
-    REFUSED = "refused"  # a yield: refused before any work was done
-    CONGESTION = "congestion"
-    FAILURE = "failure"
-    CANCELLED = "cancelled"
-
-
 class Permit:
-    """One slot of the window, held by one attempt."""
+    """One slot of the window, held by one attempt; ``paced``: a start of the window's
+    pacer was taken with it."""
 
-    __slots__ = ("_released", "priority", "seq")
+    __slots__ = ("_released", "paced", "priority", "seq")
 
-    def __init__(self, seq: int, priority: Priority) -> None:
+    def __init__(self, seq: int, priority: Priority, paced: bool) -> None:
         self.seq = seq
         self.priority = priority
+        self.paced = paced
         self._released = False
+
+
+class Pacer(Protocol):
+    """What paces a window's grants (the Gate's rate cap): a start taken with each slot."""
+
+    def try_take(self, now: float) -> bool: ...
+    def next_at(self, now: float) -> float: ...
+    def refund(self, now: float) -> None: ...
 
 
 class Waiter:
@@ -140,24 +109,14 @@ class Window:
         rng: random.Random | None = None,
     ) -> None:
         self.policy = policy or WindowPolicy()
-        initial = self.policy.initial
-        assert initial is not None  # set by WindowPolicy itself
-        self._cwnd = float(initial)
-        self._ssthresh = float(self.policy.max)
-        self._limit = initial
+        self._ctl = Limit(self.policy)
+        self._limit = self._ctl.value  # the limit in force (kept in step with ``_ctl``)
         self._inflight = 0
-        self._seq = 0
-        self._recovery_seq = 0
-        self._full_seq = 0
-        # The limit at which congestion last came (0: never).
-        self._wmax = 0
         # Per priority, a heap of (key, arrival, waiter): the oldest key first.
         self._queues: dict[Priority, list[_Entry]] = {p: [] for p in _PRIORITY_ORDER}
         self._counts: dict[Priority, int] = dict.fromkeys(_PRIORITY_ORDER, 0)
         self._arrivals = 0
         self._waiting = 0
-        self._increases = 0
-        self._decreases = 0
         self._on_change = on_change
         # Read only while a hold is set: a window without holds never needs a clock.
         self._clock = clock or time.monotonic
@@ -173,14 +132,12 @@ class Window:
         self._credits = [0, 0, 0]
         # Waiters with a ``not_after``, soonest first: they may pass a hold then.
         self._due: list[_Entry] = []
+        # Starts per second, taken with each slot (the Gate's rate cap), if any.
+        self.pacer: Pacer | None = None
 
     @property
     def limit(self) -> int:
         return self._limit
-
-    def _set_cwnd(self, cwnd: float) -> None:
-        self._cwnd = cwnd
-        self._limit = max(self.policy.min, min(self.policy.max, int(cwnd)))
 
     @property
     def inflight(self) -> int:
@@ -191,13 +148,14 @@ class Window:
         return self._waiting
 
     def statistics(self) -> WindowStatistics:
+        ctl = self._ctl
         return WindowStatistics(
-            limit=self.limit,
+            limit=self._limit,
             inflight=self._inflight,
             waiting=self._waiting,
-            slow_start=self._cwnd < self._ssthresh,
-            increases=self._increases,
-            decreases=self._decreases,
+            slow_start=ctl.slow_start,
+            increases=ctl.increases,
+            decreases=ctl.decreases,
         )
 
     # -- holds --------------------------------------------------------------
@@ -284,16 +242,13 @@ class Window:
 
     # -- acquire ------------------------------------------------------------
 
-    def _grant(self, priority: Priority) -> Permit:
+    def _grant(self, priority: Priority, paced: bool) -> Permit:
         self._inflight += 1
-        self._seq += 1
-        if self._inflight >= self._limit:
-            self._full_seq = self._seq
-        return Permit(self._seq, priority)
+        return Permit(self._ctl.granted(self._inflight >= self._limit), priority, paced)
 
     def try_acquire(self, priority: Priority = Priority.NORMAL) -> Permit | None:
-        """A permit now if one is free, no hold is in force for ``priority`` and
-        nobody of equal or higher priority waits."""
+        """A permit now if one is free, no hold is in force for ``priority``, nobody
+        of equal or higher priority waits, and the pacer (if any) has a start."""
         if self._inflight >= self._limit:
             return None
         if self._waiting and self._has_waiters_at_or_above(priority):
@@ -301,7 +256,12 @@ class Window:
         rank = RANK[priority]
         if self._holds[rank] and self._held(rank, self._clock()):
             return None
-        return self._grant(priority)
+        pacer = self.pacer
+        if pacer is None:
+            return self._grant(priority, False)
+        if not pacer.try_take(self._clock()):
+            return None
+        return self._grant(priority, True)
 
     def _has_waiters_at_or_above(self, priority: Priority) -> bool:
         counts = self._counts
@@ -335,7 +295,7 @@ class Window:
             heapq.heappush(self._due, (not_after, self._arrivals, waiter))
         self._counts[priority] += 1
         self._waiting += 1
-        self._full_seq = self._seq  # demand exceeds the limit
+        self._ctl.demand()  # it exceeds the limit
         self._wake()  # a held queue may release this one at once
         return waiter
 
@@ -350,31 +310,52 @@ class Window:
 
     def abandon(self, waiter: Waiter) -> None:
         """The waiter gives up (cancelled, out of time): it takes nothing with it."""
-        if waiter.permit is not None:
-            # Granted just as it gave up: hand the permit on, not lost.
-            self.release(waiter.permit, Signal.CANCELLED)
+        permit = waiter.permit
+        if permit is not None:
+            # Granted just as it gave up: hand the permit (and its start) on, not lost.
+            waiter.permit = None
+            self.give_back(permit)
         elif not waiter.gone:
             self._leave(waiter)
 
-    def _wake_at(self, waiter: Waiter) -> float | None:
-        """When a held waiter should look again (``None``: only a grant or a nudge wakes it).
+    def give_back(self, permit: Permit) -> None:
+        """Return a permit whose attempt was never sent, and the start taken with it."""
+        if permit._released:
+            return
+        if permit.paced and self.pacer is not None:
+            self.pacer.refund(self._clock())
+        self.release(permit, Signal.CANCELLED)
 
-        Only the head of a held queue keeps a timer (for the next release), and
-        a waiter with a ``not_after``; the others are nudged when they become
-        the head, so a thousand held callers cost one timer, not a thousand.
+    def _wake_at(self, waiter: Waiter) -> float | None:
+        """When a waiter should look again (``None``: only a grant or a nudge wakes it).
+
+        Only the head of a queue keeps a timer (for the next release of a hold,
+        or the pacer's next start), and a waiter with a ``not_after``; the
+        others are nudged when they become the head, so a thousand held
+        callers cost one timer, not a thousand.
         """
         rank = RANK[waiter.priority]
-        if not self._holds[rank]:
-            return None
-        now = self._clock()
-        if not self._held(rank, now):
-            return None
+        pacer = self.pacer
         times: list[float] = []
-        if self._head(waiter.priority) is waiter:
-            due = self._release_due(rank, now)
-            times.append(due if due > now else self._holds[rank])
-        if waiter.not_after is not None and waiter.not_after > now:
-            times.append(waiter.not_after)
+        now: float | None = None
+        if (
+            pacer is not None
+            and self._inflight < self._limit
+            and self._head(waiter.priority) is waiter
+        ):
+            now = self._clock()
+            start = pacer.next_at(now)
+            if start > now:  # the pacer is what keeps it: look again at its start
+                times.append(start)
+        if self._holds[rank]:
+            if now is None:
+                now = self._clock()
+            if self._held(rank, now):
+                if self._head(waiter.priority) is waiter:
+                    due = self._release_due(rank, now)
+                    times.append(due if due > now else self._holds[rank])
+                if waiter.not_after is not None and waiter.not_after > now:
+                    times.append(waiter.not_after)
         return min(times) if times else None
 
     def _leave(self, waiter: Waiter) -> None:
@@ -382,10 +363,10 @@ class Window:
         waiter.gone = True
         self._counts[waiter.priority] -= 1
         self._waiting -= 1
-        if head and self._holds[RANK[waiter.priority]]:
+        if head and (self.pacer is not None or self._holds[RANK[waiter.priority]]):
             after = self._head(waiter.priority)
             if after is not None:
-                after.wake()  # the new head keeps the hold's timer
+                after.wake()  # the new head keeps the hold's (or the pacer's) timer
 
     def _head(self, priority: Priority) -> Waiter | None:
         queue = self._queues[priority]
@@ -430,13 +411,29 @@ class Window:
         return None
 
     def _wake(self) -> None:
+        pacer = self.pacer
         while self._inflight < self._limit and self._waiting:
+            if pacer is not None:
+                now = self._clock()
+                if pacer.next_at(now) > now:
+                    return  # no start free yet: the head's timer looks again then
             waiter = self._next()
             if waiter is None:
                 return
+            if pacer is not None and not pacer.try_take(now):
+                return  # pragma: no cover - a start was free a moment ago
             self._leave(waiter)
-            waiter.permit = self._grant(waiter.priority)
+            waiter.permit = self._grant(waiter.priority, pacer is not None)
             waiter.wake()
+
+    def reset(self) -> None:
+        """Forget every permit and waiter (a forked child's copy: none of them is its)."""
+        self._inflight = 0
+        self._queues = {p: [] for p in _PRIORITY_ORDER}
+        self._counts = dict.fromkeys(_PRIORITY_ORDER, 0)
+        self._waiting = 0
+        self._due = []
+        self._credits = [0, 0, 0]
 
     def _clocking(self) -> bool:
         """Some waiter is held back by a hold in force now."""
@@ -455,55 +452,14 @@ class Window:
         permit._released = True
         self._inflight -= 1
         before = self._limit
-        if signal is Signal.SUCCESS and permit.seq <= self._full_seq:
-            self._grow()
-        elif signal is Signal.REFUSED:
-            self._shed(permit)
-        elif signal is Signal.CONGESTION and permit.seq > self._recovery_seq:
-            self._shrink()
-        if self._limit != before and self._on_change is not None:
-            self._on_change(before, self._limit)
+        if signal is not Signal.FAILURE and signal is not Signal.CANCELLED:
+            self._limit = self._ctl.released(permit.seq, signal)
         if self._waiting:
             if signal is Signal.SUCCESS and self._clocking():
                 rank = RANK[permit.priority]
                 if self._credits[rank] < self._waiting:
                     self._credits[rank] += 1  # a slot freed upstream: one held caller may take it
             self._wake()
-
-    def _grow(self) -> None:
-        if self._cwnd >= self.policy.max:
-            return
-        if self._cwnd < self._ssthresh:
-            cwnd = self._cwnd + 1.0
-        else:
-            step = self.policy.increase / self._cwnd
-            if self._limit + 1 == self._wmax:
-                step *= _PLATEAU  # the next slot is where congestion came last
-            cwnd = self._cwnd + step
-        self._set_cwnd(min(cwnd, float(self.policy.max)))
-        if self._limit >= self._wmax:
-            self._wmax = 0  # past it without congestion: the upstream has room again
-        self._increases += 1
-
-    def _shed(self, permit: Permit) -> None:
-        """One attempt refused: one slot too many."""
-        floor = float(self.policy.min)
-        if permit.seq > self._recovery_seq:
-            # The first refusal of a congestion event: remember where it came.
-            self._wmax = self._limit
-            self._recovery_seq = self._seq
-            self._decreases += 1
-        self._set_cwnd(max(floor, min(self._cwnd, float(self._limit)) - 1.0))
-        if self._cwnd > floor:
-            self._ssthresh = self._cwnd
-        else:
-            # Everything refused: come back by slow start towards where it was.
-            self._ssthresh = max(floor, self._wmax * self.policy.decrease)
-
-    def _shrink(self) -> None:
-        self._wmax = self._limit
-        self._set_cwnd(max(float(self.policy.min), self._cwnd * self.policy.decrease))
-        self._ssthresh = max(float(self.policy.min), self._cwnd)
-        # Signals from permits granted up to now belong to this same event.
-        self._recovery_seq = self._seq
-        self._decreases += 1
+        # Last: whatever it does, the slot is back and its waiter woken.
+        if self._limit != before and self._on_change is not None:
+            self._on_change(before, self._limit)

@@ -1,0 +1,130 @@
+"""``Lease``: a window slot kept after a call returned, the ledger of a held slot.
+
+A call that holds (``Gate.hold``, ``call_and_hold``, the HTTP transports for a
+response body read later) keeps its winning attempt's window permit and its
+fleet in-flight lease: the attempt's ledger moves them here, in the step
+that ends the attempt, so that there is no moment when nobody owns them.
+
+``release`` gives them back exactly once, from any thread, and tells the
+window how the work that followed went. A lease whose owner forgets it is
+not lost:
+
+- a ``Lease`` that is garbage collected unreleased gives its slot back (its
+  finalizer never takes the Gate's lock: it may run inside any code,
+  the Gate's own included; it leaves the slot to be reclaimed by the next
+  caller that looks, ``GateCore.reclaim``);
+- a lease with an idle bound (``lapse_after``: the transports set one for a
+  response body, the attempt's timeout) lapses when nobody has read from it
+  for that long and no read is in progress, so a stream dropped half-read
+  frees its slot even when no garbage collection comes;
+- ``GateCore.release_all`` (the transports' close) gives back those it is told.
+
+A lapsed or reclaimed lease counts as cancelled for the window.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import TYPE_CHECKING
+
+from yieldgate.gate._quota import Cost
+from yieldgate.gate._window import Permit, Signal
+
+if TYPE_CHECKING:
+    from yieldgate.gate._core import GateCore
+    from yieldgate.gate._ledger import Attempt
+    from yieldgate.gate._upstream import Upstream
+
+__all__ = ["Held", "Lease"]
+
+
+class Held:
+    """What a lease holds: its own record, apart from the ``Lease`` object, so that a
+    finalizer can give it back after the ``Lease`` is gone."""
+
+    __slots__ = ("core", "epoch", "idle_s", "lease", "permit", "reading", "touched", "up")
+
+    def __init__(
+        self, core: GateCore, up: Upstream, permit: Permit | None, lease: str | None
+    ) -> None:
+        self.core = core
+        self.epoch = core.epoch
+        self.up = up
+        self.permit = permit
+        self.lease = lease  # the fleet's in-flight lease, if any
+        self.idle_s: float | None = None
+        self.touched = 0.0
+        self.reading = False
+
+    @property
+    def released(self) -> bool:
+        return self.permit is None and self.lease is None
+
+    def give_back(self, signal: Signal) -> None:
+        """Give back the slot and the fleet lease, once (under the Gate's lock)."""
+        permit, self.permit = self.permit, None
+        lease, self.lease = self.lease, None
+        core = self.core
+        if self.epoch != core.epoch:
+            return  # a forked parent's slot
+        core.held.discard(self)
+        if permit is not None:
+            self.up.window.release(permit, signal)
+        if lease is not None and core.shared is not None:
+            core.shared.release(self.up, lease, soon=True)
+
+    def lapsed(self, now: float) -> bool:
+        idle = self.idle_s
+        return idle is not None and not self.reading and now - self.touched >= idle
+
+
+class Lease:
+    """A window slot kept after a call returned (see ``Gate.call_and_hold``).
+
+    ``release`` gives it back and tells the window how the work that followed
+    went (``Signal.SUCCESS`` by default). Only the first release counts; it is
+    safe from any thread. ``report_usage`` tells the Gate what the attempt
+    really used, once its body (a stream's last chunk) said so.
+    """
+
+    __slots__ = ("__weakref__", "_attempt", "_held")
+
+    def __init__(self, held: Held | None, attempt: Attempt | None = None) -> None:
+        self._held = held
+        self._attempt = attempt
+        if held is not None and not held.released:
+            weakref.finalize(self, held.core.orphan, held)
+
+    def report_usage(self, used: Cost) -> None:
+        """What the winning attempt really used (``AttemptInfo.report_usage``)."""
+        if self._attempt is not None:
+            self._attempt.used(used)
+
+    @property
+    def released(self) -> bool:
+        return self._held is None or self._held.released
+
+    def release(self, outcome: Signal = Signal.SUCCESS) -> None:
+        held = self._held
+        if held is None:
+            return
+        core = held.core
+        with core.lock:
+            held.give_back(outcome)
+        core.after_lock()
+
+    def lapse_after(self, idle_s: float | None) -> None:
+        """Let the slot lapse once nobody has read from it for ``idle_s`` seconds
+        (``touch`` marks a read; ``None``: never)."""
+        held = self._held
+        if held is not None:
+            held.idle_s = idle_s
+            held.touched = held.core.clock()
+
+    def touch(self, *, reading: bool) -> None:
+        """A read begins (``reading``) or has just delivered something: not idle."""
+        held = self._held
+        if held is not None:
+            held.reading = reading
+            if held.idle_s is not None:
+                held.touched = held.core.clock()
