@@ -22,13 +22,15 @@ after it, unless the attempt has ended by then. A canceller that swallows its
 own cancellation cannot make the deadline be skipped.
 
 Nothing here keeps a loop or a task alive: the table of loops holds them
-weakly, and a deadline lets go of its task when its attempt ends, however
-long its entry stays in the heap.
+weakly, a deadline lets go of its task when its attempt ends, however long
+its entry stays in the heap, and the timer runs in a context of its own (not
+a copy of the attempt's, which holds the attempt).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import heapq
 import itertools
 import math
@@ -80,7 +82,7 @@ class Deadline:
             return  # the attempt ended meanwhile
         if task.cancelling() > self.cancelling and _pending(task):
             # Another cancellation is on its way in: let the task take it first.
-            task.get_loop().call_soon(self._fire)
+            task.get_loop().call_soon(self._fire, context=self.owner.context)
             return
         self.fired = True
         task.cancel()
@@ -98,20 +100,35 @@ def _pending(task: asyncio.Task[Any]) -> bool:
 class _Deadlines:
     """The deadlines of the attempts running on one loop."""
 
-    __slots__ = ("__weakref__", "armed", "dead", "handle", "heap", "loop", "seq")
+    __slots__ = (
+        "__weakref__",
+        "armed",
+        "context",
+        "dead",
+        "handle",
+        "heap",
+        "live",
+        "loop",
+        "seq",
+    )
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         # Weakly: the table of loops holds these by their loop, weakly too.
         self.loop = weakref.ref(loop)
+        # The timer's callbacks run in a context of their own: armed in an attempt's,
+        # the timer would keep that attempt (and its task, its value) until it fires.
+        self.context = contextvars.Context()
         self.heap: list[tuple[float, int, Deadline]] = []
         self.seq = itertools.count()
         self.handle: asyncio.TimerHandle | None = None
         self.armed = math.inf
         self.dead = 0
+        self.live = 0
 
     def add(self, when: float, task: asyncio.Task[Any]) -> Deadline:
         entry = Deadline(self, when, task)
         heapq.heappush(self.heap, (when, next(self.seq), entry))
+        self.live += 1
         if when < self.armed:
             self._arm(when)
         return entry
@@ -119,10 +136,22 @@ class _Deadlines:
     def remove(self, entry: Deadline) -> None:
         entry.active = False
         self.dead += 1
-        if self.dead > _SWEEP_AT and self.dead * 2 > len(self.heap):
+        self.live -= 1
+        if not self.live:
+            # Nothing left to time: no timer (which holds the loop), no dead entries.
+            self._disarm()
+            self.heap.clear()
+            self.dead = 0
+        elif self.dead > _SWEEP_AT and self.dead * 2 > len(self.heap):
             self.heap = [item for item in self.heap if item[2].active]
             heapq.heapify(self.heap)
             self.dead = 0
+
+    def _disarm(self) -> None:
+        if self.handle is not None:
+            self.handle.cancel()
+            self.handle = None
+        self.armed = math.inf
 
     def _arm(self, when: float) -> None:
         loop = self.loop()
@@ -130,7 +159,7 @@ class _Deadlines:
             return
         if self.handle is not None:
             self.handle.cancel()
-        self.handle = loop.call_at(when, self._fire)
+        self.handle = loop.call_at(when, self._fire, context=self.context)
         self.armed = when
 
     def _fire(self) -> None:
@@ -144,6 +173,7 @@ class _Deadlines:
         while heap and (heap[0][0] <= now or not heap[0][2].active):
             _, _, entry = heapq.heappop(heap)
             if entry.active:
+                self.live -= 1
                 entry.expire()
             else:
                 self.dead -= 1

@@ -338,11 +338,9 @@ class Window:
         pacer = self.pacer
         times: list[float] = []
         now: float | None = None
-        if (
-            pacer is not None
-            and self._inflight < self._limit
-            and self._head(waiter.priority) is waiter
-        ):
+        if pacer is not None and self._head(waiter.priority) is waiter:
+            # Even while the window is full: a release finding no start free
+            # wakes nobody, so the head keeps the pacer's timer itself.
             now = self._clock()
             start = pacer.next_at(now)
             if start > now:  # the pacer is what keeps it: look again at its start
