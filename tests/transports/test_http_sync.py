@@ -360,6 +360,44 @@ def test_a_thread_pool_shares_one_sync_client_and_the_servers_one_slot(
     assert (statistics.calls_ok, statistics.window.inflight) == (40, 0)
 
 
+def test_closing_the_client_gives_back_the_slots_of_streams_left_open(
+    server: ServerProcess, flavor: str
+) -> None:
+    gate = Gate(name="upstream")
+    client = http_client(gate, sync=True, flavor=flavor, base_url=server.http_url)
+    readers = []
+    for i in range(2):
+        request = client.build_request("POST", CHAT, json=chat(f"left open {i}", stream=True))
+        # Kept: the library closes a response whose byte iterator is dropped.
+        readers.append(client.send(request, stream=True).iter_bytes())
+        assert next(readers[-1])
+    assert gate.statistics().window.inflight == 2
+    client.close()
+    assert gate.statistics().window.inflight == 0
+    for reader in readers:  # still referenced until now: the garbage collector freed nothing
+        reader.close()
+    assert gate.statistics().window.inflight == 0
+
+
+def test_closing_the_sync_openai_client_gives_back_a_stream_left_open(
+    serve: Callable[..., ServerProcess],
+) -> None:
+    server = serve("--http-port", "0", "--max-inflight", "4", "--exec-ms", "10")
+    gate = Gate(name="openai")
+    client = yieldgate.openai_client(
+        gate, sync=True, base_url=f"{server.http_url}/v1", api_key="unused"
+    )
+    messages: Any = [{"role": "user", "content": "a reply of several chunks"}]
+    stream = client.chat.completions.create(model="m", messages=messages, stream=True)
+    for _chunk in stream:
+        break  # the caller stops reading and keeps the stream
+    assert gate.statistics().window.inflight == 1
+    client.close()
+    assert gate.statistics().window.inflight == 0
+    stream.close()  # closed late: the slot was given back once, not twice
+    assert gate.statistics().window.inflight == 0
+
+
 # -- scripted bodies (the library's MockTransport) -------------------------------------
 
 

@@ -147,7 +147,11 @@ class _SyncGated(GatedCore):
         response.stream = self.prefetched(first, chunks, stream)
 
     def close(self) -> None:
-        self.inner.close()
+        try:
+            self.inner.close()
+        finally:
+            # Streams still open keep no slot once their transport is gone.
+            self.held.release_all()
 
 
 def _close_response(response: Any) -> None:
