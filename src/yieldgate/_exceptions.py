@@ -20,6 +20,7 @@ dependency's exception type escapes the public API::
      ├── RemoteError                the server answered an error (.code, .retryable)
      ├── ResponseFormatError        an HTTP body had none of the shapes its dialect knows
      ├── ServerStartError           yieldgate.server.spawn: the server did not start (.stderr)
+     ├── HubClientsInUseError       huggingface_clients: another thread's block is active
      └── ProtocolError              a peer broke the governed protocol (PROTOCOL.md)
           ├── FrameError            one frame could not be decoded or failed validation
           └── IntegrityError        a body kept failing its SHA-256 check
@@ -36,8 +37,9 @@ already handles timeouts (``except TimeoutError``) handles a Gate's.
 
 ``yieldgate`` exports the errors a caller catches; the governed protocol's
 (``ProtocolError`` and its subclasses) are exported from ``yieldgate.protocol``
-``ResponseFormatError`` from ``yieldgate.dialects`` and ``ServerStartError``
-from ``yieldgate.server``. This module imports
+``ResponseFormatError`` from ``yieldgate.dialects``, ``ServerStartError``
+from ``yieldgate.server`` and ``HubClientsInUseError`` (also a
+``RuntimeError``) from ``yieldgate.transports``. This module imports
 only the standard library, so that the protocol module (shared by the server
 and the client) can raise these types.
 """

@@ -186,6 +186,24 @@ async def test_openai_gives_the_clients_own_error_when_the_gate_gives_up(
         tg.cancel_scope.cancel()  # the holders disconnect: their slots return
 
 
+async def test_closing_the_openai_client_gives_back_a_stream_left_open(
+    server: ServerProcess,
+) -> None:
+    gate = yieldgate.Gate(name="openai")
+    client = openai_client(server, gate)
+    messages: Any = [{"role": "user", "content": "a reply of several chunks"}]
+    stream = await client.chat.completions.create(
+        model="yieldgate-sim", messages=messages, stream=True
+    )
+    async for _chunk in stream:
+        break  # the caller stops reading and keeps the stream
+    assert gate.statistics().window.inflight == 1
+    await client.close()
+    assert gate.statistics().window.inflight == 0
+    await stream.close()  # closed late: the slot was given back once, not twice
+    assert gate.statistics().window.inflight == 0
+
+
 async def holder_gate_submit(url: str, gate: yieldgate.Gate) -> None:
     async with (
         yieldgate.GovernedClient(url, gate=gate) as governed,

@@ -1,21 +1,27 @@
-"""A 5xx storm through the GateTransport, against a real (tiny) HTTP upstream on loopback.
+"""Faulty upstreams through the async GateTransport: real (tiny) HTTP servers on loopback.
 
-The upstream answers 502 to everything while it is "down". After the storm:
-every caller got a response or a typed error within its deadline, no window
-slot is held, the breaker is open (callers are turned away without reaching
-the upstream), and once the upstream heals one probe closes it again.
+A 5xx storm: the upstream answers 502 to everything while it is "down". After
+the storm: every caller got a response or a typed error within its deadline,
+no window slot is held, the breaker is open (callers are turned away without
+reaching the upstream), and once the upstream heals one probe closes it again.
+
+An error body dripped a byte at a time: the call still ends by its deadline.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from typing import Any
 
 import anyio
 import anyio.abc
+import openai
 import pytest
 
 import yieldgate
+from tests.transports.conftest import DrippingUpstream
 from yieldgate import BreakerPolicy, Gate, GatePolicy, RetryPolicy, TimeoutPolicy
 
 pytestmark = [pytest.mark.anyio, pytest.mark.e2e]
@@ -112,3 +118,35 @@ async def test_a_5xx_storm_opens_the_breaker_and_one_probe_closes_it(upstream: U
         assert upstream.requests == seen + 1
         assert gate.statistics().breaker == "closed"
         assert gate.statistics().window.inflight == 0
+
+
+@pytest.mark.parametrize("flavor", ["httpx2", "httpx"])
+async def test_an_error_body_dripped_slowly_ends_by_the_deadline(
+    slow_429: DrippingUpstream, flavor: str
+) -> None:
+    # The attempt runs under a cancel scope: the read is cancelled at the deadline
+    # (it becomes the attempt's timeout), not left to run for the whole body's 11 s.
+    gate = Gate(GatePolicy(timeout=TimeoutPolicy(total_s=2.0)), name="dripping")
+    async with yieldgate.http_client(gate, flavor=flavor, base_url=slow_429.url) as client:
+        started = time.monotonic()
+        with pytest.raises(yieldgate.DeadlineExceededError):
+            await client.post("/v1/chat/completions", json={"model": "m"})
+        elapsed = time.monotonic() - started
+    assert elapsed < 5.0
+    assert gate.statistics().window.inflight == 0
+
+
+async def test_the_async_openai_client_times_out_by_the_deadline(
+    slow_429: DrippingUpstream,
+) -> None:
+    gate = Gate(GatePolicy(timeout=TimeoutPolicy(total_s=2.0)), name="dripping")
+    messages: Any = [{"role": "user", "content": "hello"}]
+    async with yieldgate.openai_client(
+        gate, base_url=f"{slow_429.url}/v1", api_key="unused"
+    ) as client:
+        started = time.monotonic()
+        with pytest.raises(openai.APITimeoutError):
+            await client.chat.completions.create(model="m", messages=messages)
+        elapsed = time.monotonic() - started
+    assert elapsed < 5.0  # 2 s allowed; the whole body takes 11 s
+    assert gate.statistics().window.inflight == 0

@@ -14,6 +14,7 @@ import gc
 import json
 import socket
 import threading
+import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -26,6 +27,7 @@ from huggingface_hub import InferenceClient
 
 import yieldgate
 from tests.conftest import http_stats
+from tests.transports.conftest import DrippingUpstream, dripping_upstream
 from yieldgate import (
     CallFailedError,
     DeadlineExceededError,
@@ -222,6 +224,61 @@ def test_a_server_that_never_answers_costs_an_attempt_timeout_not_the_librarys(
     assert isinstance(caught.value.__cause__, LIBRARIES[flavor].ReadTimeout)
 
 
+def test_an_error_body_dripped_slowly_is_cut_at_the_attempts_deadline(
+    slow_429: DrippingUpstream, flavor: str
+) -> None:
+    # Each byte comes well within a read timeout, so only the attempt's own time
+    # can stop the read: reading the whole body takes 11 s, the call is allowed 2.
+    gate = Gate(GatePolicy(timeout=TimeoutPolicy(total_s=2.0)), name="dripping")
+    with http_client(gate, sync=True, flavor=flavor, base_url=slow_429.url) as client:
+        started = time.monotonic()
+        response = client.post(CHAT, json=chat("hello"))
+        elapsed = time.monotonic() - started
+    assert elapsed < 5.0
+    assert response.status_code == 429  # classified by its status and headers
+    assert response.extensions["yieldgate_truncated"] is True
+    assert b'{"error": "slow down"}'.startswith(response.content)
+    assert isinstance(response.extensions["yieldgate_error"], DeadlineExceededError)
+    assert gate.statistics().window.inflight == 0
+    # The rest is never read: the connection is closed, not kept for the pool.
+    wait_until(lambda: slow_429.closed_early == slow_429.requests == 1)
+
+
+def test_an_error_body_that_stalls_still_gives_its_status_by_the_deadline() -> None:
+    # Nothing of the body comes in time: the read timeout cut to the attempt's
+    # time fires, and the status and headers are still what the dialect reads.
+    headers = {"content-type": "application/json", "retry-after": "30"}
+    gate = Gate(GatePolicy(timeout=TimeoutPolicy(total_s=2.0)), name="stalled")
+    with (
+        dripping_upstream(b"503 Service Unavailable", headers, b"{}", interval_s=60) as upstream,
+        http_client(gate, sync=True, base_url=upstream.url) as client,
+    ):
+        started = time.monotonic()
+        response = client.post(CHAT, json=chat("hello"))
+        elapsed = time.monotonic() - started
+    assert elapsed < 5.0
+    assert (response.status_code, response.content) == (503, b"")
+    assert response.extensions["yieldgate_truncated"] is True
+    assert gate.statistics().window.inflight == 0
+
+
+def test_the_sync_openai_client_gets_its_rate_limit_error_by_the_deadline(
+    slow_429: DrippingUpstream,
+) -> None:
+    gate = Gate(GatePolicy(timeout=TimeoutPolicy(total_s=2.0)), name="dripping")
+    client = yieldgate.openai_client(
+        gate, sync=True, base_url=f"{slow_429.url}/v1", api_key="unused"
+    )
+    messages: Any = [{"role": "user", "content": "hello"}]
+    with client:
+        started = time.monotonic()
+        with pytest.raises(openai.RateLimitError):
+            client.chat.completions.create(model="m", messages=messages)
+        elapsed = time.monotonic() - started
+    assert elapsed < 5.0  # 2 s allowed; the whole body takes 11 s
+    assert gate.statistics().window.inflight == 0
+
+
 def test_a_non_upstream_error_surfaces_as_the_library_raised_it(flavor: str) -> None:
     gate = one_slot_gate()
     with (
@@ -301,6 +358,44 @@ def test_a_thread_pool_shares_one_sync_client_and_the_servers_one_slot(
     assert results == [f"user: hello {i}" for i in range(40)]
     statistics = gate.statistics()
     assert (statistics.calls_ok, statistics.window.inflight) == (40, 0)
+
+
+def test_closing_the_client_gives_back_the_slots_of_streams_left_open(
+    server: ServerProcess, flavor: str
+) -> None:
+    gate = Gate(name="upstream")
+    client = http_client(gate, sync=True, flavor=flavor, base_url=server.http_url)
+    readers = []
+    for i in range(2):
+        request = client.build_request("POST", CHAT, json=chat(f"left open {i}", stream=True))
+        # Kept: the library closes a response whose byte iterator is dropped.
+        readers.append(client.send(request, stream=True).iter_bytes())
+        assert next(readers[-1])
+    assert gate.statistics().window.inflight == 2
+    client.close()
+    assert gate.statistics().window.inflight == 0
+    for reader in readers:  # still referenced until now: the garbage collector freed nothing
+        reader.close()
+    assert gate.statistics().window.inflight == 0
+
+
+def test_closing_the_sync_openai_client_gives_back_a_stream_left_open(
+    serve: Callable[..., ServerProcess],
+) -> None:
+    server = serve("--http-port", "0", "--max-inflight", "4", "--exec-ms", "10")
+    gate = Gate(name="openai")
+    client = yieldgate.openai_client(
+        gate, sync=True, base_url=f"{server.http_url}/v1", api_key="unused"
+    )
+    messages: Any = [{"role": "user", "content": "a reply of several chunks"}]
+    stream = client.chat.completions.create(model="m", messages=messages, stream=True)
+    for _chunk in stream:
+        break  # the caller stops reading and keeps the stream
+    assert gate.statistics().window.inflight == 1
+    client.close()
+    assert gate.statistics().window.inflight == 0
+    stream.close()  # closed late: the slot was given back once, not twice
+    assert gate.statistics().window.inflight == 0
 
 
 # -- scripted bodies (the library's MockTransport) -------------------------------------

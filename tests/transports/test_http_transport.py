@@ -301,6 +301,33 @@ async def test_a_response_never_closed_returns_its_slot_when_collected() -> None
     await transport.aclose()
 
 
+@pytest.mark.parametrize("flavor", ["httpx2", "httpx"])
+async def test_closing_the_client_gives_back_the_slot_of_a_body_left_open(flavor: str) -> None:
+    lib = {"httpx": httpx, "httpx2": httpx2}[flavor]
+
+    class Endless(lib.AsyncByteStream):  # type: ignore[name-defined, misc]
+        async def __aiter__(self) -> AsyncIterator[bytes]:
+            while True:
+                yield b"data: more\n\n"
+                await anyio.sleep(1)
+
+    def handler(request: Any) -> Any:
+        headers = {"content-type": "text/event-stream"}
+        return lib.Response(200, headers=headers, stream=Endless())
+
+    gate = one_slot_gate()
+    client = http_client(gate, inner=lib.MockTransport(handler))
+    response = await client.send(client.build_request("GET", URL), stream=True)
+    # Kept: the library closes a response whose byte iterator is dropped.
+    reader = response.aiter_bytes()
+    assert await reader.__anext__()
+    assert gate.statistics().window.inflight == 1
+    await client.aclose()
+    assert gate.statistics().window.inflight == 0
+    await reader.aclose()  # closed late: the slot was given back once, not twice
+    assert gate.statistics().window.inflight == 0
+
+
 async def test_a_body_that_breaks_mid_read_counts_as_a_failure() -> None:
     class Broken(httpx2.AsyncByteStream):
         async def __aiter__(self) -> AsyncIterator[bytes]:

@@ -7,6 +7,7 @@ openai and huggingface_hub clients in one call.
 """
 
 from yieldgate.transports._clients import huggingface_clients, openai_client
+from yieldgate.transports._hub_factories import HubClientsInUseError
 from yieldgate.transports.governed import GovernedClient, GovernedStream
 from yieldgate.transports.http import (
     DEADLINE_HEADER,
@@ -22,6 +23,7 @@ __all__ = [
     "Flavor",
     "GovernedClient",
     "GovernedStream",
+    "HubClientsInUseError",
     "gate_transport",
     "http_client",
     "huggingface_clients",

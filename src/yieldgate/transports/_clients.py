@@ -18,6 +18,7 @@ from urllib.parse import urlsplit
 from yieldgate.dialects import HttpDialect
 from yieldgate.gate import USE_POLICY, Gate, UsePolicy
 from yieldgate.transports._flavor import detect_flavor, library
+from yieldgate.transports._hub_factories import enter_block, exit_block
 from yieldgate.transports.http import gate_transport, http_client
 
 __all__ = ["huggingface_clients", "openai_client"]
@@ -90,15 +91,21 @@ def huggingface_clients(
     background requests) go around it, unless ``include_hub=True``: the Hub is
     another upstream, and its failures (an offline machine cannot resolve
     huggingface.co) must not open the breaker of the endpoint the Gate guards.
-    The factories are global, so two blocks should nest, not overlap.
     ``dialect`` and ``timeout`` are as for ``http_client``; like the library's
     own clients, the Gate's follow redirects and set no network timeout of
     their own (the inference clients pass theirs per request).
+
+    The factories are process-wide: every thread's huggingface_hub calls go
+    through the block's Gate while it is active. Blocks nest in one thread
+    (each puts back what it replaced); entering one while a block of another
+    thread is active raises ``HubClientsInUseError`` at once. huggingface_hub's
+    shared sync client (``get_session()``), which other threads may be using,
+    is set aside, not closed, and is the shared one again after the block; the
+    sync clients the block made are closed when it exits.
     """
     hub_module = _import("huggingface_hub", "huggingface_hub")
     hub_http = importlib.import_module("huggingface_hub.utils._http")
     flavor = detect_flavor(client="huggingface_hub")
-    previous_async, previous_sync = _hub_factories(hub_http)
 
     lib = library(flavor)
     hub_origin = (
@@ -119,16 +126,11 @@ def huggingface_clients(
             timeout=None,
         )
 
-    hub_module.set_async_client_factory(lambda: make(False))
+    block = enter_block(hub_module, hub_http, gate.name, lambda: make(False), lambda: make(True))
     try:
-        hub_module.set_client_factory(lambda: make(True))
-        try:
-            yield
-        finally:
-            # Closes the shared sync client made inside the block, if any.
-            hub_module.set_client_factory(previous_sync)
+        yield
     finally:
-        hub_module.set_async_client_factory(previous_async)
+        exit_block(hub_module, hub_http, block)
 
 
 def _origin(constants: Any) -> tuple[str, str, int | None]:
@@ -166,21 +168,6 @@ def _around_the_hub(
             await plain.aclose()
 
     return AsyncAroundTheHub()
-
-
-def _hub_factories(hub_http: Any) -> tuple[Any, Any]:
-    """The factories huggingface_hub uses now (async, sync).
-
-    huggingface_hub has setters but no getters: the factories are read from
-    the module that holds them, and taken to be its defaults if it moved them.
-    """
-    default_async = getattr(hub_http, "default_async_client_factory", None)
-    default_sync = getattr(hub_http, "default_client_factory", None)
-    current_async = getattr(hub_http, "_GLOBAL_ASYNC_CLIENT_FACTORY", default_async)
-    current_sync = getattr(hub_http, "_GLOBAL_CLIENT_FACTORY", default_sync)
-    if current_async is None or current_sync is None:
-        raise RuntimeError("this huggingface_hub keeps its client factories where yieldgate can't")
-    return current_async, current_sync
 
 
 def _hub_hooks(hub_http: Any, sync: bool) -> dict[str, list[Any]]:

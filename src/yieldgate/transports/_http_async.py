@@ -89,7 +89,11 @@ class _AsyncGated(GatedCore):
         response.stream = self.prefetched(first, chunks, stream)
 
     async def aclose(self) -> None:
-        await self.inner.aclose()
+        try:
+            await self.inner.aclose()
+        finally:
+            # Streams still open keep no slot once their transport is gone.
+            self.held.release_all()
 
 
 async def _close_response(response: Any) -> None:

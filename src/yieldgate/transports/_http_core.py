@@ -10,6 +10,7 @@ window slot are each written once, here.
 
 from __future__ import annotations
 
+import threading
 import uuid
 import weakref
 from typing import Any
@@ -45,6 +46,7 @@ __all__ = [
     "MAX_ERROR_BODY_BYTES",
     "ErrorBody",
     "GatedCore",
+    "HeldBodies",
     "LeasedBody",
     "Prefetched",
     "given_up",
@@ -85,6 +87,7 @@ class GatedCore:
         self.leased = leased
         self.prefetched = prefetched
         self.timeout = timeout
+        self.held = HeldBodies()
 
     def call_timeout(self, request: Any) -> float | UsePolicy | None:
         """The Gate's total time for ``request``: the transport's, cut to the request's own.
@@ -177,7 +180,7 @@ class GatedCore:
             lease.release()
         else:
             response.stream = self.leased(
-                response.stream, lease, _keeps_chunks(response.headers), usage=own
+                response.stream, lease, _keeps_chunks(response.headers), usage=own, held=self.held
             )
         return response
 
@@ -324,6 +327,35 @@ def _release_quietly(lease: Lease) -> None:
         return
 
 
+class HeldBodies:
+    """The leased bodies one transport handed out and that are not closed yet, kept weakly.
+
+    Closing the transport gives their slots back at once (``Signal.CANCELLED``):
+    a stream the caller stopped reading but still refers to would otherwise
+    keep its slot until it is garbage collected. Safe from any thread.
+    """
+
+    def __init__(self) -> None:
+        self._bodies: weakref.WeakSet[LeasedBody] = weakref.WeakSet()
+        self._lock = threading.Lock()
+
+    def add(self, body: LeasedBody) -> None:
+        with self._lock:
+            self._bodies.add(body)
+
+    def discard(self, body: LeasedBody) -> None:
+        with self._lock:
+            self._bodies.discard(body)
+
+    def release_all(self) -> None:
+        """Give back the slot of every body still held (the transport is closing)."""
+        with self._lock:
+            bodies = list(self._bodies)
+            self._bodies.clear()
+        for body in bodies:
+            body.abandon()
+
+
 class LeasedBody:
     """A response body that gives its window slot back when it is closed.
 
@@ -331,11 +363,18 @@ class LeasedBody:
     read that fails tells the window the attempt failed, and past the first
     chunk becomes a ``StreamInterruptedError``; a cancelled read, that it was
     cancelled. A body dropped without being closed returns the slot when it
-    is garbage collected. The async and sync bodies add only the iteration.
+    is garbage collected, or when the transport that made it (``held``) is
+    closed. The async and sync bodies add only the iteration.
     """
 
     def __init__(
-        self, inner: Any, lease: Lease, keep: bool = False, *, usage: bool = False
+        self,
+        inner: Any,
+        lease: Lease,
+        keep: bool = False,
+        *,
+        usage: bool = False,
+        held: HeldBodies | None = None,
     ) -> None:
         self._inner = inner
         self._lease = lease
@@ -345,7 +384,11 @@ class LeasedBody:
         self._delivered = 0
         # The end of the body, where its usage is (a JSON body's, a stream's last chunk).
         self._tail: bytearray | None = bytearray() if usage else None
+        self._abandoned = False
+        self._held = held
         self._finalizer = weakref.finalize(self, _release_quietly, lease)
+        if held is not None:
+            held.add(self)
 
     def _passed(self, chunk: bytes) -> None:
         if self._keep:
@@ -372,8 +415,21 @@ class LeasedBody:
             chunks=self._received,
         )
 
+    def abandon(self) -> None:
+        """Give the slot back now, as cancelled: the transport is closing under this body.
+
+        A close or a failed read after this gives nothing back a second time.
+        """
+        self._abandoned = True
+        self._finalizer.detach()
+        self._lease.release(Signal.CANCELLED)
+
     def _release(self) -> None:
         self._finalizer.detach()
+        if self._held is not None:
+            self._held.discard(self)
+        if self._abandoned:
+            return
         if self._tail is not None and self._signal is Signal.SUCCESS:
             used = usage_of(bytes(self._tail))
             if used is not None:

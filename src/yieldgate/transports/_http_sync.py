@@ -5,7 +5,9 @@ Each request is one ``gate.call_and_hold_sync(...)`` in the calling thread;
 transport. A thread blocked on a socket cannot be interrupted, so each
 network wait of an attempt (connect, write, read, a pool slot) is bounded by
 the time the attempt has left: a server that stalls becomes the library's
-timeout error, a retryable outcome.
+timeout error, a retryable outcome. An error body is read only while the
+attempt has time left (a server may drip it a byte at a time): what was read
+by the deadline is kept, marked truncated.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from typing import Any
 
 from yieldgate._exceptions import YieldgateError
 from yieldgate.dialects import HttpDialect, get_dialect
-from yieldgate.gate import USE_POLICY, Gate, UsePolicy
+from yieldgate.gate import USE_POLICY, AttemptInfo, Gate, UsePolicy
 from yieldgate.transports._flavor import library
 from yieldgate.transports._http_core import (
     ErrorBody,
@@ -49,6 +51,30 @@ def bounded_timeouts(timeouts: Any, remaining_s: float | None) -> Any:
     return bounded
 
 
+def _cut_read_timeout(request: Any, attempt: AttemptInfo | None) -> bool:
+    """Bound the read timeout of ``request``'s body to the attempt's time left.
+
+    httpcore reads ``request.extensions["timeout"]`` when the body starts to be
+    read (the request it sends shares the extensions). True when the attempt's
+    time, not the client's own read timeout, is the bound now.
+    """
+    remaining = None if attempt is None else attempt.remaining_s()
+    if remaining is None:
+        return False
+    timeouts = request.extensions.get("timeout")
+    own = timeouts.get("read") if isinstance(timeouts, dict) else None
+    limit = max(remaining, _MIN_TIMEOUT_S)
+    if own is not None and float(own) <= limit:
+        return False
+    request.extensions["timeout"] = {**(timeouts or {}), "read": limit}
+    return True
+
+
+def _out_of_time(attempt: AttemptInfo | None) -> bool:
+    remaining = None if attempt is None else attempt.remaining_s()
+    return remaining is not None and remaining <= 0
+
+
 class _SyncGated(GatedCore):
     def handle(self, request: Any) -> Any:
         # Attempts after the first resend the body: load it once.
@@ -78,17 +104,30 @@ class _SyncGated(GatedCore):
                 request.extensions = {**request.extensions, "timeout": bounded}
         response = self.inner.handle_request(request)
         if not is_success(response):
-            return self._bounded(response, request)
+            return self._bounded(response, request, attempt)
         if not is_closed(response):
             self._first_chunk(response)
         return response
 
-    def _bounded(self, response: Any, request: Any) -> Any:
+    def _bounded(self, response: Any, request: Any, attempt: AttemptInfo | None) -> Any:
+        """The error body, read until its end, the size cap or the attempt's deadline.
+
+        Each read waits at most the time left, but a server that drips its body
+        a byte at a time never lets one wait that long: the time is checked
+        between chunks too. What was read by then is handed on, marked
+        truncated, so the dialect still classifies by status and headers.
+        """
         body = ErrorBody()
+        cut = _cut_read_timeout(request, attempt)
         try:
             for chunk in response.iter_bytes():
-                if body.add(chunk):
+                if body.add(chunk) or _out_of_time(attempt):
+                    body.truncated = True
                     break
+        except self.lib.ReadTimeout:
+            if not cut:
+                raise  # the client's own read timeout, shorter than the attempt's
+            body.truncated = True
         finally:
             response.close()
         return body.response(self.lib, response, request)
@@ -108,7 +147,11 @@ class _SyncGated(GatedCore):
         response.stream = self.prefetched(first, chunks, stream)
 
     def close(self) -> None:
-        self.inner.close()
+        try:
+            self.inner.close()
+        finally:
+            # Streams still open keep no slot once their transport is gone.
+            self.held.release_all()
 
 
 def _close_response(response: Any) -> None:

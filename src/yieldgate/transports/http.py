@@ -15,7 +15,9 @@ inner transport and the dialect classifies the response (error bodies are
 read for that; 2xx bodies are not, they may be streams). Retries, waits on
 hints, the window, the breaker and the budget are the Gate's. A 2xx response
 keeps its window slot until its body is closed, so a stream read for a
-minute occupies the window for that minute.
+minute occupies the window for that minute; closing the transport (the
+client's ``close()`` / ``aclose()``) gives back the slots of the bodies it
+handed out that are still open.
 
 When the Gate gives up after an attempt that got a response (a 429 it stopped
 waiting on, a 400 that is fatal), that response is returned as is, so the
