@@ -117,9 +117,15 @@ class Lease:
         """Let the slot lapse once nobody has read from it for ``idle_s`` seconds
         (``touch`` marks a read; ``None``: never)."""
         held = self._held
-        if held is not None:
+        if held is None:
+            return
+        core = held.core
+        with core.lock:
             held.idle_s = idle_s
-            held.touched = held.core.clock()
+            held.touched = now = core.clock()
+            if idle_s is not None:
+                # Callers waiting for a slot look again then (``GateCore.reclaim``).
+                core.next_lapse = min(core.next_lapse, now + idle_s)
 
     def touch(self, *, reading: bool) -> None:
         """A read begins (``reading``) or has just delivered something: not idle."""

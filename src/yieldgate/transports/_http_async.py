@@ -118,8 +118,14 @@ class _AsyncPrefetched(Prefetched):
 
 class _AsyncLeased(LeasedBody):
     async def __aiter__(self) -> AsyncIterator[bytes]:
+        chunks = aiter(self._inner)
         try:
-            async for chunk in self._inner:
+            while True:
+                self._reading()
+                try:
+                    chunk = await anext(chunks)
+                except StopAsyncIteration:
+                    break
                 self._passed(chunk)
                 yield chunk
         except anyio.get_cancelled_exc_class():

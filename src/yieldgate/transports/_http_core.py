@@ -180,7 +180,13 @@ class GatedCore:
             lease.release()
         else:
             response.stream = self.leased(
-                response.stream, lease, _keeps_chunks(response.headers), usage=own, held=self.held
+                response.stream,
+                lease,
+                _keeps_chunks(response.headers),
+                usage=own,
+                held=self.held,
+                # A body nobody reads for an attempt's time has been dropped: it lapses.
+                idle_s=self.gate.policy.timeout.attempt_s,
             )
         return response
 
@@ -319,14 +325,6 @@ class ErrorBody:
         )
 
 
-def _release_quietly(lease: Lease) -> None:
-    # Called by the garbage collector for a body nobody closed: never raise there.
-    try:
-        lease.release(Signal.CANCELLED)
-    except Exception:  # pragma: no cover - a window in a torn-down loop
-        return
-
-
 class HeldBodies:
     """The leased bodies one transport handed out and that are not closed yet, kept weakly.
 
@@ -364,7 +362,10 @@ class LeasedBody:
     chunk becomes a ``StreamInterruptedError``; a cancelled read, that it was
     cancelled. A body dropped without being closed returns the slot when it
     is garbage collected, or when the transport that made it (``held``) is
-    closed. The async and sync bodies add only the iteration.
+    closed. Nor is one dropped half-read, with no collection to come: its
+    slot lapses once nobody has read from it for ``idle_s`` (the attempt's
+    timeout) and no read is under way (``Lease.lapse_after``). The async and
+    sync bodies add only the iteration, marking each read (``_reading``).
     """
 
     def __init__(
@@ -375,6 +376,7 @@ class LeasedBody:
         *,
         usage: bool = False,
         held: HeldBodies | None = None,
+        idle_s: float | None = None,
     ) -> None:
         self._inner = inner
         self._lease = lease
@@ -386,11 +388,17 @@ class LeasedBody:
         self._tail: bytearray | None = bytearray() if usage else None
         self._abandoned = False
         self._held = held
-        self._finalizer = weakref.finalize(self, _release_quietly, lease)
+        # Dropped unclosed, the lease's own finalizer gives the slot back.
+        lease.lapse_after(idle_s)
         if held is not None:
             held.add(self)
 
+    def _reading(self) -> None:
+        """A read of the next chunk begins: the body is in use, whatever it waits for."""
+        self._lease.touch(reading=True)
+
     def _passed(self, chunk: bytes) -> None:
+        self._lease.touch(reading=False)
         if self._keep:
             self._received.append(chunk)
         self._delivered += 1
@@ -421,11 +429,9 @@ class LeasedBody:
         A close or a failed read after this gives nothing back a second time.
         """
         self._abandoned = True
-        self._finalizer.detach()
         self._lease.release(Signal.CANCELLED)
 
     def _release(self) -> None:
-        self._finalizer.detach()
         if self._held is not None:
             self._held.discard(self)
         if self._abandoned:

@@ -175,8 +175,14 @@ class _SyncPrefetched(Prefetched):
 
 class _SyncLeased(LeasedBody):
     def __iter__(self) -> Iterator[bytes]:
+        chunks = iter(self._inner)
         try:
-            for chunk in self._inner:
+            while True:
+                self._reading()
+                try:
+                    chunk = next(chunks)
+                except StopIteration:
+                    break
                 self._passed(chunk)
                 yield chunk
         except Exception as exc:
