@@ -21,7 +21,8 @@ from yieldgate.burst import (
     TimelinePoint,
     write_html,
 )
-from yieldgate.burst._html import html_report, pareto_front
+from yieldgate.burst._html import html_report
+from yieldgate.burst._html_plots import pareto_front
 from yieldgate.burst._results import summarise
 from yieldgate.burst._targets import Request
 

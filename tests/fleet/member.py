@@ -38,7 +38,8 @@ def start(
 ) -> list[subprocess.Popen[str]]:
     """Start ``members`` members (``--seed`` 0, 1, ...), and once every one has said it
     is ready, tell them all to go."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    # The tree under test first (a worktree's, not the editable install's), then tests.
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join((str(ROOT / "src"), str(ROOT)))}
     procs = []
     for i in range(members):
         args = [sys.executable, __file__, "--server", server_url, "--seed", str(i), *extra]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-import yieldgate.harness.model as model_module
+import yieldgate.harness._kv_cache as kv_cache_module
 from yieldgate.harness.engine import Engine, EngineConfig
 from yieldgate.harness.kv_quality import measure_agreement
 from yieldgate.harness.model import KVCache, ModelConfig
@@ -122,6 +122,6 @@ def test_int8_with_a_prefix_cache_hit_still_decodes_the_reference() -> None:
 def test_the_threshold_fails_a_coarser_quantiser(
     qmax: float, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(model_module, "_INT8_MAX", qmax)
+    monkeypatch.setattr(kv_cache_module, "_INT8_MAX", qmax)
     agreement = measure_agreement(make_engine("float32"), make_engine("int8"), max_tokens=64)
     assert agreement.next_token < NEXT_TOKEN_THRESHOLD

@@ -13,11 +13,13 @@ starts itself are ``yieldgate serve`` processes. docs/burst.md is the guide.
 """
 
 from yieldgate.burst._compare import run_comparison
+from yieldgate.burst._config import BurstConfig
 from yieldgate.burst._csv import CSV_COLUMNS, write_csv
 from yieldgate.burst._html import write_html
 from yieldgate.burst._plot import write_plot
 from yieldgate.burst._presets import COMPARISONS, PRESETS, demo_settings
 from yieldgate.burst._profiles import ArrivalProfile
+from yieldgate.burst._progress import Progress
 from yieldgate.burst._report import markdown_table, render_table, summary_line
 from yieldgate.burst._results import (
     SCHEMA_ID,
@@ -31,7 +33,7 @@ from yieldgate.burst._results import (
     TimelinePoint,
     makespan_lower_bound,
 )
-from yieldgate.burst._runner import BurstConfig, Progress, run_burst
+from yieldgate.burst._runner import run_burst
 from yieldgate.burst._schema import SCHEMA, SWEEP_SCHEMA
 from yieldgate.burst._strategies import STRATEGY_NAMES, Strategy, load_policy
 from yieldgate.burst._sweep import Sweep, SweepReport, run_sweep

@@ -15,8 +15,10 @@ import datetime
 from collections.abc import Sequence
 from typing import Any
 
+from yieldgate.burst._config import BurstConfig
+from yieldgate.burst._progress import Progress, Relabelled
 from yieldgate.burst._results import BurstReport
-from yieldgate.burst._runner import BurstConfig, Progress, Relabelled, run_burst
+from yieldgate.burst._runner import run_burst
 
 __all__ = ["run_comparison"]
 

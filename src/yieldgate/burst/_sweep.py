@@ -18,8 +18,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from yieldgate.burst._config import BurstConfig
+from yieldgate.burst._progress import Progress, Relabelled
 from yieldgate.burst._results import SWEEP_SCHEMA_ID, BurstReport, StrategyResult
-from yieldgate.burst._runner import BurstConfig, Progress, Relabelled, run_burst
+from yieldgate.burst._runner import run_burst
 
 __all__ = ["Sweep", "SweepAxis", "SweepReport", "run_sweep"]
 

@@ -11,10 +11,10 @@ for. Per strategy:
    ``go`` with an instant a little ahead on ``time.monotonic()`` (one clock
    for every process of the machine): every worker counts from it, so the
    start-up of processes and clients is outside the measurement;
-3. each worker runs its share as ``_runner`` runs a whole burst (its own
-   Gate: N workers are N clients) and sends back its raw records; the
-   parent samples the server meanwhile, then reads its counters again and
-   merges (``_merge``).
+3. each worker runs its share as one process runs a whole strategy
+   (``_strategy_run``; its own Gate: N workers are N clients) and sends
+   back its raw records; the parent samples the server meanwhile, then
+   reads its counters again and merges (``_merge``).
 
 The workers live for the whole run (every strategy) and are stopped, killed
 if need be, when it ends: normally, on an error or on Ctrl-C; a worker whose
@@ -38,6 +38,7 @@ from typing import Any
 
 import anyio
 
+from yieldgate.burst._config import BurstConfig, burst_prompts, burst_report, sim_ramp
 from yieldgate.burst._merge import (
     Part,
     merge_requests,
@@ -46,20 +47,10 @@ from yieldgate.burst._merge import (
     split_requests,
 )
 from yieldgate.burst._metrics import AttemptRecord
+from yieldgate.burst._progress import Progress
 from yieldgate.burst._results import BurstReport, ServerCounters, StrategyResult, summarise
-from yieldgate.burst._runner import (
-    BurstConfig,
-    Progress,
-    _Live,
-    _live_server,
-    _prompts,
-    _report,
-    _run_async,
-    _run_one,
-    _sim_ramp,
-    _wait_ready,
-)
 from yieldgate.burst._strategies import Strategy
+from yieldgate.burst._strategy_run import Live, live_server, run_async, run_one, wait_ready
 from yieldgate.burst._targets import Request, Target, open_target
 
 __all__ = ["run_workers"]
@@ -80,7 +71,7 @@ class _Aborted(Exception):
 
 @dataclass(slots=True)
 class _WorkerShare:
-    """``_runner.Share`` in a worker: the ready/go barrier over the parent's pipe."""
+    """``_strategy_run.Share`` in a worker: the ready/go barrier over the parent's pipe."""
 
     number: int
     indices: Sequence[int]
@@ -163,9 +154,9 @@ def _worker_main(
             strategy = config.strategies[run_index]
             try:
                 # A worker neither scrapes nor samples the server: its parent reads the server.
-                live = _Live(target)
-                part = _run_async(
-                    _run_one, config, strategy, live, offsets, prompts, run_index, progress, share
+                live = Live(target)
+                part = run_async(
+                    run_one, config, strategy, live, offsets, prompts, run_index, progress, share
                 )
             except _Aborted:
                 continue
@@ -280,7 +271,7 @@ async def _drive(
     pool: _Pool,
     config: BurstConfig,
     strategy: Strategy,
-    live: _Live,
+    live: Live,
     run_index: int,
     progress: Progress,
 ) -> StrategyResult:
@@ -295,7 +286,7 @@ async def _drive(
     ):
         pool.send_jobs(run_index, target)
         if config.wait_ready:
-            await _wait_ready(stats, config.ready_timeout_s)
+            await wait_ready(stats, config.ready_timeout_s)
         await _await(pool, "ready", _STARTUP_TIMEOUT_S)
         before = await stats()
         t0 = time.monotonic() + _LEAD_S
@@ -326,7 +317,7 @@ async def _drive(
         # The counters after the run belong on the timeline's last point.
         last = max((p.timeline[-1].t_s for p in parts if p.timeline), default=0.0)
         samples = [(t, c) for t, c in samples if t < last] + [(last, after)]
-    cold_start_s, ramp_s = _sim_ramp(config.serve_args)
+    cold_start_s, ramp_s = sim_ramp(config.serve_args)
     return summarise(
         strategy=strategy.name,
         label=strategy.label,
@@ -349,13 +340,13 @@ def run_workers(config: BurstConfig, progress: Progress) -> BurstReport:
     """``run_burst`` for ``config.workers`` > 1: every strategy sent from the pool."""
     target = Target.parse(config.target)
     offsets = config.profile.offsets(config.requests, seed=config.seed)
-    prompts = _prompts(config)
+    prompts = burst_prompts(config)
     results: list[StrategyResult] = []
     with _pool(config, offsets, prompts) as pool:
         for n, strategy in enumerate(config.strategies):
-            with _live_server(config, target) as live:
+            with live_server(config, target) as live:
                 progress.start(strategy.label, config.requests)
-                result = _run_async(_drive, pool, config, strategy, live, n, progress)
+                result = run_async(_drive, pool, config, strategy, live, n, progress)
                 progress.finish(result)
             results.append(result)
-    return _report(config, results)
+    return burst_report(config, results)

@@ -38,9 +38,10 @@ a request whose output was cut carries ``"degraded": {"max_tokens",
 in its stream's first chunk). The planner (``HarnessConfig.planner``) runs
 on a thread of its own (``yieldgate.harness.planner_driver``).
 
-Here: ``HarnessConfig``, and ``HarnessBackend``'s loop side (start-up and
-warm-up, the SLO check, parsing, executing and answering requests, stats).
-The engine thread's side, which it inherits, is ``_engine_thread``.
+Here: ``HarnessBackend``'s loop side (start-up and warm-up, the SLO check,
+executing requests, stats). The engine thread's side, which it inherits, is
+``_engine_thread``; reading a request and writing its result,
+``_backend_requests``; ``HarnessConfig`` (re-exported here), ``_backend_config``.
 """
 
 from __future__ import annotations
@@ -54,24 +55,24 @@ import math
 import queue
 import threading
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import anyio
 import torch
 
+from yieldgate.harness._backend_config import WARMUP_TOKENS, HarnessConfig, degrade_objective
+from yieldgate.harness._backend_requests import logprob_entry, parse_work, result_of
 from yieldgate.harness._engine_thread import EngineThread, Request
-from yieldgate.harness.degrade import DegradeConfig, Degrader
+from yieldgate.harness.degrade import Degrader
 from yieldgate.harness.disagg import Disaggregation
-from yieldgate.harness.engine import Engine, EngineConfig
+from yieldgate.harness.engine import Engine
 from yieldgate.harness.metrics import ServingMetrics
 from yieldgate.harness.planner import Capacity, Planner, PlannerConfig
 from yieldgate.harness.planner_driver import PlannerDriver
-from yieldgate.harness.prefill_worker import WorkerSpec
-from yieldgate.harness.qos import QosPolicy, SloConfig, TtftEstimator
-from yieldgate.harness.router import Router, RouterConfig, RouterConfigFile
-from yieldgate.harness.sequence import MAX_TOP_LOGPROBS, SamplingParams, TokenLogprob
+from yieldgate.harness.qos import QosPolicy, TtftEstimator
+from yieldgate.harness.router import Router, RouterConfigFile
+from yieldgate.harness.sequence import SamplingParams
 from yieldgate.protocol import Priority
 from yieldgate.server.backends import BackendError, Emit, StopText, Work, stop_sequences
 from yieldgate.server.governor import AdmissionHook, AdmissionRequest, Governor, Rejection
@@ -82,7 +83,6 @@ log = logging.getLogger("yieldgate.harness")
 
 # A warm-up prompt long enough to exercise a multi-block prefill.
 _WARMUP_PROMPT = list(b"yieldgate warm-up: " * 8)
-_WARMUP_TOKENS = 8
 # Rough start-up time of one prefill worker process (torch import, model load).
 _WORKER_START_S = 2.0
 
@@ -91,80 +91,11 @@ def _warmup_prompt(engine: Engine) -> list[int]:
     """The warm-up prompt, cut to what a small cache or batch budget can run at all."""
     config = engine.config
     room = min(
-        config.num_blocks * config.block_size - _WARMUP_TOKENS,
+        config.num_blocks * config.block_size - WARMUP_TOKENS,
         config.scheduler.max_num_batched_tokens,
-        engine.model.config.max_seq_len - _WARMUP_TOKENS,
+        engine.model.config.max_seq_len - WARMUP_TOKENS,
     )
     return _WARMUP_PROMPT[: max(1, room)]
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class HarnessConfig:
-    """The engine plus what the backend adds around it.
-
-    ``expected_load_s`` is the cold-start estimate clients are told while the
-    model loads and warms up (the default model takes about 0.25 s on one CPU
-    thread); ``torch_threads`` is set for the whole process. ``degrade``
-    turns on graceful degradation (it needs a TTFT objective in ``slo`` for a
-    degraded priority); ``planner`` turns on the planner (it may start prefill
-    workers even from ``prefill_workers=0``).
-    """
-
-    engine: EngineConfig = field(default_factory=EngineConfig)
-    default_max_tokens: int = 16
-    torch_threads: int = 1
-    expected_load_s: float = 0.5
-    prefill_workers: int = 0
-    router: RouterConfig | Path = field(default_factory=RouterConfig)
-    slo: SloConfig = field(default_factory=SloConfig)
-    qos: bool = False
-    degrade: DegradeConfig | None = None
-    planner: PlannerConfig | None = None
-    worker_timeout_s: float = 60.0
-    # Testing only: the prefill workers corrupt this many of their first KV transfers.
-    corrupt_transfers: int = 0
-
-    def __post_init__(self) -> None:
-        if self.default_max_tokens < 1:
-            raise ValueError("default_max_tokens must be >= 1")
-        if self.torch_threads < 1:
-            raise ValueError("torch_threads must be >= 1")
-        if not (self.expected_load_s >= 0 and math.isfinite(self.expected_load_s)):
-            raise ValueError("expected_load_s must be a finite number >= 0")
-        if self.prefill_workers < 0:
-            raise ValueError("prefill_workers must be >= 0")
-        engine = self.engine
-        if engine.num_blocks * engine.block_size <= _WARMUP_TOKENS:
-            raise ValueError(
-                f"a KV cache of {engine.num_blocks} blocks of {engine.block_size} tokens cannot "
-                f"hold a one-token prompt and the {_WARMUP_TOKENS} tokens the warm-up generates: "
-                "raise --kv-blocks or --block-size"
-            )
-        if not (self.worker_timeout_s > 0 and math.isfinite(self.worker_timeout_s)):
-            raise ValueError("worker_timeout_s must be a positive number")
-        if self.degrade is not None and _degrade_objective(self.degrade, self.slo) is None:
-            raise ValueError("degrade needs a TTFT objective in slo for a degraded priority")
-        if self.planner is not None and not (
-            self.planner.min_prefill_workers
-            <= self.prefill_workers
-            <= self.planner.max_prefill_workers
-        ):
-            raise ValueError("prefill_workers must be within the planner's min and max")
-
-    def worker_spec(self) -> WorkerSpec:
-        engine = self.engine
-        model = {name: getattr(engine.model, name) for name in engine.model.__dataclass_fields__}
-        return WorkerSpec(
-            model=model,
-            checkpoint=str(engine.checkpoint) if engine.checkpoint else None,
-            device=engine.device,
-            num_blocks=engine.num_blocks,
-            block_size=engine.block_size,
-            max_batch_tokens=engine.scheduler.max_num_batched_tokens,
-            torch_threads=self.torch_threads,
-            timeout_s=self.worker_timeout_s,
-            corrupt_first=self.corrupt_transfers,
-        )
 
 
 class HarnessBackend(EngineThread):
@@ -191,7 +122,7 @@ class HarnessBackend(EngineThread):
         self.qos = QosPolicy(cfg.slo, TtftEstimator()) if cfg.qos or cfg.degrade else None
         self.degrader = Degrader(cfg.degrade) if cfg.degrade is not None else None
         self._degrade_objective = (
-            _degrade_objective(cfg.degrade, cfg.slo) if cfg.degrade is not None else None
+            degrade_objective(cfg.degrade, cfg.slo) if cfg.degrade is not None else None
         )
         self.planner: PlannerDriver | None = None
         # (prompt tokens waiting for a prefill, running sequences): published by
@@ -242,7 +173,7 @@ class HarnessBackend(EngineThread):
         engine = Engine(self.config.engine)
         # Warm-up: the first kernels are slow to start, and the Governor's
         # hints need a measured prefill and decode speed from the first request on.
-        engine.generate([_warmup_prompt(engine)], SamplingParams(max_tokens=_WARMUP_TOKENS))
+        engine.generate([_warmup_prompt(engine)], SamplingParams(max_tokens=WARMUP_TOKENS))
         engine.reset_counters()
         if self.qos is not None:
             estimator = self.qos.estimator
@@ -377,58 +308,8 @@ class HarnessBackend(EngineThread):
 
     # -- requests -------------------------------------------------------------
 
-    def _parse(self, work: Work) -> tuple[list[int], SamplingParams]:
-        params = work.params
-        max_tokens = params.get("max_tokens", self.config.default_max_tokens)
-        if max_tokens is None:
-            max_tokens = self.config.default_max_tokens
-        if type(max_tokens) is not int or max_tokens < 1:
-            raise BackendError("params.max_tokens must be an integer >= 1", retryable=False)
-        temperature = params.get("temperature", 0.0)
-        if temperature is None:
-            temperature = 0.0
-        if (
-            isinstance(temperature, bool)
-            or not isinstance(temperature, int | float)
-            or not (temperature >= 0 and math.isfinite(temperature))
-        ):
-            raise BackendError("params.temperature must be a number >= 0", retryable=False)
-        seed = params.get("seed")
-        if seed is not None and (type(seed) is not int or not 0 <= seed < 2**63):
-            raise BackendError("params.seed must be an integer in [0, 2**63)", retryable=False)
-        top_p = params.get("top_p", 1.0)
-        if top_p is None:
-            top_p = 1.0
-        if isinstance(top_p, bool) or not isinstance(top_p, int | float) or not 0 < top_p <= 1:
-            raise BackendError("params.top_p must be a number in (0, 1]", retryable=False)
-        logprobs = params.get("logprobs")
-        if logprobs is not None and (
-            type(logprobs) is not int or not 0 <= logprobs <= MAX_TOP_LOGPROBS
-        ):
-            raise BackendError(
-                f"params.logprobs must be an integer in [0, {MAX_TOP_LOGPROBS}]", retryable=False
-            )
-        stop_sequences(work.params)
-        prompt = list(work.body.encode("utf-8"))
-        if not prompt:
-            raise BackendError("the prompt (the request body) is empty", retryable=False)
-        sampling = SamplingParams(
-            max_tokens=max_tokens,
-            temperature=float(temperature),
-            seed=seed,
-            top_p=float(top_p),
-            logprobs=logprobs,
-        )
-        engine = self.engine
-        if engine is not None:
-            try:
-                engine.check(len(prompt), sampling)
-            except ValueError as exc:
-                raise BackendError(str(exc), retryable=False) from None
-        return prompt, sampling
-
     def estimate_ms(self, work: Work) -> float | None:
-        prompt, sampling = self._parse(work)
+        prompt, sampling = parse_work(work, self.config.default_max_tokens, self.engine)
         engine = self.engine
         if engine is None:
             return None
@@ -437,7 +318,7 @@ class HarnessBackend(EngineThread):
     async def execute(self, work: Work, emit: Emit | None) -> Any:
         if self.engine is None or self._thread is None or self._stopped:
             raise BackendError("the harness engine is not running", retryable=True)
-        prompt, sampling = self._parse(work)
+        prompt, sampling = parse_work(work, self.config.default_max_tokens, self.engine)
         degraded = self._degrade(work.priority, sampling)
         if degraded is not None:
             sampling = dataclasses.replace(sampling, max_tokens=degraded["max_tokens"])
@@ -467,7 +348,7 @@ class HarnessBackend(EngineThread):
                     pieces.append(text)
                     chunk: dict[str, Any] = {"text": text, "token_ids": [token]}
                     if sampling.logprobs is not None:
-                        logprobs.append(_logprob_entry(request, len(tokens) - 1))
+                        logprobs.append(logprob_entry(request, len(tokens) - 1))
                         chunk["logprobs"] = logprobs[-1:]
                     if last or stop.stopped:
                         chunk["last"] = True
@@ -484,7 +365,7 @@ class HarnessBackend(EngineThread):
                 self._inbox.put(("abort", request))
         # A byte-level model without an end-of-sequence token runs to max_tokens.
         finish_reason = "stop_sequence" if stop.stopped else "length"
-        result = self._result(request, "".join(pieces), tokens, finish_reason)
+        result = result_of(request, "".join(pieces), tokens, finish_reason)
         if sampling.logprobs is not None:
             result["logprobs"] = logprobs
         if degraded is not None:
@@ -523,29 +404,6 @@ class HarnessBackend(EngineThread):
             "reason": "overload",
         }
 
-    def _result(
-        self, request: Request, text: str, tokens: list[int], finish_reason: str
-    ) -> dict[str, Any]:
-        seq = request.seq
-        assert seq is not None
-        assert request.first_token_at is not None
-        ttft_ms = (request.first_token_at - request.started_at) * 1000.0
-        e2e_ms = (request.last_token_at - request.started_at) * 1000.0
-        tpot_ms = (e2e_ms - ttft_ms) / (len(tokens) - 1) if len(tokens) > 1 else 0.0
-        return {
-            "text": text,
-            "prompt_tokens": len(request.prompt),
-            "completion_tokens": len(tokens),
-            "prompt_token_ids": request.prompt,
-            "token_ids": tokens,
-            "cached_tokens": seq.prefix_hit_tokens,
-            "ttft_ms": round(ttft_ms, 3),
-            "tpot_ms": round(tpot_ms, 3),
-            "e2e_ms": round(e2e_ms, 3),
-            "preemptions": seq.num_preemptions,
-            "finish_reason": finish_reason,
-        }
-
     def stats(self) -> dict[str, Any]:
         """The engine's counters (for the server's ``stats``)."""
         if self.engine is None:
@@ -562,28 +420,6 @@ class HarnessBackend(EngineThread):
         if self.planner is not None:
             stats["planner"] = self.planner.stats()
         return stats
-
-
-def _logprob_entry(request: Request, index: int) -> dict[str, Any]:
-    """The ``index``-th output token's log-probability, as the result and chunks carry it.
-
-    Read from the sequence, where the engine thread appended it before it
-    posted the token (so it is there by the time the token is).
-    """
-    assert request.seq is not None
-    entry: TokenLogprob = request.seq.logprobs[index]
-    return {
-        "id": entry.token,
-        "logprob": entry.logprob,
-        "top": [{"id": token, "logprob": logprob} for token, logprob in entry.top],
-    }
-
-
-def _degrade_objective(config: DegradeConfig, slo: SloConfig) -> float | None:
-    """The tightest TTFT objective among the degraded priorities: pressure is held to it."""
-    objectives = [slo.ttft_for(p) for p in config.priorities]
-    present = [o for o in objectives if o is not None]
-    return min(present) if present else None
 
 
 def _chain(first: AdmissionHook | None, second: AdmissionHook) -> AdmissionHook:

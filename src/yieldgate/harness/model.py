@@ -11,6 +11,9 @@ from a small checkpoint. Two ways to run it:
   (``AttentionBatch``, built by the model runner).
 - ``forward_full``: a plain causal forward pass over a whole sequence, with no
   cache. It is the reference the cached path is tested against.
+
+Its shape, ``ModelConfig``, is ``_model_config``; the paged cache, ``KVCache``
+(float or int8), is ``_kv_cache``. Both are re-exported here.
 """
 
 from __future__ import annotations
@@ -24,6 +27,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from yieldgate.harness._kv_cache import KVCache
+from yieldgate.harness._model_config import ModelConfig
+
 __all__ = [
     "AttentionBatch",
     "KVCache",
@@ -32,167 +38,6 @@ __all__ = [
     "load_checkpoint",
     "save_checkpoint",
 ]
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ModelConfig:
-    """Shape of the model. The defaults are the harness's tiny GPT (about 3.3M weights)."""
-
-    vocab_size: int = 256
-    d_model: int = 256
-    n_layers: int = 4
-    n_heads: int = 4
-    d_ff: int = 1024
-    max_seq_len: int = 2048
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        for name in ("vocab_size", "d_model", "n_layers", "n_heads", "d_ff", "max_seq_len"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1")
-        if self.d_model % self.n_heads:
-            raise ValueError("d_model must be a multiple of n_heads")
-
-    @property
-    def head_dim(self) -> int:
-        return self.d_model // self.n_heads
-
-
-class KVCache:
-    """Keys and values of every layer, in ``num_blocks`` blocks of ``block_size`` slots.
-
-    Slot ``s`` of layer ``l`` holds one token's key ``k[l, s]`` (``n_heads x
-    head_dim``); block ``b`` owns slots ``b * block_size`` to ``(b + 1) *
-    block_size - 1``. Which block belongs to which sequence is the block
-    manager's business: the cache is only storage.
-    """
-
-    def __init__(
-        self,
-        config: ModelConfig,
-        *,
-        num_blocks: int,
-        block_size: int,
-        device: torch.device,
-        dtype: torch.dtype = torch.float32,
-    ) -> None:
-        if num_blocks < 1 or block_size < 1:
-            raise ValueError("num_blocks and block_size must be >= 1")
-        self.num_blocks = num_blocks
-        self.block_size = block_size
-        shape = (config.n_layers, num_blocks * block_size, config.n_heads, config.head_dim)
-        self.k = torch.zeros(shape, device=device, dtype=dtype)
-        self.v = torch.zeros(shape, device=device, dtype=dtype)
-        # int8 storage (``dtype=torch.int8``): symmetric, one float32 scale per
-        # layer, block and head for keys and one for values, dequantised on read.
-        self.quantized = dtype == torch.int8
-        heads = config.n_heads if self.quantized else 0  # no scales (no memory) for floats
-        self.kv_scale = torch.zeros(
-            (config.n_layers, num_blocks, 2, heads), device=device, dtype=torch.float32
-        )
-
-    @property
-    def k_scale(self) -> Tensor:
-        """The keys' scales, ``(n_layers, num_blocks, n_heads)`` (a view of ``kv_scale``)."""
-        return self.kv_scale[:, :, 0]
-
-    @property
-    def v_scale(self) -> Tensor:
-        return self.kv_scale[:, :, 1]
-
-    @property
-    def bytes_per_block(self) -> int:
-        per_slot = self.k[0, 0].numel() * self.k.element_size() * 2 * self.k.shape[0]
-        scales = self.kv_scale[:, 0].numel() * self.kv_scale.element_size()
-        return per_slot * self.block_size + scales
-
-    def write(
-        self, layer: int, slots: Tensor, k: Tensor, v: Tensor, *, one_per_block: bool = False
-    ) -> None:
-        """Store new keys and values ``(N, n_heads, head_dim)`` at ``slots`` of ``layer``.
-
-        ``one_per_block``: no two of ``slots`` share a block (a decode step's
-        tokens), which lets int8 skip grouping the tokens by block.
-        """
-        if not self.quantized:
-            self.k[layer].index_copy_(0, slots, k)
-            self.v[layer].index_copy_(0, slots, v)
-            return
-        _quantize_into(
-            (self.k[layer], self.v[layer]),
-            self.kv_scale[layer],
-            slots,
-            torch.stack((k, v), 1),
-            self.block_size,
-            one_per_block=one_per_block,
-        )
-
-    def read(self, layer: int, slots: Tensor) -> tuple[Tensor, Tensor]:
-        """The keys and values at ``slots`` of ``layer``, dequantised to float32 if stored int8."""
-        if not self.quantized:
-            return self.k[layer].index_select(0, slots), self.v[layer].index_select(0, slots)
-        blocks = torch.div(slots, self.block_size, rounding_mode="floor")
-        scales = self.kv_scale[layer].index_select(0, blocks).unsqueeze(-1)  # (N, 2, H, 1)
-        k = self.k[layer].index_select(0, slots).float().mul_(scales[:, 0])
-        v = self.v[layer].index_select(0, slots).float().mul_(scales[:, 1])
-        return k, v
-
-
-_INT8_MAX = 127.0
-
-
-def _quantize_into(
-    stores: tuple[Tensor, Tensor],
-    scale: Tensor,
-    slots: Tensor,
-    x: Tensor,
-    block_size: int,
-    *,
-    one_per_block: bool,
-) -> None:
-    """Quantise keys and values ``x`` ``(N, 2, n_heads, head_dim)`` into ``stores`` at ``slots``.
-
-    ``scale`` is ``(num_blocks, 2, n_heads)``: a block's scale is its largest
-    magnitude so far over 127. A write at a block's first slot starts the
-    block anew (its previous owner's values and scale are forgotten), so a
-    block's contents and scale depend only on the tokens written into it, in
-    order. When a new token is larger than an earlier token's scale allows,
-    the block's earlier values are requantised to the grown scale. Only the
-    touched blocks are read or written, so a page-in filling other blocks at
-    the same time is safe.
-    """
-    blocks = torch.div(slots, block_size, rounding_mode="floor")
-    per_token = x.abs().amax(-1).float() / _INT8_MAX  # (N, 2, n_heads)
-    fresh = slots % block_size == 0
-    if one_per_block:
-        restart, amax = fresh, per_token
-    else:
-        # Group by block: whether this write restarts it, and its largest new magnitude.
-        num_blocks = scale.shape[0]
-        restart = (
-            torch.zeros(num_blocks, device=scale.device)
-            .scatter_reduce_(0, blocks, fresh.float(), reduce="amax")
-            .index_select(0, blocks)
-            .bool()
-        )
-        index = blocks.view(-1, 1, 1).expand_as(per_token)
-        amax = torch.zeros_like(scale).scatter_reduce_(0, index, per_token, reduce="amax")
-        amax = amax.index_select(0, blocks)
-    old = scale.index_select(0, blocks).masked_fill_(restart.view(-1, 1, 1), 0.0)
-    new = torch.maximum(old, amax)  # (N, 2, n_heads), each token's block's
-    grown = ((new > old) & (old > 0)).flatten(1).any(1)  # blocks quantised too finely so far
-    if bool(grown.any()):
-        rows = blocks[grown]
-        ratio = (old[grown] / new[grown])[:, :, None, :, None]
-        for i, store in enumerate(stores):
-            blocked = store.view(scale.shape[0], block_size, *store.shape[1:])
-            requantised = torch.mul(blocked.index_select(0, rows), ratio[:, i]).round_()
-            blocked.index_copy_(0, rows, requantised.to(torch.int8))
-    scale.index_copy_(0, blocks, new)
-    safe = torch.where(new > 0, new, 1.0).unsqueeze(-1)
-    q = torch.div(x, safe).round_().clamp_(-_INT8_MAX, _INT8_MAX).to(torch.int8)
-    for i, store in enumerate(stores):
-        store.index_copy_(0, slots, q[:, i])
 
 
 @dataclass(slots=True, kw_only=True)

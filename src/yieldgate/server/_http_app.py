@@ -20,8 +20,8 @@ its slot until its last event is sent. With a secret, every route but
 uvicorn only serves the connections here: the front accepts them itself, each
 with a guarded protocol (``_http_guard``).
 
-Here: ``Front`` (what the app needs of the front) and ``build_app``, which
-puts the routes together. The parts: an inference route is
+Here: ``build_app``, which puts the routes together around a ``Front`` (what
+the app needs of the front, ``_http_front``). The parts: an inference route is
 ``_http_inference`` (its own secret check and request count), reached
 without starlette through ``_http_router``; the other routes are
 starlette's, behind the secret check and the request counts of
@@ -34,19 +34,17 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections import Counter
-from typing import Any, Protocol
+from typing import Any
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route, request_response
-from starlette.types import ASGIApp, Receive
+from starlette.types import ASGIApp
 
 from yieldgate import __version__
 from yieldgate.protocol import ErrorCode
-from yieldgate.server._http_config import HttpConfig
 from yieldgate.server._http_dialects import (
     ChatCompletions,
     Completions,
@@ -55,6 +53,7 @@ from yieldgate.server._http_dialects import (
     TgiGenerate,
     dumps,
 )
+from yieldgate.server._http_front import Front
 from yieldgate.server._http_inference import Inference
 from yieldgate.server._http_metrics import CONTENT_TYPE, MetricsExporter
 from yieldgate.server._http_middleware import Counted, RequireSecret, Secret
@@ -62,36 +61,8 @@ from yieldgate.server._http_responses import route_error
 from yieldgate.server._http_router import InferenceRouter
 from yieldgate.server._http_uvicorn import _Uvicorn as _Uvicorn
 from yieldgate.server._http_uvicorn import guarded_protocol, make_uvicorn
-from yieldgate.server.admission import Admission, Admitted, Failure, Finish, R
-from yieldgate.server.backends import Backend, Emit
-from yieldgate.server.governor import Governor
-from yieldgate.server.quota import ProviderQuota
 
-__all__ = ["Front", "build_app", "guarded_protocol", "make_uvicorn"]
-
-
-class Front(Protocol):
-    """What the app needs of the front that serves it (``yieldgate.server.http.HttpFront``).
-
-    Described here, not imported: the front imports this module when it
-    starts serving, and this module must not import the front back.
-    """
-
-    config: HttpConfig
-    governor: Governor
-    backend: Backend
-    admission: Admission
-    quota: ProviderQuota | None
-    requests: Counter[tuple[str, str]]  # (route, status) -> count
-    body_timeouts: int
-
-    def stats(self) -> dict[str, Any]: ...
-
-    def all_connection_stats(self) -> dict[str, int]: ...
-
-    async def run_admitted(
-        self, admitted: Admitted, receive: Receive, emit: Emit | None, finish: Finish[R]
-    ) -> R | Failure | None: ...
+__all__ = ["build_app", "guarded_protocol", "make_uvicorn"]
 
 
 def build_app(front: Front) -> ASGIApp:

@@ -70,7 +70,7 @@ from yieldgate.server.backends import FEATURES, Backend, features_of
 from yieldgate.server.governor import Slot, Yield
 
 if TYPE_CHECKING:
-    from yieldgate.server._http_app import Front
+    from yieldgate.server._http_front import Front
     from yieldgate.server._http_middleware import Secret
 
 __all__ = ["Inference"]

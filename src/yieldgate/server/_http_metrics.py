@@ -31,7 +31,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from yieldgate.protocol import ErrorCode, YieldReason
-from yieldgate.server.governor import QUEUE_WAIT_BUCKETS_MS, GovernorStats
+from yieldgate.server._governor_records import QUEUE_WAIT_BUCKETS_MS, GovernorStats
 
 __all__ = ["CONTENT_TYPE", "MetricsExporter"]
 

@@ -20,7 +20,7 @@ from yieldgate.server._http_dialects import dumps
 from yieldgate.server._http_responses import NO_RETRY, route_error, send_json
 
 if TYPE_CHECKING:
-    from yieldgate.server._http_app import Front
+    from yieldgate.server._http_front import Front
 
 __all__ = ["Counted", "RequireSecret", "Secret"]
 

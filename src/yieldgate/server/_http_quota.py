@@ -27,7 +27,7 @@ from yieldgate.server._http_responses import send_json
 from yieldgate.server.quota import QuotaRefusal
 
 if TYPE_CHECKING:
-    from yieldgate.server._http_app import Front
+    from yieldgate.server._http_front import Front
 
 __all__ = ["RATE_LIMIT_EXCEEDED", "charge_quota"]
 

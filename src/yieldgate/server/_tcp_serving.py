@@ -37,13 +37,11 @@ from yieldgate.protocol import (
     stats_reply_frame,
 )
 from yieldgate.server._fastframe import FastDecode, FastSubmit
+from yieldgate.server._tcp_config import TcpConfig
 from yieldgate.server._tcp_connection import BROKEN, Connection
 from yieldgate.server.admission import Admission, Admitted, Failure, Outstanding
 from yieldgate.server.backends import Emit
 from yieldgate.server.governor import Governor, Slot, Yield
-
-if TYPE_CHECKING:
-    from yieldgate.server.tcp import TcpConfig
 
 __all__ = ["ServesConnections", "YieldReplies"]
 

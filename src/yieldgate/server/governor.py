@@ -34,6 +34,10 @@ use at least one slot, so a small capacity (during a ramp) never starves it.
 
 Counters only grow, and at every instant
 ``admitted_total == executed_total + failed_total + cancelled_total + inflight``.
+
+Here: ``Governor`` and the ``Slot`` it hands out. Its config and the records it
+is asked and answers with are ``_governor_records`` (re-exported here); the
+estimates behind the hints are ``_exec_estimate``.
 """
 
 from __future__ import annotations
@@ -45,10 +49,20 @@ import sys
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
 from yieldgate.protocol import Priority, YieldReason
+from yieldgate.server._exec_estimate import ExecEstimate, cold_hint_ms
+from yieldgate.server._governor_records import (
+    QUEUE_WAIT_BUCKETS_MS,
+    AdmissionHook,
+    AdmissionRequest,
+    GovernorConfig,
+    GovernorStats,
+    PriorityPolicy,
+    Rejection,
+    Yield,
+)
 
 __all__ = [
     "AdmissionHook",
@@ -65,167 +79,10 @@ __all__ = [
 Clock = Callable[[], float]
 SlotOutcome = Literal["executed", "failed", "cancelled"]
 
-_MIN_RESIDUAL_SHARE: Final = 0.1
-#: Upper bounds (ms) of the buckets of time spent queued; the last bucket has none.
-QUEUE_WAIT_BUCKETS_MS: Final = (1, 5, 10, 25, 50, 100, 250, 500, 1_000, 2_500, 5_000, 10_000)
 _BY_RANK: Final = (Priority.HIGH, Priority.NORMAL, Priority.LOW)
 # Looked up once: an enum member read through its class costs a lookup per refusal.
 _NORMAL: Final = Priority.NORMAL
 _SATURATED: Final = YieldReason.SATURATED
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class PriorityPolicy:
-    """How many slots are kept back from lower priorities.
-
-    With ``max_inflight=8, reserved_for_high=2, reserved_for_normal=2``: high
-    may hold 8 slots, normal 6 and low 4 (counting all work in flight).
-    """
-
-    reserved_for_high: int = 0
-    reserved_for_normal: int = 0
-
-    def __post_init__(self) -> None:
-        if self.reserved_for_high < 0 or self.reserved_for_normal < 0:
-            raise ValueError("reserved slot counts must be >= 0")
-
-    def limit(self, priority: Priority, capacity: int) -> int:
-        """The number of in-flight slots below which ``priority`` is admitted."""
-        if priority is Priority.HIGH:
-            return capacity
-        reserved = self.reserved_for_high
-        if priority is Priority.LOW:
-            reserved += self.reserved_for_normal
-        return max(1, capacity - reserved)
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class GovernorConfig:
-    """The Governor's policy. All times are in milliseconds."""
-
-    max_inflight: int = 4
-    priority: PriorityPolicy = field(default_factory=PriorityPolicy)
-    initial_exec_ms: float = 100.0
-    ewma_alpha: float = 0.2
-    min_hint_ms: int = 1
-    max_hint_ms: int = 300_000
-    # How many submits may wait for a slot: 0 (the default) yields at once, None
-    # has no bound. Buffering hides overload; it is here to be measured.
-    max_queued: int | None = 0
-
-    def __post_init__(self) -> None:
-        if self.max_queued is not None and self.max_queued < 0:
-            raise ValueError(f"max_queued must be >= 0 or None, got {self.max_queued}")
-        if self.max_inflight < 1:
-            raise ValueError(f"max_inflight must be >= 1, got {self.max_inflight}")
-        reserved = self.priority.reserved_for_high + self.priority.reserved_for_normal
-        if reserved >= self.max_inflight:
-            raise ValueError(
-                f"reserved slots ({reserved}) must leave low priority at least one of "
-                f"max_inflight={self.max_inflight}"
-            )
-        if not (self.initial_exec_ms > 0 and math.isfinite(self.initial_exec_ms)):
-            raise ValueError("initial_exec_ms must be a positive number")
-        if not 0.0 < self.ewma_alpha <= 1.0:
-            raise ValueError("ewma_alpha must be in (0, 1]")
-        if not 0 <= self.min_hint_ms <= self.max_hint_ms:
-            raise ValueError("need 0 <= min_hint_ms <= max_hint_ms")
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class AdmissionRequest:
-    """What an admission hook sees of a submit that a free slot could take."""
-
-    priority: Priority
-    body: str
-    params: Mapping[str, Any]
-    inflight: int
-    capacity: int
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Rejection:
-    """An admission hook's refusal: the submit is yielded with this reason and hint."""
-
-    retry_hint_ms: int
-    reason: YieldReason = YieldReason.SLO
-
-
-AdmissionHook = Callable[[AdmissionRequest], Rejection | None]
-
-
-@dataclass(frozen=True, slots=True)
-class Yield:
-    """A submit that was not admitted; send it back at once.
-
-    A saturated server refuses thousands of submits a second with the same
-    hint (it moves by the millisecond), so the Governor hands back the same
-    ``Yield`` for as long as its fields would not change.
-    """
-
-    retry_hint_ms: int
-    reason: YieldReason
-    inflight: int
-    max_inflight: int
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class GovernorStats:
-    """A snapshot of the Governor's counters."""
-
-    inflight: int
-    max_inflight: int
-    capacity: int
-    inflight_peak: int
-    admitted_total: int
-    executed_total: int
-    failed_total: int
-    cancelled_total: int
-    yielded_total: int
-    errors_total: int
-    yielded_by_reason: Mapping[str, int]
-    errors_by_code: Mapping[str, int]
-    exec_ms_ewma: float | None
-    exec_ms_total: float
-    cold: bool
-    shutting_down: bool
-    max_queued: int | None = 0
-    queued: int = 0
-    queued_peak: int = 0
-    queued_total: int = 0
-    queue_abandoned_total: int = 0
-    queue_wait_ms_total: float = 0.0
-    # Submits that left the queue (given a slot or abandoned), per bucket of
-    # QUEUE_WAIT_BUCKETS_MS and one past the last bound.
-    queue_wait_buckets: tuple[int, ...] = (0,) * (len(QUEUE_WAIT_BUCKETS_MS) + 1)
-
-    def as_dict(self) -> dict[str, Any]:
-        """The counters as the ``stats`` op reports them."""
-        return {
-            "inflight": self.inflight,
-            "max_inflight": self.max_inflight,
-            "capacity": self.capacity,
-            "inflight_peak": self.inflight_peak,
-            "admitted_total": self.admitted_total,
-            "executed_total": self.executed_total,
-            "failed_total": self.failed_total,
-            "cancelled_total": self.cancelled_total,
-            "yielded_total": self.yielded_total,
-            "errors_total": self.errors_total,
-            "yielded_by_reason": dict(self.yielded_by_reason),
-            "errors_by_code": dict(self.errors_by_code),
-            "exec_ms_ewma": None if self.exec_ms_ewma is None else round(self.exec_ms_ewma, 3),
-            "exec_ms_total": round(self.exec_ms_total, 3),
-            "cold": self.cold,
-            "shutting_down": self.shutting_down,
-            "max_queued": self.max_queued,
-            "queued": self.queued,
-            "queued_peak": self.queued_peak,
-            "queued_total": self.queued_total,
-            "queue_abandoned_total": self.queue_abandoned_total,
-            "queue_wait_ms_total": round(self.queue_wait_ms_total, 3),
-            "queue_waits_total": sum(self.queue_wait_buckets),
-        }
 
 
 class Slot:
@@ -316,12 +173,7 @@ class Governor:
         self._cancelled = 0
         self._yields: Counter[str] = Counter()
         self._errors: Counter[str] = Counter()
-        self._ewma: float | None = None
-        # Every measured execution (executed or failed), summed: with their count, the
-        # mean a run's makespan bound needs (the moving average leans to the last few).
-        self._exec_total = 0.0
-        self._ewma_dev = 0.0
-        self._set_estimates()
+        self._estimate = ExecEstimate(self.config)
         self._cold_until: float | None = None
         self._cold_expected_s = 0.0
         self._shutting_down = False
@@ -422,7 +274,8 @@ class Governor:
         """
         inflight = len(self._slots)
         if self._cold_until is not None:
-            return self._yield(YieldReason.COLD_START, self._cold_hint(self._clock()), inflight)
+            hint = cold_hint_ms(self._cold_until, self._cold_expected_s, self._clock())
+            return self._yield(YieldReason.COLD_START, hint, inflight)
         limit = self._limit_normal if priority is _NORMAL else self._limit(priority)
         if inflight < limit:
             return None
@@ -496,23 +349,10 @@ class Governor:
         self._last_yield = last = Yield(hint, reason, inflight, self._capacity)
         return last
 
-    def _cold_hint(self, now: float) -> float:
-        assert self._cold_until is not None
-        remaining_s = self._cold_until - now
-        if remaining_s <= 0:
-            # Warming is taking longer than estimated: come back soon, not at once.
-            remaining_s = max(self._cold_expected_s * _MIN_RESIDUAL_SHARE, 0.05)
-        return remaining_s * 1000.0
-
-    def _set_estimates(self) -> None:
-        # Worked out once per measured execution, not on every yield.
-        mean = self._ewma if self._ewma is not None else self.config.initial_exec_ms
-        self._mean_ms = mean
-        self._residual_ms = max(self._ewma_dev, mean * _MIN_RESIDUAL_SHARE)
-
     def _saturated_hint(self, now: float, need: int) -> float:
-        mean = self._mean_ms
-        residual = self._residual_ms
+        estimate = self._estimate
+        mean = estimate.mean_ms
+        residual = estimate.residual_ms
         if need == 1:
             # The common case, on every yield of a saturated server: the soonest end.
             soonest = math.inf
@@ -619,19 +459,8 @@ class Governor:
                 self._executed += 1
             else:
                 self._failed += 1
-            self._observe(elapsed_ms)
+            self._estimate.observe(elapsed_ms)
         return elapsed_ms
-
-    def _observe(self, elapsed_ms: float) -> None:
-        self._exec_total += elapsed_ms
-        if self._ewma is None:
-            self._ewma = elapsed_ms
-            self._ewma_dev = elapsed_ms / 2
-        else:
-            alpha = self.config.ewma_alpha
-            self._ewma_dev += alpha * (abs(elapsed_ms - self._ewma) - self._ewma_dev)
-            self._ewma += alpha * (elapsed_ms - self._ewma)
-        self._set_estimates()
 
     def _yields_by_reason(self) -> dict[str, int]:
         counts = dict(self._yields)
@@ -653,8 +482,8 @@ class Governor:
             errors_total=sum(self._errors.values()),
             yielded_by_reason=self._yields_by_reason(),
             errors_by_code=dict(self._errors),
-            exec_ms_ewma=self._ewma,
-            exec_ms_total=self._exec_total,
+            exec_ms_ewma=self._estimate.ewma,
+            exec_ms_total=self._estimate.total_ms,
             cold=self.is_cold,
             shutting_down=self._shutting_down,
             max_queued=self.config.max_queued,

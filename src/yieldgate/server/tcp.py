@@ -27,28 +27,26 @@ stopped can hold a slot for at most about the write timeout.
 No single line can take the server down: whatever handling a line raises is
 logged and answered ``bad_frame``.
 
-Here: ``TcpConfig``, and ``TcpFront`` listening, accepting (the connection
-cap, the pause when descriptors run out), the write watchdog, shutdown and
-the counters. What it does on each connection is ``_tcp_serving``; a
-connection's state and writes are ``_tcp_connection``.
+Here: ``TcpFront`` listening, accepting (the connection cap, the pause when
+descriptors run out), the write watchdog, shutdown and the counters. What it
+does on each connection is ``_tcp_serving``; a connection's state and writes
+are ``_tcp_connection``; ``TcpConfig`` (re-exported here) is ``_tcp_config``.
 """
 
 from __future__ import annotations
 
 import logging
-import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import anyio
 import anyio.abc
 from anyio.abc import SocketAttribute
 
-from yieldgate.protocol import DEFAULT_MAX_FRAME_BYTES
 from yieldgate.server._fastframe import fast_submit_decoder
 from yieldgate.server._flow import check_interval_s
+from yieldgate.server._tcp_config import TcpConfig
 from yieldgate.server._tcp_connection import Connection
 from yieldgate.server._tcp_serving import ServesConnections, YieldReplies
 from yieldgate.server.admission import Admission, Outstanding
@@ -60,38 +58,6 @@ __all__ = ["TcpConfig", "TcpFront"]
 log = logging.getLogger("yieldgate.server")
 
 _ACCEPT_BACKOFF_S = 0.1
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class TcpConfig:
-    """Where and how the TCP front listens."""
-
-    host: str = "127.0.0.1"
-    port: int = 7070
-    max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
-    secret: str | None = None
-    # A connection with nothing in flight that completes no frame for this long
-    # is closed (idle clients, and slowloris lines that never end).
-    idle_timeout_s: float = 300.0
-    # Connections beyond this many are closed as soon as they are accepted.
-    max_connections: int = 10_000
-    # A connection whose peer takes no bytes of a pending reply for this long is
-    # closed and its work cancelled: a reader that stopped cannot hold a slot.
-    write_timeout_s: float = 30.0
-
-    def __post_init__(self) -> None:
-        if not (self.idle_timeout_s > 0 and math.isfinite(self.idle_timeout_s)):
-            raise ValueError("idle_timeout_s must be a positive number")
-        if not (self.write_timeout_s > 0 and math.isfinite(self.write_timeout_s)):
-            raise ValueError("write_timeout_s must be a positive number")
-        if self.max_connections < 1:
-            raise ValueError("max_connections must be >= 1")
-        if not 0 <= self.port <= 65535:
-            raise ValueError(f"port must be in [0, 65535], got {self.port}")
-        if self.max_frame_bytes < 64:
-            raise ValueError("max_frame_bytes must be at least 64")
-        if self.secret is not None and not self.secret:
-            raise ValueError("secret must not be empty (leave it unset for no auth)")
 
 
 class TcpFront(ServesConnections):

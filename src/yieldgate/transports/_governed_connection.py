@@ -1,4 +1,4 @@
-"""One TCP connection of a ``GovernedClient`` and the requests waiting on it.
+"""One TCP connection of a ``GovernedClient``, the requests waiting on it, and its server.
 
 Its reader task splits what arrives into reply lines and hands each to the
 request with that ``id``, through the request's memory stream. On the shared
@@ -11,12 +11,17 @@ A reply without an ``id`` that says ``frame_too_large`` makes the connection
 drain: it takes no new requests and ends once what it carries is answered. A
 broken connection ends every waiting request's stream; ``next_reply`` then
 raises the connection's failure (a copy of its own for each waiter).
+
+An ``Endpoint`` is one server (its address, its shared connection, its idle
+exclusive ones). It lives here, with ``Connection``, because each names the
+other: an exclusive connection goes back to its endpoint's idle list. The pool
+(``_governed_pool``), which holds the endpoints, imports both.
 """
 
 from __future__ import annotations
 
 import contextlib
-from typing import TYPE_CHECKING
+from urllib.parse import urlsplit
 
 import anyio
 import anyio.abc
@@ -25,10 +30,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 from yieldgate._exceptions import ProtocolError, TransportError, YieldgateError
 from yieldgate.protocol import ErrorCode, ErrorReply, Reply, decode_reply
 
-if TYPE_CHECKING:
-    from yieldgate.transports._governed_pool import Endpoint
-
-__all__ = ["Connection", "fresh", "next_reply"]
+__all__ = ["Connection", "Endpoint", "address", "fresh", "next_reply", "parse_url"]
 
 
 class Connection:
@@ -152,3 +154,28 @@ def fresh(error: YieldgateError) -> YieldgateError:
     if isinstance(error, TransportError | ProtocolError):
         return type(error)(error.message)
     return error
+
+
+def address(host: str, port: int) -> str:
+    """The one spelling of a server's URL: an endpoint's name and key."""
+    return f"tcp://{host}:{port}"
+
+
+def parse_url(url: str) -> tuple[str, int]:
+    parts = urlsplit(url if "://" in url else f"tcp://{url}")
+    if parts.scheme != "tcp":
+        raise ValueError(f"governed URL must be tcp://HOST:PORT, got {url!r}")
+    if parts.hostname is None or parts.port is None:
+        raise ValueError(f"governed URL needs a host and a port, got {url!r}")
+    return parts.hostname, parts.port
+
+
+class Endpoint:
+    """One server: its shared connection and the idle exclusive ones."""
+
+    def __init__(self, url: str) -> None:
+        self.host, self.port = parse_url(url)
+        self.url = address(self.host, self.port)
+        self.conn: Connection | None = None
+        self.idle: list[Connection] = []
+        self.connect_lock = anyio.Lock()

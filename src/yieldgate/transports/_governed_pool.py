@@ -21,7 +21,6 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Sequence
 from typing import Any
-from urllib.parse import urlsplit
 
 import anyio
 import anyio.abc
@@ -30,44 +29,25 @@ from anyio.streams.memory import MemoryObjectReceiveStream
 from yieldgate._exceptions import GateClosedError, ProtocolError, TransportError, YieldgateError
 from yieldgate.gate import AttemptInfo, current_attempt
 from yieldgate.protocol import ChunkReply, Reply, cancel_frame, encode_frame
-from yieldgate.transports._governed_connection import Connection, next_reply
+from yieldgate.transports._governed_connection import (
+    Connection,
+    Endpoint,
+    address,
+    next_reply,
+    parse_url,
+)
 
-__all__ = ["STREAM_BUFFER", "Endpoint", "FrameTooLargeError", "Pool", "address", "parse_url"]
-
-
-def address(host: str, port: int) -> str:
-    """The one spelling of a server's URL: an endpoint's name and key."""
-    return f"tcp://{host}:{port}"
+__all__ = ["STREAM_BUFFER", "FrameTooLargeError", "Pool"]
 
 
 class FrameTooLargeError(ProtocolError):
     """A request that the server's frame limit would refuse: not worth retrying."""
 
 
-def parse_url(url: str) -> tuple[str, int]:
-    parts = urlsplit(url if "://" in url else f"tcp://{url}")
-    if parts.scheme != "tcp":
-        raise ValueError(f"governed URL must be tcp://HOST:PORT, got {url!r}")
-    if parts.hostname is None or parts.port is None:
-        raise ValueError(f"governed URL needs a host and a port, got {url!r}")
-    return parts.hostname, parts.port
-
-
 # Idle connections kept per server for attempts that need one to themselves.
 _MAX_IDLE_EXCLUSIVE = 32
 # Replies a stream's consumer may leave unread before its connection's reader waits.
 STREAM_BUFFER = 64
-
-
-class Endpoint:
-    """One server: its shared connection and the idle exclusive ones."""
-
-    def __init__(self, url: str) -> None:
-        self.host, self.port = parse_url(url)
-        self.url = address(self.host, self.port)
-        self.conn: Connection | None = None
-        self.idle: list[Connection] = []
-        self.connect_lock = anyio.Lock()
 
 
 class Pool:

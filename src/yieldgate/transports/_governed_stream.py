@@ -7,7 +7,7 @@ output) but raised as ``StreamInterruptedError`` with the chunks delivered.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from anyio.streams.memory import MemoryObjectReceiveStream
 
@@ -15,9 +15,6 @@ from yieldgate._exceptions import ProtocolError, StreamInterruptedError, Yieldga
 from yieldgate.protocol import ChunkReply, OkReply, Reply
 from yieldgate.transports._governed_connection import Connection, next_reply
 from yieldgate.transports._governed_outcome import classify_reply
-
-if TYPE_CHECKING:
-    from yieldgate.transports.governed import GovernedClient
 
 __all__ = ["GovernedStream"]
 
@@ -33,13 +30,11 @@ class GovernedStream:
 
     def __init__(
         self,
-        client: GovernedClient,
         conn: Connection,
         rid: str,
         receive: MemoryObjectReceiveStream[Reply],
         first: Reply,
     ) -> None:
-        self._client = client
         self._conn = conn
         self._rid = rid
         self._receive = receive

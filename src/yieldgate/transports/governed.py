@@ -235,7 +235,7 @@ class GovernedClient:
             discard=self._discard_opened,
         ) as opened:
             conn, rid, receive, first = opened
-            chunks = GovernedStream(self, conn, rid, receive, first)
+            chunks = GovernedStream(conn, rid, receive, first)
             try:
                 yield chunks
             finally:

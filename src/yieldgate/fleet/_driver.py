@@ -1,0 +1,244 @@
+"""The round trips of a ``Fleet``: ``Op``, the clients, and the two drivers that run an op.
+
+Every operation is built once, as an ``Op`` (a script or a command, its keys
+and arguments, and how to read the reply), and run by one of two drivers:
+``_run`` on the sync client, ``_arun`` on the asyncio client. Both ask the
+``Health`` circuit first, bound the call by the time budget and turn every
+failure into ``None``.
+
+An operation that grants something (a take, a lease, a retry, the half-open
+probe) says how to give it back (``Op.undo``). Run by ``_arun`` and
+cancelled while Redis answers, it is not lost: the round trip goes on in a
+task of its own, and what it granted is given back in Redis as soon as the
+reply comes. (A caller that gets the reply owns what it grants.)
+
+A module of its own, below the operations: each group of operations
+(``_buckets``, ``_holds``, ``_leases``, ``_members``, ``_budget``,
+``_breaker``) is a class built on ``Drivers``, and ``Fleet`` (``_fleet``) is
+all of them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Generic, TypeAlias, TypeVar
+
+import anyio.to_thread
+import redis
+import redis.asyncio
+import redis.asyncio.cluster
+import redis.cluster
+from redis.asyncio.retry import Retry as AsyncRetry
+from redis.backoff import NoBackoff
+from redis.commands.core import AsyncScript, Script
+from redis.retry import Retry
+
+from yieldgate.fleet._health import Health, Pass
+from yieldgate.fleet._keys import Keys
+from yieldgate.fleet._scripts import SCRIPTS
+
+__all__ = [
+    "AsyncClient",
+    "Drivers",
+    "Op",
+    "SyncClient",
+    "check_count",
+    "check_number",
+    "read_flag",
+    "read_text",
+]
+
+SyncClient: TypeAlias = "redis.Redis | redis.cluster.RedisCluster"
+AsyncClient: TypeAlias = "redis.asyncio.Redis | redis.asyncio.cluster.RedisCluster"
+
+T = TypeVar("T")
+
+_SCHEMES = ("redis://", "rediss://", "unix://")
+
+
+@dataclass(frozen=True, slots=True)
+class Op(Generic[T]):
+    """One round trip: a script by name (or, ``command``, a client's method for a
+    plain command), and its reply's reader."""
+
+    name: str
+    keys: tuple[str, ...]
+    args: tuple[str | int | float, ...]
+    decode: Callable[[Any], T]
+    command: bool = False
+    # What gives back what a reply granted (``None``: it granted nothing).
+    undo: Callable[[T], Op[Any] | None] | None = None
+
+
+def read_text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def read_flag(value: Any) -> bool:
+    return bool(int(value))
+
+
+def check_number(what: str, value: float, *, positive: bool = False) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise ValueError(f"{what} must be a finite number, got {value!r}")
+    if value < 0 or (positive and value == 0):
+        raise ValueError(f"{what} must be {'> 0' if positive else '>= 0'}, got {value!r}")
+    return value
+
+
+def check_count(what: str, value: int, *, least: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        raise ValueError(f"{what} must be an integer >= {least}, got {value!r}")
+    return value
+
+
+class Drivers:
+    """The clients of one ``Fleet``, and ``_run`` and ``_arun``, which send an ``Op``
+    through them. ``Fleet`` sets what is declared here, then calls ``_open``."""
+
+    keys: Keys
+    member: str
+    budget_s: float
+    lease_ttl_s: float
+    _health: Health
+
+    def _open(self, shared: str | tuple[SyncClient | None, AsyncClient | None]) -> None:
+        """The clients: made from a URL (the fleet's own), or a pair passed in."""
+        self._closed = False
+        # Give-backs of grants whose caller was cancelled, running now.
+        self._undoing: set[asyncio.Task[Any]] = set()
+        self._url: str | None = None
+        self._async_clients: dict[asyncio.AbstractEventLoop, tuple[AsyncClient, dict[str, Any]]]
+        self._async_clients = {}
+        self._given_async: AsyncClient | None = None
+        self._given_async_scripts: dict[str, AsyncScript] = {}
+        if isinstance(shared, str):
+            if not shared.startswith(_SCHEMES):
+                raise ValueError(f"shared must be a redis://, rediss:// or unix:// URL: {shared!r}")
+            self._url = shared
+            self._sync: SyncClient | None = redis.Redis.from_url(
+                shared, retry=Retry(NoBackoff(), 0), **self._client_options()
+            )
+        else:
+            if not (isinstance(shared, tuple) and len(shared) == 2):
+                raise ValueError("shared must be a URL or a (sync_client, async_client) pair")
+            self._sync, self._given_async = shared
+            if self._given_async is not None:
+                self._given_async_scripts = self._register_async(self._given_async)
+        self._sync_scripts: dict[str, Script] = {}
+        if self._sync is not None:
+            self._sync_scripts = {n: self._sync.register_script(s) for n, s in SCRIPTS.items()}
+
+    def _client_options(self) -> dict[str, Any]:
+        return {
+            "socket_timeout": self.budget_s,
+            "socket_connect_timeout": self.budget_s,
+            "health_check_interval": 0,
+        }
+
+    @staticmethod
+    def _register_async(client: AsyncClient) -> dict[str, AsyncScript]:
+        return {name: client.register_script(source) for name, source in SCRIPTS.items()}
+
+    def _run(self, op: Op[T]) -> T | None:
+        client = self._sync
+        if self._closed or client is None:
+            return None
+        ticket = self._health.admit()
+        if ticket is Pass.SKIP:
+            return None
+        try:
+            if op.command:
+                raw = getattr(client, op.name)(*op.keys, *op.args)
+            else:
+                raw = self._sync_scripts[op.name](keys=op.keys, args=op.args)
+            result = op.decode(raw)
+        except Exception as exc:
+            self._health.failed(ticket, exc)
+            return None
+        except BaseException:
+            self._health.abandoned(ticket)
+            raise
+        self._health.succeeded(ticket)
+        return result
+
+    def _async_for(
+        self, loop: asyncio.AbstractEventLoop
+    ) -> tuple[AsyncClient, dict[str, Any]] | None:
+        """The asyncio client for ``loop``: the one given, or one per loop from the URL
+        (an asyncio client's connections belong to the loop that made them)."""
+        if self._given_async is not None:
+            return self._given_async, self._given_async_scripts
+        if self._url is None:
+            return None
+        entry = self._async_clients.get(loop)
+        if entry is None:
+            for other in [other for other in self._async_clients if other.is_closed()]:
+                del self._async_clients[other]
+            client = redis.asyncio.Redis.from_url(
+                self._url, retry=AsyncRetry(NoBackoff(), 0), **self._client_options()
+            )
+            entry = client, self._register_async(client)
+            self._async_clients[loop] = entry
+        return entry
+
+    async def _arun(self, op: Op[T]) -> T | None:
+        if self._closed:
+            return None
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # not asyncio (trio): the sync client, off the event loop
+            return await anyio.to_thread.run_sync(self._run, op)
+        entry = self._async_for(loop)
+        if entry is None:
+            return await anyio.to_thread.run_sync(self._run, op)
+        if op.undo is None:
+            return await self._trip(entry, op)
+        round_trip = self._trip(entry, op)
+        trip = loop.create_task(round_trip)
+        try:
+            return await asyncio.shield(trip)
+        except BaseException:
+            # Cancelled while Redis answers: whatever the reply grants goes back.
+            if trip.done():
+                self._undo(op, trip)
+            else:
+                trip.add_done_callback(functools.partial(self._undo, op))
+            raise
+
+    async def _trip(self, entry: tuple[AsyncClient, dict[str, Any]], op: Op[T]) -> T | None:
+        client, scripts = entry
+        ticket = self._health.admit()
+        if ticket is Pass.SKIP:
+            return None
+        try:
+            async with asyncio.timeout(self.budget_s):
+                if op.command:
+                    raw = await getattr(client, op.name)(*op.keys, *op.args)
+                else:
+                    raw = await scripts[op.name](keys=op.keys, args=op.args)
+            result = op.decode(raw)
+        except Exception as exc:  # TimeoutError from the budget among them
+            self._health.failed(ticket, exc)
+            return None
+        except BaseException:
+            self._health.abandoned(ticket)
+            raise
+        self._health.succeeded(ticket)
+        return result
+
+    def _undo(self, op: Op[T], trip: asyncio.Task[T | None]) -> None:
+        """Give back what ``trip``'s reply granted (nobody took it)."""
+        if trip.cancelled() or trip.exception() is not None:
+            return
+        granted = trip.result()
+        back = None if granted is None or op.undo is None else op.undo(granted)
+        if back is None:
+            return
+        task = trip.get_loop().create_task(self._arun(back))
+        self._undoing.add(task)
+        task.add_done_callback(self._undoing.discard)
