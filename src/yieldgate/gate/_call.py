@@ -31,9 +31,8 @@ from yieldgate._exceptions import (
     YieldgateError,
 )
 from yieldgate.gate._breaker import Verdict
-from yieldgate.gate._core import GateCore
+from yieldgate.gate._core import GateCore, Held
 from yieldgate.gate._decide import decide
-from yieldgate.gate._lease import Held
 from yieldgate.gate._ledger import Attempt
 from yieldgate.gate._outcome import Outcome, OutcomeKind
 from yieldgate.gate._quota import ONE_REQUEST, Cost, Quota

@@ -39,7 +39,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
 from yieldgate.gate._breaker import Breaker, BreakerState
 from yieldgate.gate._budget import RetryBudget
@@ -50,12 +50,9 @@ from yieldgate.gate._ratecap import RateCap
 from yieldgate.gate._shared import Shared
 from yieldgate.gate._telemetry import BreakerChange, Instrumentation, WindowChange
 from yieldgate.gate._upstream import LatencyTracker, Upstream
-from yieldgate.gate._window import Signal, Window, WindowStatistics
+from yieldgate.gate._window import Permit, Signal, Window, WindowStatistics
 
-if TYPE_CHECKING:
-    from yieldgate.gate._lease import Held
-
-__all__ = ["GateCore", "default_clock", "log", "unique_name"]
+__all__ = ["GateCore", "Held", "default_clock", "log", "unique_name"]
 
 _SERIAL: Final = itertools.count(1)
 
@@ -333,6 +330,47 @@ class GateCore:
             if self.shared is not None:
                 problems += self.shared.audit(self.held)
             return problems
+
+
+class Held:
+    """What a held slot holds (a ``Lease``'s ledger, ``_lease``): its own record,
+    apart from the ``Lease`` object, so that a finalizer can give it back after
+    the ``Lease`` is gone. The core keeps every one not yet given back."""
+
+    __slots__ = ("core", "epoch", "idle_s", "lease", "permit", "reading", "touched", "up")
+
+    def __init__(
+        self, core: GateCore, up: Upstream, permit: Permit | None, lease: str | None
+    ) -> None:
+        self.core = core
+        self.epoch = core.epoch
+        self.up = up
+        self.permit = permit
+        self.lease = lease  # the fleet's in-flight lease, if any
+        self.idle_s: float | None = None
+        self.touched = 0.0
+        self.reading = False
+
+    @property
+    def released(self) -> bool:
+        return self.permit is None and self.lease is None
+
+    def give_back(self, signal: Signal) -> None:
+        """Give back the slot and the fleet lease, once (under the Gate's lock)."""
+        permit, self.permit = self.permit, None
+        lease, self.lease = self.lease, None
+        core = self.core
+        if self.epoch != core.epoch:
+            return  # a forked parent's slot
+        core.held.discard(self)
+        if permit is not None:
+            self.up.window.release(permit, signal)
+        if lease is not None and core.shared is not None:
+            core.shared.release(self.up, lease, soon=True)
+
+    def lapsed(self, now: float) -> bool:
+        idle = self.idle_s
+        return idle is not None and not self.reading and now - self.touched >= idle
 
 
 # Every Gate's core, for the fork handlers.

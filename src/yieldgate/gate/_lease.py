@@ -27,55 +27,14 @@ from __future__ import annotations
 import weakref
 from typing import TYPE_CHECKING
 
+from yieldgate.gate._core import Held
 from yieldgate.gate._quota import Cost
-from yieldgate.gate._window import Permit, Signal
+from yieldgate.gate._window import Signal
 
 if TYPE_CHECKING:
-    from yieldgate.gate._core import GateCore
     from yieldgate.gate._ledger import Attempt
-    from yieldgate.gate._upstream import Upstream
 
 __all__ = ["Held", "Lease"]
-
-
-class Held:
-    """What a lease holds: its own record, apart from the ``Lease`` object, so that a
-    finalizer can give it back after the ``Lease`` is gone."""
-
-    __slots__ = ("core", "epoch", "idle_s", "lease", "permit", "reading", "touched", "up")
-
-    def __init__(
-        self, core: GateCore, up: Upstream, permit: Permit | None, lease: str | None
-    ) -> None:
-        self.core = core
-        self.epoch = core.epoch
-        self.up = up
-        self.permit = permit
-        self.lease = lease  # the fleet's in-flight lease, if any
-        self.idle_s: float | None = None
-        self.touched = 0.0
-        self.reading = False
-
-    @property
-    def released(self) -> bool:
-        return self.permit is None and self.lease is None
-
-    def give_back(self, signal: Signal) -> None:
-        """Give back the slot and the fleet lease, once (under the Gate's lock)."""
-        permit, self.permit = self.permit, None
-        lease, self.lease = self.lease, None
-        core = self.core
-        if self.epoch != core.epoch:
-            return  # a forked parent's slot
-        core.held.discard(self)
-        if permit is not None:
-            self.up.window.release(permit, signal)
-        if lease is not None and core.shared is not None:
-            core.shared.release(self.up, lease, soon=True)
-
-    def lapsed(self, now: float) -> bool:
-        idle = self.idle_s
-        return idle is not None and not self.reading and now - self.touched >= idle
 
 
 class Lease:
