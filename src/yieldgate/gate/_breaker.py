@@ -126,6 +126,11 @@ class Breaker:
             name=name,
             state_storage=storage,
         )
+        # The plain ticket of a closed (or disabled) breaker, kept while its state is
+        # known here (pybreaker's storage is ours: every change goes through ``_changed``);
+        # ``None``: ask pybreaker. The hot path reads it instead of pybreaker's state.
+        self._known = storage is None
+        self._pass: BreakerTicket | None = BreakerTicket(0, probe=False) if self._known else None
 
     @property
     def state(self) -> BreakerState:
@@ -139,6 +144,8 @@ class Breaker:
     def try_pass(self) -> BreakerTicket | None:
         """A plain ticket if the breaker is closed (or disabled), else ``None``
         (then ``check`` and ``acquire`` say why, or hand out the probe)."""
+        if self._known:
+            return self._pass
         if self.policy.enabled and self._cb.current_state != "closed":
             return None
         return BreakerTicket(self._generation, probe=False)
@@ -171,6 +178,8 @@ class Breaker:
         self._generation += 1
         self._probe_out = False
         self._verdict_waiters = []
+        if self._pass is not None:
+            self._pass = BreakerTicket(self._generation, probe=False)
 
     @property
     def failures(self) -> int:
@@ -185,6 +194,9 @@ class Breaker:
 
     def _changed(self, old: BreakerState | None, new: BreakerState) -> None:
         self._generation += 1
+        if self._known:
+            plain = not self.policy.enabled or new is BreakerState.CLOSED
+            self._pass = BreakerTicket(self._generation, probe=False) if plain else None
         if new is BreakerState.OPEN:
             self._opened_at = self._clock()
         if new is not BreakerState.HALF_OPEN:

@@ -286,8 +286,10 @@ class CallState:
         else:
             signal, verdict = SIGNALS[outcome.kind]
             error = outcome.error
-            if _timed_out(error) and (
-                isinstance(error, AttemptTimeoutError) or self._slow(up, attempt, now)
+            if (
+                error is not None
+                and _timed_out(error)
+                and (isinstance(error, AttemptTimeoutError) or self._slow(up, attempt, now))
             ):
                 # A timeout is what a backend that buffers instead of yielding
                 # shows under overload: narrow the window as for a yield.
@@ -316,7 +318,8 @@ class CallState:
             attempt.give_back(now, signal, verdict, error)
             if outcome is not None:
                 details = self._note(outcome, attempt, now)
-        core.after_lock()
+        if core.events:
+            core.deliver()
         if details is not None:
             core.hook(self.observer.on_attempt, details)
         return signal is Signal.SUCCESS and not won

@@ -65,7 +65,13 @@ class GateBase:
             return NULL_OBSERVER
 
     def _new_call(
-        self, priority: Priority | str, timeout: Timeout, *, hold: bool, cost: Cost | int | None
+        self,
+        priority: Priority | str,
+        timeout: Timeout,
+        *,
+        hold: bool,
+        cost: Cost | int | None,
+        task: object = None,
     ) -> CallState:
         core = self._core
         if core.closed:
@@ -80,9 +86,9 @@ class GateBase:
         observer = self._observer(prio)
         with core.lock:
             core.counters.calls += 1
-        call = CallState(
-            core, prio, deadline, started, hold=hold, observer=observer, task=current_task()
-        )
+        if task is None:
+            task = current_task()
+        call = CallState(core, prio, deadline, started, hold=hold, observer=observer, task=task)
         if charge is not None:
             call.cost = charge
         return call

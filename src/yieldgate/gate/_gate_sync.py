@@ -22,6 +22,7 @@ from typing import Any, TypeVar, TypeVarTuple
 
 from yieldgate._exceptions import BlockingCallError
 from yieldgate.gate import _sync
+from yieldgate.gate._attempt import current_task
 from yieldgate.gate._call import CallState
 from yieldgate.gate._calls import GateBase, Timeout
 from yieldgate.gate._lease import Lease
@@ -55,6 +56,14 @@ class SyncCalls(GateBase):
     """The thread side of a Gate."""
 
     _timer: _sync.Timer
+
+    def _thread(self, what: str, allowed: bool) -> object:
+        """Where a sync call runs (its thread, or its task when ``allowed`` in a loop's
+        thread); ``BlockingCallError`` in a loop's thread unless ``allowed``."""
+        if allowed:
+            return current_task()
+        self._refuse_in_loop(what)
+        return threading.current_thread()
 
     def _refuse_in_loop(self, what: str) -> None:
         if in_event_loop():
@@ -119,9 +128,8 @@ class SyncCalls(GateBase):
             except Exception as exc:
                 return self._classify_nested(classify, None, exc)
             return self._classify_nested(classify, value, None)
-        if not allow_event_loop:
-            self._refuse_in_loop("call_sync")
-        call = self._new_call(priority, timeout, hold=False, cost=cost)
+        task = self._thread("call_sync", allow_event_loop)
+        call = self._new_call(priority, timeout, hold=False, cost=cost, task=task)
         return self._run_sync(fn, args, call, classify, None)
 
     @contextlib.contextmanager
@@ -174,9 +182,8 @@ class SyncCalls(GateBase):
         """``call_and_hold`` for a plain function, in the calling thread."""
         if self._nested():
             return self.call_sync(fn, *args, classify=classify), self._nested_lease()
-        if not allow_event_loop:
-            self._refuse_in_loop("call_and_hold_sync")
-        call = self._new_call(priority, timeout, hold=True, cost=cost)
+        task = self._thread("call_and_hold_sync", allow_event_loop)
+        call = self._new_call(priority, timeout, hold=True, cost=cost, task=task)
         value = self._run_sync(fn, args, call, classify, discard)
         return value, self._lease(call)
 

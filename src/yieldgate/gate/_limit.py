@@ -31,8 +31,9 @@
   it grow, so a quiet spell cannot inflate it, while a busy round counts in
   full.
 
-``Limit`` is plain arithmetic on the permits' sequence numbers and the
-signals their attempts ended with; the ``Window`` (``_window``) admits
+``Limit`` is plain arithmetic on the signals attempts ended with and the
+sequence numbers of their permits (which the ``Window``, ``_window``, hands
+out and tracks: which were part of a full window); the window admits
 callers under the limit it sets.
 """
 
@@ -64,9 +65,7 @@ class Limit:
 
     __slots__ = (
         "_cwnd",
-        "_full_seq",
         "_recovery_seq",
-        "_seq",
         "_ssthresh",
         "_wmax",
         "decreases",
@@ -82,9 +81,7 @@ class Limit:
         self._cwnd = float(initial)
         self._ssthresh = float(policy.max)
         self.value = initial
-        self._seq = 0
         self._recovery_seq = 0
-        self._full_seq = 0
         # The limit at which congestion last came (0: never).
         self._wmax = 0
         self.increases = 0
@@ -94,26 +91,20 @@ class Limit:
     def slow_start(self) -> bool:
         return self._cwnd < self._ssthresh
 
-    def granted(self, full: bool) -> int:
-        """A permit was granted (``full``: it filled the window): its sequence number."""
-        self._seq += 1
-        if full:
-            self._full_seq = self._seq
-        return self._seq
+    def released(self, seq: int, signal: Signal, *, full: bool, latest: int) -> int:
+        """The attempt of permit ``seq`` ended with ``signal``: the limit now.
 
-    def demand(self) -> None:
-        """A caller had to wait: the permits granted so far were part of a full window."""
-        self._full_seq = self._seq
-
-    def released(self, seq: int, signal: Signal) -> int:
-        """The attempt of permit ``seq`` ended with ``signal``: the limit now."""
+        ``full``: the window was full (its limit bound) at or after that grant;
+        ``latest``: the newest permit granted so far (a decrease's event covers
+        every permit granted up to it).
+        """
         if signal is Signal.SUCCESS:
-            if seq <= self._full_seq:
+            if full:
                 self._grow()
         elif signal is Signal.REFUSED:
-            self._shed(seq)
+            self._shed(seq, latest)
         elif signal is Signal.CONGESTION and seq > self._recovery_seq:
-            self._shrink()
+            self._shrink(latest)
         return self.value
 
     def _set_cwnd(self, cwnd: float) -> None:
@@ -135,13 +126,13 @@ class Limit:
             self._wmax = 0  # past it without congestion: the upstream has room again
         self.increases += 1
 
-    def _shed(self, seq: int) -> None:
+    def _shed(self, seq: int, latest: int) -> None:
         """One attempt refused: one slot too many."""
         floor = float(self.policy.min)
         if seq > self._recovery_seq:
             # The first refusal of a congestion event: remember where it came.
             self._wmax = self.value
-            self._recovery_seq = self._seq
+            self._recovery_seq = latest
             self.decreases += 1
         self._set_cwnd(max(floor, min(self._cwnd, float(self.value)) - 1.0))
         if self._cwnd > floor:
@@ -150,10 +141,10 @@ class Limit:
             # Everything refused: come back by slow start towards where it was.
             self._ssthresh = max(floor, self._wmax * self.policy.decrease)
 
-    def _shrink(self) -> None:
+    def _shrink(self, latest: int) -> None:
         self._wmax = self.value
         self._set_cwnd(max(float(self.policy.min), self._cwnd * self.policy.decrease))
         self._ssthresh = max(float(self.policy.min), self._cwnd)
         # Signals from permits granted up to now belong to this same event.
-        self._recovery_seq = self._seq
+        self._recovery_seq = latest
         self.decreases += 1

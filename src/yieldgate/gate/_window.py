@@ -112,6 +112,9 @@ class Window:
         self._ctl = Limit(self.policy)
         self._limit = self._ctl.value  # the limit in force (kept in step with ``_ctl``)
         self._inflight = 0
+        # Permits are numbered; those up to ``_full_seq`` were part of a full window.
+        self._seq = 0
+        self._full_seq = 0
         # Per priority, a heap of (key, arrival, waiter): the oldest key first.
         self._queues: dict[Priority, list[_Entry]] = {p: [] for p in _PRIORITY_ORDER}
         self._counts: dict[Priority, int] = dict.fromkeys(_PRIORITY_ORDER, 0)
@@ -244,7 +247,10 @@ class Window:
 
     def _grant(self, priority: Priority, paced: bool) -> Permit:
         self._inflight += 1
-        return Permit(self._ctl.granted(self._inflight >= self._limit), priority, paced)
+        self._seq += 1
+        if self._inflight >= self._limit:
+            self._full_seq = self._seq
+        return Permit(self._seq, priority, paced)
 
     def try_acquire(self, priority: Priority = Priority.NORMAL) -> Permit | None:
         """A permit now if one is free, no hold is in force for ``priority``, nobody
@@ -295,7 +301,7 @@ class Window:
             heapq.heappush(self._due, (not_after, self._arrivals, waiter))
         self._counts[priority] += 1
         self._waiting += 1
-        self._ctl.demand()  # it exceeds the limit
+        self._full_seq = self._seq  # demand exceeds the limit
         self._wake()  # a held queue may release this one at once
         return waiter
 
@@ -451,7 +457,10 @@ class Window:
         self._inflight -= 1
         before = self._limit
         if signal is not Signal.FAILURE and signal is not Signal.CANCELLED:
-            self._limit = self._ctl.released(permit.seq, signal)
+            seq = permit.seq
+            self._limit = self._ctl.released(
+                seq, signal, full=seq <= self._full_seq, latest=self._seq
+            )
         if self._waiting:
             if signal is Signal.SUCCESS and self._clocking():
                 rank = RANK[permit.priority]
