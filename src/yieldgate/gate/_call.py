@@ -269,9 +269,9 @@ class CallState:
         observer. ``True``: its value lost a race and must be discarded."""
         core = self.core
         up = attempt.up
-        attempt.ended = True
         if not attempt.sent or up is None:
             with core.lock:
+                attempt.ended = True  # with its give-back, in one step: never one alone
                 attempt.give_back(now)
             core.after_lock()
             return False
@@ -296,6 +296,9 @@ class CallState:
                 signal = Signal.CONGESTION
         details = None
         with core.lock:
+            if attempt.ended:  # pragma: no cover - ended by another path meanwhile
+                return False
+            attempt.ended = True  # with its give-back, in one step: never one alone
             if signal is not Signal.SUCCESS and outcome is not None and outcome.is_congestion:
                 # Held before the slot goes back: else the freed slot would
                 # admit a waiter into the very overload the hint is about.
