@@ -41,7 +41,7 @@ from yieldgate.gate._quota import Claim
 from yieldgate.gate._shared import FleetOp
 from yieldgate.gate._upstream import Upstream
 
-__all__ = ["FleetWait", "Park", "Wait", "admit", "admit_now", "hedge"]
+__all__ = ["FleetWait", "Park", "Wait", "admit", "send_now", "hedge"]
 
 
 class Park(NamedTuple):
@@ -345,14 +345,16 @@ def _fleet_budget(call: CallState) -> Steps:
     )
 
 
-def admit_now(call: CallState, attempt: Attempt) -> bool:
+def send_now(call: CallState, attempt: Attempt) -> bool:
     """The common case without a wait: one upstream, no hint to wait out, a free
-    slot, no rate cap, a closed breaker, no quota known. ``False``: take ``admit``."""
+    slot, no rate cap, a closed breaker, no quota known: admitted and sent in one
+    step (``CallState.sent``). ``False``: take ``admit``, then ``CallState.begin``."""
     core = call.core
     ups = core.upstreams
     if len(ups) != 1 or core.rate is not None or core.shared is not None or core.orphans:
         return False
     up = ups[0]
+    now = core.clock()
     with core.lock:
         if up.quota.buckets:  # a quota known: the general path paces by it
             return False
@@ -365,7 +367,9 @@ def admit_now(call: CallState, attempt: Attempt) -> bool:
         attempt.up = up
         attempt.permit = permit
         attempt.ticket = ticket
-        return True
+        call.sent(attempt, now)
+    call.timed(attempt, now)
+    return True
 
 
 def hedge(call: CallState, attempt: Attempt) -> Steps:

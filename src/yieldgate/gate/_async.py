@@ -172,9 +172,10 @@ class _Driver:
         self.discard = discard
 
     async def admit(self, attempt: Attempt) -> bool:
-        """Wait for what ``attempt`` needs (``admission.admit``); whether it waited."""
+        """Wait for what ``attempt`` needs (``admission.admit``); whether it waited.
+        (The common case is admitted and sent at once, ``admission.send_now``.)"""
         call = self.call
-        if admission.admit_now(call, attempt):
+        if admission.send_now(call, attempt):
             return False
         if self.core.shared is not None:
             await flush(self.core)
@@ -188,7 +189,8 @@ class _Driver:
         outcome: Outcome | None = None
         cut = False
         try:
-            call.begin(attempt, core.clock(), waited=waited)
+            if not attempt.sent:
+                call.begin(attempt, core.clock(), waited=waited)
             attempt.task = call.task if call.hedge is None else current_task()
             token = CURRENT.set(attempt)
             try:
@@ -309,10 +311,15 @@ async def run(
         handed = True
         return value
     finally:
-        left, won = call.close(handed=handed)
+        if (
+            call.withdrawn is not None
+            or call.fleet_receipt is not None
+            or (call.held is not None and not handed)
+        ):
+            left, won = call.close(handed=handed)
+            if left and discard is not None:
+                with anyio.CancelScope(shield=True):
+                    await discard(won)
         shared = call.core.shared
         if shared is not None and shared.backlog:
             shared.hand_over()  # what the ledgers gave back, run off this path
-        if left and discard is not None:
-            with anyio.CancelScope(shield=True):
-                await discard(won)

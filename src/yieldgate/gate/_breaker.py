@@ -131,6 +131,8 @@ class Breaker:
         # ``None``: ask pybreaker. The hot path reads it instead of pybreaker's state.
         self._known = storage is None
         self._pass: BreakerTicket | None = BreakerTicket(0, probe=False) if self._known else None
+        # A failure was counted since the last success told pybreaker (with our storage).
+        self._failed = False
 
     @property
     def state(self) -> BreakerState:
@@ -282,11 +284,13 @@ class Breaker:
             self._probe_out = False
         if verdict is Verdict.SUCCESS:
             # A success in a closed breaker with no failures counted changes nothing.
-            if ticket.probe or self._cb.fail_counter:
+            if ticket.probe or not self._known or self._failed:
                 self._cb.call(_succeed)
+                self._failed = False
         elif verdict is Verdict.FAILURE:
             failure = error if isinstance(error, Exception) else AttemptFailure("attempt failed")
             traceback = failure.__traceback__
+            self._failed = True  # counted (or opening): the next success must say so
             try:
                 with contextlib.suppress(type(failure), pybreaker.CircuitBreakerError):
                     self._cb.call(_raise, failure)

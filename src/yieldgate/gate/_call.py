@@ -211,10 +211,9 @@ class CallState:
         timeout or the call's, whichever ends first). Raises if it was admitted
         too late to finish (its ledger, given back by its owner, returns it all)."""
         core = self.core
-        number = self.attempts + 1
         up = attempt.upstream
         with core.lock:
-            if (waited or number > 1) and self.deadline is not None:
+            if (waited or self.attempts) and self.deadline is not None:
                 left = self.deadline - now
                 expected = up.latency.ewma_s
                 if left <= 0 or (expected is not None and left < expected):
@@ -226,21 +225,31 @@ class CallState:
                         f"before an attempt could start: {left:.3f} s left, and an attempt "
                         f"takes about {expected:.3f} s"
                     )
-            self.attempts = attempt.number = number
-            attempt.mark_sent(now)
-            if self.withdrawn is not None:  # the retry it paid for is being sent
-                core.draws -= 1
-                self.withdrawn = None
-            self.fleet_receipt = None
-            core.counters.attempts += 1
-            if number == 1:
-                # A request, for the retry budget, is a call that sent something.
-                core.budget.deposit(now)
-                if core.shared is not None and core.shared.available:
-                    core.shared.deposits += 1  # told the fleet in batches
-            if self.running is not None:
-                self.running.append(up)
-        attempt_s = core.policy.timeout.attempt_s
+            self.sent(attempt, now)
+        self.timed(attempt, now)
+
+    def sent(self, attempt: Attempt, now: float) -> None:
+        """The attempt goes out now (under the lock): counted, its claim in flight, the
+        retry it paid for spent."""
+        core = self.core
+        number = self.attempts = attempt.number = self.attempts + 1
+        attempt.mark_sent(now)
+        if self.withdrawn is not None:  # the retry it paid for is being sent
+            core.draws -= 1
+            self.withdrawn = None
+        self.fleet_receipt = None
+        core.counters.attempts += 1
+        if number == 1:
+            # A request, for the retry budget, is a call that sent something.
+            core.budget.deposit(now)
+            if core.shared is not None and core.shared.available:
+                core.shared.deposits += 1  # told the fleet in batches
+        if self.running is not None:
+            self.running.append(attempt.upstream)
+
+    def timed(self, attempt: Attempt, now: float) -> None:
+        """Fix a sent attempt's start and deadline (its own timeout or the call's)."""
+        attempt_s = self.core.policy.timeout.attempt_s
         deadline = self.deadline
         if attempt_s is not None and (deadline is None or now + attempt_s < deadline):
             deadline = now + attempt_s

@@ -41,6 +41,8 @@ __all__ = ["Deadline", "add"]
 
 # Dead entries are swept once there are more of them than this and than live ones.
 _SWEEP_AT: Final = 1024
+# asyncio runs a timer up to its clock's resolution early.
+_EARLY_S: Final = 1e-3
 
 
 class Deadline:
@@ -100,17 +102,7 @@ def _pending(task: asyncio.Task[Any]) -> bool:
 class _Deadlines:
     """The deadlines of the attempts running on one loop."""
 
-    __slots__ = (
-        "__weakref__",
-        "armed",
-        "context",
-        "dead",
-        "handle",
-        "heap",
-        "live",
-        "loop",
-        "seq",
-    )
+    __slots__ = ("__weakref__", "armed", "context", "dead", "heap", "live", "loop", "seq")
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         # Weakly: the table of loops holds these by their loop, weakly too.
@@ -120,7 +112,8 @@ class _Deadlines:
         self.context = contextvars.Context()
         self.heap: list[tuple[float, int, Deadline]] = []
         self.seq = itertools.count()
-        self.handle: asyncio.TimerHandle | None = None
+        # When the timer is armed for (its handle is the loop's alone: a handle holds
+        # its loop, and this table must not).
         self.armed = math.inf
         self.dead = 0
         self.live = 0
@@ -138,8 +131,8 @@ class _Deadlines:
         self.dead += 1
         self.live -= 1
         if not self.live:
-            # Nothing left to time: no timer (which holds the loop), no dead entries.
-            self._disarm()
+            # Nothing left to time: no dead entries either (the timer, when it fires,
+            # finds nothing due and is not armed again).
             self.heap.clear()
             self.dead = 0
         elif self.dead > _SWEEP_AT and self.dead * 2 > len(self.heap):
@@ -147,27 +140,23 @@ class _Deadlines:
             heapq.heapify(self.heap)
             self.dead = 0
 
-    def _disarm(self) -> None:
-        if self.handle is not None:
-            self.handle.cancel()
-            self.handle = None
-        self.armed = math.inf
-
     def _arm(self, when: float) -> None:
+        # A timer armed for later is left to fire: it finds nothing due and arms the
+        # next (cancelling it would mean keeping its handle, which holds the loop).
         loop = self.loop()
         if loop is None:  # pragma: no cover - a loop gone has no attempts left
             return
-        if self.handle is not None:
-            self.handle.cancel()
-        self.handle = loop.call_at(when, self._fire, context=self.context)
+        loop.call_at(when, self._fire, context=self.context)
         self.armed = when
 
     def _fire(self) -> None:
-        self.handle = None
-        self.armed = math.inf
+        now_armed = self.armed
         loop = self.loop()
         if loop is None:  # pragma: no cover - called by that loop
             return
+        if loop.time() < now_armed - _EARLY_S:
+            return  # a timer armed before an earlier one was: that one is in charge
+        self.armed = math.inf
         heap = self.heap
         now = loop.time()
         while heap and (heap[0][0] <= now or not heap[0][2].active):

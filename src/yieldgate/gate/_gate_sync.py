@@ -44,9 +44,12 @@ Ts = TypeVarTuple("Ts")
 _JOIN_EVERY_S = 0.05
 
 
+_running_loop = asyncio._get_running_loop
+
+
 def in_event_loop() -> bool:
     """Whether this thread is running an event loop (asyncio's, or trio's)."""
-    if asyncio._get_running_loop() is not None:
+    if _running_loop() is not None:
         return True
     trio = sys.modules.get("trio")
     return trio is not None and bool(trio.lowlevel.in_trio_run())

@@ -150,7 +150,8 @@ def _send(
     clock = call.core.clock
     outcome: Outcome | None = None
     try:
-        call.begin(attempt, clock(), waited=waited)
+        if not attempt.sent:
+            call.begin(attempt, clock(), waited=waited)
         attempt.task = call.task
         token = CURRENT.set(attempt)
         try:
@@ -250,8 +251,8 @@ def _round(
     """One attempt: its ledger opened, filled by admission, closed whatever happens."""
     attempt = call.attempt()
     try:
-        if admission.admit_now(call, attempt):
-            waited = False
+        if admission.send_now(call, attempt):
+            waited = False  # and sent
         else:
             if call.core.shared is not None:
                 flush(call.core)
