@@ -41,7 +41,7 @@ from yieldgate.gate._quota import Claim
 from yieldgate.gate._shared import FleetOp
 from yieldgate.gate._upstream import Upstream
 
-__all__ = ["FleetWait", "Park", "Wait", "admit", "send_now", "hedge"]
+__all__ = ["FleetWait", "Park", "Wait", "admit", "hedge", "send_now"]
 
 
 class Park(NamedTuple):
