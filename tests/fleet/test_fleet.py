@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import inspect
 import logging
+import os
 import subprocess
 import sys
 import time
@@ -225,3 +226,36 @@ def test_importing_yieldgate_needs_no_redis_and_leaves_the_fleet_out() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     )
     assert result.stdout.strip() == "[]"
+
+
+def test_a_forked_child_is_a_member_of_its_own(redis_server: RedisServer) -> None:
+    """A child forked from a member (a prefork server) inherited its name and its lease
+    numbers: the two processes' leases had the same ids, so one's release freed the
+    other's slot. A member named by the caller keeps its name."""
+    own = Fleet(redis_server.url, gate="fork", budget_s=1.0)
+    named = Fleet(redis_server.url, gate="fork", member="web-1", budget_s=1.0)
+    parent_lease = own.acquire_sync("up", 4)
+    assert isinstance(parent_lease, str)
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: report its names and its first lease, then leave at once
+        try:
+            lease = own.acquire_sync("up", 4)
+            os.write(write, f"{own.member}|{named.member}|{lease}".encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    try:
+        with os.fdopen(read, "rb") as pipe:
+            member, named_member, child_lease = pipe.read().decode().split("|")
+    finally:
+        end = time.monotonic() + 30
+        while os.waitpid(pid, os.WNOHANG) == (0, 0):
+            if time.monotonic() > end:
+                os.kill(pid, 9)
+            time.sleep(0.01)
+    assert member != own.member
+    assert named_member == "web-1"
+    assert child_lease.startswith(member) and child_lease != parent_lease
+    own.close()
+    named.close()

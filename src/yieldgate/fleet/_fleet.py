@@ -16,6 +16,7 @@ import os
 import secrets
 import socket
 import time
+import weakref
 from collections.abc import Callable
 from types import TracebackType
 from typing import Self
@@ -86,9 +87,20 @@ class Fleet(BreakerOps, BudgetOps, MemberOps, LeaseOps, HoldOps, BucketOps):
         if not (check_number("max_backoff_s", max_backoff_s) >= backoff_s):
             raise ValueError("max_backoff_s must be >= backoff_s")
         self.member = _default_member() if member is None else check_name("member", member)
+        self._own_member = member is None
         self._health = Health(gate, backoff_s=backoff_s, max_backoff_s=max_backoff_s, clock=clock)
         self._leases = itertools.count(1)
         self._open(shared)
+        _FLEETS.add(self)
+
+    def _forked(self) -> None:
+        """In a forked child: a member of its own (the parent's name, with its lease
+        numbers, would collide with the parent's leases), and no asyncio client of the
+        parent's loops. A ``member`` given by name is the caller's to keep apart."""
+        if self._own_member:
+            self.member = _default_member()
+            self._leases = itertools.count(1)
+        self._async_clients = {}
 
     def __repr__(self) -> str:
         return f"<Fleet {self.keys.base!r} member={self.member!r}>"
@@ -140,3 +152,16 @@ class Fleet(BreakerOps, BudgetOps, MemberOps, LeaseOps, HoldOps, BucketOps):
         self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         await self.aclose()
+
+
+# Every fleet, for the fork handler.
+_FLEETS: weakref.WeakSet[Fleet] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for fleet in list(_FLEETS):
+        fleet._forked()
+
+
+if hasattr(os, "register_at_fork"):  # pragma: no branch - POSIX
+    os.register_at_fork(after_in_child=_after_fork_in_child)
