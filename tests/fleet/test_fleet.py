@@ -256,6 +256,7 @@ def test_a_forked_child_is_a_member_of_its_own(redis_server: RedisServer) -> Non
             time.sleep(0.01)
     assert member != own.member
     assert named_member == "web-1"
-    assert child_lease.startswith(member) and child_lease != parent_lease
+    assert child_lease.startswith(member)
+    assert child_lease != parent_lease
     own.close()
     named.close()
