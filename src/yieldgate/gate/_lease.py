@@ -52,7 +52,8 @@ class Lease:
         self._held = held
         self._attempt = attempt
         if held is not None and not held.released:
-            weakref.finalize(self, held.core.orphan, held)
+            # Not at exit: a process ending has no slot to give back, nor threads to start.
+            weakref.finalize(self, held.core.orphan, held).atexit = False
 
     def report_usage(self, used: Cost) -> None:
         """What the winning attempt really used (``AttemptInfo.report_usage``)."""
