@@ -401,3 +401,21 @@ async def test_a_lease_taken_as_the_renewer_leaves_is_still_renewed(
         await other.aclose()
     assert got is False, f"the running attempt's lease lapsed: another member got {got!r}"
     assert held(g) == []
+
+
+def test_a_lease_released_just_before_close_reaches_redis(
+    redis_server: RedisServer, gate: str
+) -> None:
+    """A lease released as its Gate closes: the release (run by the fleet's worker) must
+    not be dropped when the Gate closes its link to Redis."""
+    g = Gate(
+        GatePolicy(fleet=FleetPolicy(inflight_cap=2, lease_ttl_s=60, budget_s=1.0)),
+        name=gate,
+        shared=redis_server.url,
+    )
+    _, lease = g.call_and_hold_sync(lambda: "ok")
+    key = g._core.shared.fleet.keys.leases(gate)  # type: ignore[union-attr]
+    assert redis_server.client().zcard(key) == 1
+    lease.release()
+    g.close()
+    assert redis_server.client().zcard(key) == 0

@@ -194,7 +194,8 @@ class Gate(AsyncCalls, SyncCalls):
         self._core.closed = True
         shared = self._core.shared
         if shared is not None:
-            shared.close()
+            for op in shared.close():  # what was given back and not yet told the fleet
+                getattr(shared.fleet, op.name + "_sync")(*op.args, **op.kwargs)
             if self._own_fleet:
                 shared.fleet.close()
 
@@ -203,7 +204,8 @@ class Gate(AsyncCalls, SyncCalls):
         self._core.closed = True
         shared = self._core.shared
         if shared is not None:
-            shared.close()
+            for op in shared.close():  # what was given back and not yet told the fleet
+                await getattr(shared.fleet, op.name)(*op.args, **op.kwargs)
             if self._own_fleet:
                 await shared.fleet.aclose()
 

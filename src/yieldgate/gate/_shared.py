@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import logging
 import threading
 import time
 from collections import deque
@@ -58,6 +59,7 @@ HEARTBEAT_EVERY_S = 1.0
 ACTIVE_S = 3.0
 REJOIN_EVERY_S = 1.0
 PRIORITY_OF = {rank: priority for priority, rank in RANK.items()}
+log = logging.getLogger("yieldgate")
 
 
 class FleetOp(NamedTuple):
@@ -365,7 +367,7 @@ class Shared:
 
     def _ensure_worker(self) -> None:
         # Under ``_cond``: a worker exits only under it, having seen nothing to do.
-        if self._worker is None and not self._stopped:
+        if self._worker is None and (self._soon or not self._stopped):
             self._worker = threading.Thread(
                 target=self._work, name=f"yieldgate-fleet-{self.gate}", daemon=True
             )
@@ -380,10 +382,10 @@ class Shared:
         while True:
             with self._cond:
                 while True:
-                    if self._stopped or (not self.leases and not self._soon):
+                    if not self._soon and (self._stopped or not self.leases):
                         self._worker = None
                         return
-                    if self._soon:
+                    if self._soon:  # run even once closed: they give back what was taken
                         break
                     left = renew_at - time.monotonic()
                     if left <= 0:
@@ -392,19 +394,36 @@ class Shared:
                 ops = list(self._soon)
                 self._soon.clear()
                 renew: dict[str, list[str]] = {}
-                if time.monotonic() >= renew_at:
+                if time.monotonic() >= renew_at and not self._stopped:
                     renew_at = time.monotonic() + every
                     for lease, upstream in self.leases.items():
                         renew.setdefault(upstream, []).append(lease)
             for op in ops:
-                getattr(self.fleet, op.name + "_sync")(*op.args, **op.kwargs)
+                try:
+                    getattr(self.fleet, op.name + "_sync")(*op.args, **op.kwargs)
+                except Exception:  # pragma: no cover - a fleet op answers None, never raises
+                    log.exception("a fleet operation of gate %r raised", self.gate)
             for upstream, leases in renew.items():
                 self.fleet.renew_sync(upstream, leases)
 
-    def close(self) -> None:
+    def close(self) -> list[FleetOp]:
+        """Stop renewing; the ops still to run (what leases and attempts gave back, not
+        run yet), for the closing Gate to run before its fleet link closes."""
         with self._cond:
             self._stopped = True
+            ops = list(self._soon)
+            self._soon.clear()
             self._cond.notify()
+            worker = self._worker
+        if worker is not None and worker is not threading.current_thread():
+            # The ops it is running now reach Redis before the link closes.
+            worker.join(self.policy.budget_s * 4)
+        while self.backlog:
+            try:
+                ops.append(self.backlog.popleft())
+            except IndexError:
+                break
+        return ops
 
     def forked(self) -> None:
         """In a forked child: the parent's leases, ops and thread are not this
