@@ -545,3 +545,41 @@ def test_a_response_never_closed_returns_its_slot_when_collected(flavor: str) ->
     gc.collect()
     assert gate.statistics().window.inflight == 0
     transport.close()
+
+
+def test_a_sync_client_inside_async_code_is_refused_unless_allowed(server: ServerProcess) -> None:
+    """A sync client called from a thread that runs an event loop (an ``async def`` that
+    called openai's sync client by mistake, a Jupyter cell) would block the loop while it
+    waits: it raises ``BlockingCallError`` (through openai, as it is) before anything is
+    sent, unless the client was made with ``allow_event_loop=True``."""
+    import anyio
+
+    gate = Gate(name="refused")
+    refused = yieldgate.openai_client(
+        gate, sync=True, base_url=f"{server.http_url}/v1", api_key="k"
+    )
+    allowed = yieldgate.openai_client(
+        gate, sync=True, base_url=f"{server.http_url}/v1", api_key="k", allow_event_loop=True
+    )
+
+    async def inside_a_loop() -> tuple[BaseException | None, str]:
+        caught: BaseException | None = None
+        try:
+            refused.chat.completions.create(**chat("no"))
+        except yieldgate.BlockingCallError as exc:
+            caught = exc
+        reply = allowed.chat.completions.create(**chat("yes"))
+        return caught, str(reply.choices[0].message.content)
+
+    try:
+        caught, content = anyio.run(inside_a_loop)
+    finally:
+        refused.close()
+        allowed.close()
+    assert isinstance(caught, yieldgate.BlockingCallError)
+    assert "yes" in content
+    stats = gate.statistics()
+    assert stats.attempts == 1  # the refused request took nothing and sent nothing
+    assert stats.window.inflight == 0
+    with pytest.raises(ValueError, match="sync transports"):
+        yieldgate.gate_transport(gate, allow_event_loop=True)

@@ -74,8 +74,10 @@ class SyncCalls(GateBase):
                 f"gate {self.name!r}: {what} was called from a thread that runs an event "
                 "loop; waiting here would block the loop (and the tasks that could free a "
                 "slot) until the call's deadline. Await the async form, or run the sync "
-                "code in a worker thread (anyio.to_thread.run_sync); pass "
-                "allow_event_loop=True only if this call can never wait"
+                "code in a worker thread (anyio.to_thread.run_sync). In a Jupyter cell "
+                "(which runs on the kernel's loop), or where no task of this loop holds "
+                "the Gate's slots, pass allow_event_loop=True (to a sync client: "
+                "http_client, openai_client, huggingface_clients)"
             )
 
     def _run_sync(

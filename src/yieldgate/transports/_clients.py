@@ -37,6 +37,7 @@ def openai_client(
     sync: bool = False,
     dialect: str | HttpDialect = "openai",
     timeout: float | UsePolicy | None = USE_POLICY,
+    allow_event_loop: bool = False,
     **client_kwargs: Any,
 ) -> Any:
     """An ``openai.AsyncOpenAI`` (``sync=True``: ``openai.OpenAI``) that calls through ``gate``.
@@ -53,6 +54,8 @@ def openai_client(
     ``timeout`` is each request's total time in the Gate, retries and waits
     included, as for ``http_client``; openai's own per-request timeout keeps
     its default (``client.with_options(timeout=...)`` changes it).
+    ``allow_event_loop=True`` lets a sync client be used from a thread that runs
+    an event loop (a Jupyter cell: see ``gate_transport``).
     """
     for name in ("http_client", "max_retries"):
         if name in client_kwargs:
@@ -62,7 +65,14 @@ def openai_client(
             )
     openai = _import("openai", "openai")
     flavor = detect_flavor(client="openai")
-    http = http_client(gate, dialect=dialect, flavor=flavor, sync=sync, timeout=timeout)
+    http = http_client(
+        gate,
+        dialect=dialect,
+        flavor=flavor,
+        sync=sync,
+        timeout=timeout,
+        allow_event_loop=allow_event_loop,
+    )
     client_class = openai.OpenAI if sync else openai.AsyncOpenAI
     return client_class(http_client=http, max_retries=0, **client_kwargs)
 
@@ -74,6 +84,7 @@ def huggingface_clients(
     dialect: str | HttpDialect = "huggingface",
     timeout: float | UsePolicy | None = USE_POLICY,
     include_hub: bool = False,
+    allow_event_loop: bool = False,
 ) -> Iterator[None]:
     """Send huggingface_hub's HTTP clients through ``gate`` inside a ``with`` block.
 
@@ -91,9 +102,10 @@ def huggingface_clients(
     background requests) go around it, unless ``include_hub=True``: the Hub is
     another upstream, and its failures (an offline machine cannot resolve
     huggingface.co) must not open the breaker of the endpoint the Gate guards.
-    ``dialect`` and ``timeout`` are as for ``http_client``; like the library's
-    own clients, the Gate's follow redirects and set no network timeout of
-    their own (the inference clients pass theirs per request).
+    ``dialect``, ``timeout`` and ``allow_event_loop`` (for the sync clients: a
+    Jupyter cell runs on an event loop) are as for ``http_client``; like the
+    library's own clients, the Gate's follow redirects and set no network
+    timeout of their own (the inference clients pass theirs per request).
 
     The factories are process-wide: every thread's huggingface_hub calls go
     through the block's Gate while it is active. Blocks nest in one thread
@@ -113,7 +125,14 @@ def huggingface_clients(
     )
 
     def make(sync: bool) -> Any:
-        gated = gate_transport(gate, dialect=dialect, flavor=flavor, sync=sync, timeout=timeout)
+        gated = gate_transport(
+            gate,
+            dialect=dialect,
+            flavor=flavor,
+            sync=sync,
+            timeout=timeout,
+            allow_event_loop=allow_event_loop and sync,
+        )
         transport = gated
         if hub_origin is not None:
             plain = lib.HTTPTransport() if sync else lib.AsyncHTTPTransport()

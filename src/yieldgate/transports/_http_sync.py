@@ -16,7 +16,7 @@ import functools
 from collections.abc import Iterator
 from typing import Any
 
-from yieldgate._exceptions import YieldgateError
+from yieldgate._exceptions import BlockingCallError, YieldgateError
 from yieldgate.dialects import HttpDialect, get_dialect
 from yieldgate.gate import USE_POLICY, AttemptInfo, Gate, UsePolicy
 from yieldgate.transports._flavor import library
@@ -76,6 +76,10 @@ def _out_of_time(attempt: AttemptInfo | None) -> bool:
 
 
 class _SyncGated(GatedCore):
+    # Requests from a thread that runs an event loop are refused unless this is set
+    # (``Gate.call_sync``'s ``allow_event_loop``).
+    allow_event_loop = False
+
     def handle(self, request: Any) -> Any:
         # Attempts after the first resend the body: load it once.
         request.read()
@@ -91,7 +95,10 @@ class _SyncGated(GatedCore):
                 classify=self.dialect,
                 discard=_close_response,
                 cost=self.cost(request),
+                allow_event_loop=self.allow_event_loop,
             )
+        except BlockingCallError:
+            raise  # a mistake in the caller's code, not the upstream's: said as it is
         except YieldgateError as exc:
             return given_up(exc, request, self.lib)
         return self.settle(response, lease)
@@ -224,11 +231,13 @@ def sync_transport_class(flavor: str) -> type:
             dialect: str | HttpDialect = "openai",
             inner: Any = None,
             timeout: float | UsePolicy | None = USE_POLICY,
+            allow_event_loop: bool = False,
         ) -> None:
             inner = inner if inner is not None else lib.HTTPTransport()
             self._core = _SyncGated(
                 gate, get_dialect(dialect), inner, lib, Leased, Prefetched, timeout
             )
+            self._core.allow_event_loop = allow_event_loop
 
         @property
         def gate(self) -> Gate:

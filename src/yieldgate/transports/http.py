@@ -95,6 +95,7 @@ def gate_transport(
     sync: bool = False,
     inner: Any = None,
     timeout: float | UsePolicy | None = USE_POLICY,
+    allow_event_loop: bool = False,
 ) -> Any:
     """A transport of httpx or httpx2 that sends every request through ``gate``.
 
@@ -105,10 +106,20 @@ def gate_transport(
     responses mean (a name or an ``HttpDialect``); ``timeout`` is each
     request's total time, retries and waits included (seconds; ``USE_POLICY``,
     the default: the Gate policy's ``total_s``; ``None``: no limit).
+
+    A sync transport refuses a request made from a thread that runs an event loop
+    (``BlockingCallError``: an ``async def`` calling a sync client, or a Jupyter
+    cell, which runs on the kernel's loop), unless ``allow_event_loop=True``
+    (see ``Gate.call_sync``).
     """
     chosen = _resolve(flavor, inner, sync)
-    transport_class = sync_transport_class(chosen) if sync else async_transport_class(chosen)
-    return transport_class(gate, dialect=dialect, inner=inner, timeout=timeout)
+    if not sync:
+        if allow_event_loop:
+            raise ValueError("allow_event_loop is for sync transports (sync=True)")
+        return async_transport_class(chosen)(gate, dialect=dialect, inner=inner, timeout=timeout)
+    return sync_transport_class(chosen)(
+        gate, dialect=dialect, inner=inner, timeout=timeout, allow_event_loop=allow_event_loop
+    )
 
 
 def http_client(
@@ -119,6 +130,7 @@ def http_client(
     sync: bool = False,
     inner: Any = None,
     timeout: float | UsePolicy | None = USE_POLICY,
+    allow_event_loop: bool = False,
     **client_kwargs: Any,
 ) -> Any:
     """A ready ``AsyncClient`` (``sync=True``: a ``Client``) whose requests go through ``gate``.
@@ -134,8 +146,9 @@ def http_client(
     ``timeout`` is each request's total time in the Gate, retries and waits
     included (seconds; ``USE_POLICY``: the policy's ``total_s``; ``None``: no
     limit). The library's own network timeouts apply to each attempt: pass
-    them per request, or set ``client.timeout``. ``client_kwargs`` go to the
-    client (``base_url``, ``headers``, ``follow_redirects``, ...)::
+    them per request, or set ``client.timeout``. ``allow_event_loop`` is as for
+    ``gate_transport``. ``client_kwargs`` go to the client (``base_url``,
+    ``headers``, ``follow_redirects``, ...)::
 
         client = openai.AsyncOpenAI(
             base_url=url, http_client=yieldgate.http_client(gate), max_retries=0
@@ -147,7 +160,13 @@ def http_client(
         raise TypeError("http_client builds the transport itself: pass yours as inner=")
     chosen = _resolve(flavor, inner, sync)
     transport = gate_transport(
-        gate, dialect=dialect, flavor=chosen, sync=sync, inner=inner, timeout=timeout
+        gate,
+        dialect=dialect,
+        flavor=chosen,
+        sync=sync,
+        inner=inner,
+        timeout=timeout,
+        allow_event_loop=allow_event_loop,
     )
     lib = library(chosen)
     client_class = lib.Client if sync else lib.AsyncClient
