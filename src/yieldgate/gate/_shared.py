@@ -38,6 +38,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import logging
+import math
 import threading
 import time
 from collections import deque
@@ -117,6 +118,9 @@ class Shared:
         self._soon: deque[FleetOp] = deque()
         self._worker: threading.Thread | None = None
         self._stopped = False
+        # When the leases held are next renewed (a third of their TTL after the
+        # earliest grant or renewal not yet followed by one).
+        self._renew_at = math.inf
 
     # -- before admission -----------------------------------------------------------
 
@@ -327,9 +331,13 @@ class Shared:
     # -- leases ------------------------------------------------------------------------
 
     def leased(self, up: Upstream, lease: str) -> None:
-        """A lease was granted: renew it until it is released."""
+        """A lease was granted: renew it, a third of its TTL from now, until it is released."""
+        due = time.monotonic() + self.policy.lease_ttl_s / 3  # from the grant, not the worker
         with self._cond:
             self.leases[lease] = up.name
+            if due < self._renew_at:
+                self._renew_at = due
+                self._cond.notify()
             self._ensure_worker()
 
     def released(self, lease: str) -> None:
@@ -378,24 +386,24 @@ class Shared:
         the ops handed over; end when there is neither (a member that dies stops
         renewing, and its leases lapse)."""
         every = self.policy.lease_ttl_s / 3
-        renew_at = time.monotonic() + every
         while True:
             with self._cond:
                 while True:
                     if not self._soon and (self._stopped or not self.leases):
                         self._worker = None
+                        self._renew_at = math.inf
                         return
                     if self._soon:  # run even once closed: they give back what was taken
                         break
-                    left = renew_at - time.monotonic()
+                    left = self._renew_at - time.monotonic()
                     if left <= 0:
                         break
                     self._cond.wait(left)
                 ops = list(self._soon)
                 self._soon.clear()
                 renew: dict[str, list[str]] = {}
-                if time.monotonic() >= renew_at and not self._stopped:
-                    renew_at = time.monotonic() + every
+                if time.monotonic() >= self._renew_at and not self._stopped:
+                    self._renew_at = time.monotonic() + every
                     for lease, upstream in self.leases.items():
                         renew.setdefault(upstream, []).append(lease)
             for op in ops:
