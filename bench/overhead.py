@@ -119,7 +119,7 @@ def report(title: str, best: dict[str, float], goal: float) -> None:
     tenacity_overhead = best["tenacity"] - bare
     for name in ("gate", "gate, no telemetry"):
         ratio = (best[name] - bare) / tenacity_overhead
-        print(f"ratio {name} / tenacity (overhead): {ratio:.2f} (goal <= {goal:.1f})")
+        print(f"ratio {name} / tenacity (overhead): {ratio:.2f} (goal <= {goal:g})")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
