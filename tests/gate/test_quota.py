@@ -20,7 +20,15 @@ import anyio
 import httpx
 import pytest
 
-from yieldgate import Cost, Gate, GatePolicy, Priority, QuotaPolicy, RequestTooLargeError
+from yieldgate import (
+    Cost,
+    Gate,
+    GatePolicy,
+    Priority,
+    QuotaPolicy,
+    RequestTooLargeError,
+    WindowPolicy,
+)
 from yieldgate.dialects import OPENAI
 from yieldgate.gate import NullInstrumentation
 from yieldgate.gate._quota import Claim, Quota, QuotaReading
@@ -286,6 +294,35 @@ async def test_higher_priorities_go_first_when_the_quota_binds() -> None:
         tg.start_soon(one, "high", Priority.HIGH)
     assert order[0] == "high"
     assert order[1:] == ["low0", "low1", "low2"]
+
+
+async def test_a_call_that_waited_for_the_quota_still_waits_for_the_window() -> None:
+    """A call paced by the quota took no window slot once its claim fitted: with a window
+    of one, attempts that had waited for the quota ran beside the one in flight."""
+    gate = Gate(
+        GatePolicy(
+            window=WindowPolicy.fixed(1),
+            quota=QuotaPolicy(requests_per_minute=60, learn=False),
+        ),
+        name="quota-window",
+        clock=anyio.current_time,
+        instrumentation=NullInstrumentation(),
+    )
+    running = peak = 0
+
+    async def slow() -> None:
+        nonlocal running, peak
+        running += 1
+        peak = max(peak, running)
+        await anyio.sleep(5)  # longer than the quota's one request a second
+        running -= 1
+
+    await gate.call(_noop, cost=Cost(60))  # the minute spent: the next calls are paced
+    async with anyio.create_task_group() as tg:
+        for _ in range(3):
+            tg.start_soon(gate.call, slow)
+    assert peak == 1
+    assert gate.statistics().window.inflight == 0
 
 
 async def _noop() -> None:

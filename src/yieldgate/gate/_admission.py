@@ -102,10 +102,8 @@ def admit(call: CallState, attempt: Attempt) -> Steps:
         if paced is None:
             continue
         provisional = not up.quota.active
-        if paced or (yield from _window(call, attempt, up)):
-            waited = True
-        elif attempt.permit is None:  # pragma: no cover - _window always ends with one
-            continue
+        queued = yield from _window(call, attempt, up)
+        waited = waited or paced or queued
         if provisional and up.quota.active:
             # Taken while no bucket was known, and one was learnt meanwhile: the
             # claim queues again, by the quota's order.
@@ -231,6 +229,7 @@ def _window(call: CallState, attempt: Attempt, up: Upstream) -> Steps:
             call.priority, call.signal.wake, key=call.started, not_after=latest
         )
         held = window.held_until(call.priority, now) > 0
+    queued_at = now
     try:
         while True:
             with lock:
@@ -251,7 +250,7 @@ def _window(call: CallState, attempt: Attempt, up: Upstream) -> Steps:
     finally:
         if held:  # waiting out a hint, as a retry's sleep would
             with lock:
-                core.counters.waited_s += clock() - now
+                core.counters.waited_s += clock() - queued_at
     return True
 
 
