@@ -11,6 +11,7 @@ the event loop on Redis, and a lease the renewer never renewed. Real time here
 
 from __future__ import annotations
 
+import gc
 import itertools
 import threading
 import time
@@ -419,3 +420,29 @@ def test_a_lease_released_just_before_close_reaches_redis(
     lease.release()
     g.close()
     assert redis_server.client().zcard(key) == 0
+
+
+def test_a_lease_dropped_unreleased_gives_its_slot_and_fleet_lease_back(
+    redis_server: RedisServer, gate: str
+) -> None:
+    """A ``Lease`` garbage collected without ``release``: its window slot comes back at
+    once, and its fleet lease is released in Redis (not renewed for ever)."""
+    g = Gate(
+        GatePolicy(fleet=FleetPolicy(inflight_cap=2, lease_ttl_s=3, budget_s=1.0)),
+        name=gate,
+        shared=redis_server.url,
+    )
+    try:
+        _, lease = g.call_and_hold_sync(lambda: "ok")
+        key = g._core.shared.fleet.keys.leases(gate)  # type: ignore[union-attr]
+        assert redis_server.client().zcard(key) == 1
+        del lease
+        gc.collect()
+        assert g.statistics().window.inflight == 0
+        end = time.monotonic() + 10  # well under the lease's life if it were renewed
+        while redis_server.client().zcard(key) and time.monotonic() < end:
+            time.sleep(0.01)
+        assert redis_server.client().zcard(key) == 0
+        assert held(g) == []
+    finally:
+        g.close()

@@ -197,17 +197,31 @@ class GateCore:
             return
         if self.lock.acquire(blocking=False):
             try:
-                held.give_back(Signal.CANCELLED)
+                held.give_back(Signal.CANCELLED, collected=True)
             finally:
                 self.lock.release()
             return
         self.orphans.append(held)
 
-    def reclaim(self, now: float) -> None:
-        """Give back dropped and lapsed leases (under the lock)."""
+    def drain_orphans(self) -> None:
+        """Give back what dropped leases left (the fleet's worker calls it as it goes)."""
+        if self.orphans:
+            with self.lock:
+                self._reclaim_orphans()
+            self.after_lock()
+
+    def _reclaim_orphans(self) -> None:
         orphans = self.orphans
         while orphans:
-            orphans.popleft().give_back(Signal.CANCELLED)
+            try:
+                held = orphans.popleft()
+            except IndexError:  # pragma: no cover - taken by another thread
+                return
+            held.give_back(Signal.CANCELLED)
+
+    def reclaim(self, now: float) -> None:
+        """Give back dropped and lapsed leases (under the lock)."""
+        self._reclaim_orphans()
         if now < self.next_lapse:
             return
         soonest = float("inf")
@@ -355,18 +369,31 @@ class Held:
     def released(self) -> bool:
         return self.permit is None and self.lease is None
 
-    def give_back(self, signal: Signal) -> None:
-        """Give back the slot and the fleet lease, once (under the Gate's lock)."""
-        permit, self.permit = self.permit, None
-        lease, self.lease = self.lease, None
+    def give_back(self, signal: Signal, *, collected: bool = False) -> None:
+        """Give back the slot and the fleet lease, once (under the Gate's lock).
+
+        ``collected``: called from a garbage collector's finalizer, which may run
+        inside any code of this thread (the fleet link's own included): the fleet
+        lease is then released only if that takes no waiting; else it is left to the
+        next caller that looks (``GateCore.reclaim``).
+        """
         core = self.core
+        permit, self.permit = self.permit, None
         if self.epoch != core.epoch:
+            self.lease = None
             return  # a forked parent's slot
-        core.held.discard(self)
         if permit is not None:
             self.up.window.release(permit, signal)
-        if lease is not None and core.shared is not None:
-            core.shared.release(self.up, lease, soon=True)
+        lease = self.lease
+        shared = core.shared
+        if lease is not None and shared is not None:
+            if collected and not shared.release_nowait(self.up, lease):
+                core.orphans.append(self)  # its fleet lease, given back by reclaim
+                return
+            if not collected:
+                shared.release(self.up, lease, soon=True)
+        self.lease = None
+        core.held.discard(self)
 
     def lapsed(self, now: float) -> bool:
         idle = self.idle_s

@@ -102,6 +102,7 @@ class Gate(AsyncCalls, SyncCalls):
         if shared is not None:
             fleet = self._fleet(shared)
             core.shared = Shared(fleet, self.policy.fleet, self.name, self.policy.budget)
+            core.shared.drain = core.drain_orphans
         if upstreams is None:
             core.upstreams.append(
                 core.make_upstream(self.name, None, label=self.name, latency=core.latency)

@@ -108,6 +108,9 @@ class Shared:
         # Upstreams whose last verdict this member reported was a failure: only then
         # does a success need telling (it ends the fleet's run of failures).
         self._failing: set[str] = set()
+        # What the worker runs first on each round (the Gate gives back the fleet leases
+        # of its dropped leases: ``GateCore.drain_orphans``).
+        self.drain: Callable[[], None] | None = None
         self._init_worker()
 
     def _init_worker(self) -> None:
@@ -354,6 +357,21 @@ class Shared:
         else:
             self.backlog.append(op)
 
+    def release_nowait(self, up: Upstream, lease: str) -> bool:
+        """``release(soon=True)`` if that takes no waiting and no new thread (a garbage
+        collector's finalizer may run inside this very code); ``False``: not done."""
+        if not self._cond.acquire(blocking=False):
+            return False
+        try:
+            if self._worker is None:
+                return False
+            self.leases.pop(lease, None)
+            self._soon.append(FleetOp("release", (up.name, lease)))
+            self._cond.notify()
+        finally:
+            self._cond.release()
+        return True
+
     def run_soon(self, ops: Sequence[FleetOp]) -> None:
         """Have the worker run ``ops`` now, off every caller's path."""
         with self._cond:
@@ -387,6 +405,9 @@ class Shared:
         renewing, and its leases lapse)."""
         every = self.policy.lease_ttl_s / 3
         while True:
+            drain = self.drain
+            if drain is not None:
+                drain()  # outside ``_cond``: it takes the Gate's lock, then ours
             with self._cond:
                 while True:
                     if not self._soon and (self._stopped or not self.leases):
