@@ -128,7 +128,14 @@ def _reraise(error: BaseException) -> None:
 
 
 class CallObserver(Protocol):
-    """Hears about one call."""
+    """Hears about one call.
+
+    Like every hook of an ``Instrumentation``, each method is called outside the
+    Gate's lock, after what it reports has been given back (a slot, a claim), in
+    the caller's task or thread: it may call the Gate (``statistics()``, other
+    calls). What it raises is logged (logger ``yieldgate``) and otherwise
+    ignored; it should not block for long.
+    """
 
     def scope(self) -> contextlib.AbstractContextManager[None]:
         """Entered around the call, e.g. to make its span current."""
@@ -142,7 +149,14 @@ class CallObserver(Protocol):
 
 
 class Instrumentation(Protocol):
-    """What the Gate reports to."""
+    """What the Gate reports to.
+
+    ``start_call`` is called as a call starts, ``on_breaker_change`` and
+    ``on_window_change`` after the change they report, once the Gate's lock is
+    released (by whichever task or thread made the change). None of them can
+    stop a call or a give-back: what they raise is logged (logger
+    ``yieldgate``), and a ``start_call`` that raises leaves its call unobserved.
+    """
 
     def start_call(self, gate: str, priority: str) -> CallObserver: ...
 
