@@ -397,7 +397,9 @@ class Held:
 
     def lapsed(self, now: float) -> bool:
         idle = self.idle_s
-        return idle is not None and not self.reading and now - self.touched >= idle
+        # The same sum as the time a waiter wakes for it (``reclaim``): a difference
+        # compared with ``idle`` may round below it at that very time.
+        return idle is not None and not self.reading and now >= self.touched + idle
 
 
 # Every Gate's core, for the fork handlers.
