@@ -4,16 +4,25 @@ asyncio runs on ``VirtualTimeLoop`` (tests/vtime.py); trio on its own
 ``MockClock`` with ``autojump_threshold=0``, which jumps to the next deadline
 whenever every task is blocked. The Gate, the window, the breaker and the rate
 cap are the same code under both.
+
+Every test here ends with the ledger's invariant checked on each Gate it
+built: once the test is over, none holds anything that no live lease
+accounts for (``GateCore.audit``, tests/gate/holdings.py).
 """
 
 from __future__ import annotations
 
+import gc
+import sys
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from trio.testing import MockClock
 
+from tests.gate.holdings import core_held
 from tests.vtime import VirtualTimeLoop, gates_read_the_loop_clock
+from yieldgate.gate._core import _CORES
 
 
 @pytest.fixture(
@@ -31,3 +40,58 @@ def anyio_backend(request: pytest.FixtureRequest) -> tuple[str, dict[str, Any]]:
 @pytest.fixture(autouse=True)
 def _loop_clock(monkeypatch: pytest.MonkeyPatch) -> None:
     gates_read_the_loop_clock(monkeypatch)
+
+
+@pytest.fixture(autouse=True)
+def _nothing_held_after_the_test() -> Iterator[None]:
+    """Each Gate the test built holds nothing once it is over (its leases collected),
+    and every call it counted has ended.
+
+    ``_CORES`` holds the cores weakly, and most tests drop their Gate when they
+    return: the cores built during the test are kept here (``_CORES.add``
+    recorded) until they are looked at. A test that builds thousands (the
+    ledger machine) has those nothing else refers to any more looked at as it
+    goes: no call can run on a core nobody holds.
+    """
+    built: list[Any] = []
+    problems: list[str] = []
+    add = _CORES.add
+    sweep_at = 256
+
+    def record(core: Any) -> None:
+        nonlocal sweep_at
+        add(core)
+        built.append(core)
+        if len(built) >= sweep_at:
+            kept = []
+            for old in built:
+                # Three references: the list's, ``old``'s and getrefcount's argument.
+                if sys.getrefcount(old) > 3:
+                    kept.append(old)
+                else:
+                    problems.extend(_ledger(old, old.audit()))
+            built[:] = kept
+            sweep_at = max(256, 2 * len(kept))
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(_CORES, "add", record)
+        yield
+    # Collecting can only give back (a dropped lease's slot): look first, collect if needed.
+    found = [p for core in built for p in _ledger(core, core.audit())]
+    if found:
+        gc.collect()
+        found = [p for core in built for p in _ledger(core, core_held(core))]
+    problems += found
+    if problems:
+        pytest.fail("a Gate still holds, after the test:\n" + "\n".join(problems))
+
+
+def _ledger(core: Any, problems: list[str]) -> list[str]:
+    """``problems``, and a call counted but never ended (neither ok nor failed)."""
+    c = core.counters
+    if c.calls != c.calls_ok + c.calls_failed:
+        problems = [
+            *problems,
+            f"{core.name}: {c.calls} calls counted, {c.calls_ok} ok, {c.calls_failed} failed",
+        ]
+    return problems

@@ -13,12 +13,16 @@ from __future__ import annotations
 import time
 from typing import Any
 
-__all__ = ["held"]
+__all__ = ["core_held", "held"]
 
 
 def held(gate: Any, *, settle_s: float = 5.0) -> list[str]:
     """Everything ``gate`` still holds, one line each (``[]``: nothing)."""
-    core = gate._core
+    return core_held(gate._core, settle_s=settle_s)
+
+
+def core_held(core: Any, *, settle_s: float = 5.0) -> list[str]:
+    """``held``, for a Gate's core (``GateCore``)."""
     problems: list[str] = core.audit()
     shared = core.shared
     if shared is None:
