@@ -43,7 +43,7 @@ def _loop_clock(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.fixture(autouse=True)
-def _nothing_held_after_the_test() -> Iterator[None]:
+def _nothing_held_after_the_test(request: pytest.FixtureRequest) -> Iterator[None]:
     """Each Gate the test built holds nothing once it is over (its leases collected),
     and every call it counted has ended.
 
@@ -56,6 +56,9 @@ def _nothing_held_after_the_test() -> Iterator[None]:
     built: list[Any] = []
     problems: list[str] = []
     add = _CORES.add
+    # A test that interrupts calls at arbitrary lines (test_interrupts.py) may leave a
+    # call counted and never ended: what it holds is checked, not its counters.
+    counters = request.node.get_closest_marker("counters_may_drift") is None
     sweep_at = 256
 
     def record(core: Any) -> None:
@@ -69,7 +72,7 @@ def _nothing_held_after_the_test() -> Iterator[None]:
                 if sys.getrefcount(old) > 3:
                     kept.append(old)
                 else:
-                    problems.extend(_ledger(old, old.audit()))
+                    problems.extend(_ledger(old, old.audit(), counters))
             built[:] = kept
             sweep_at = max(256, 2 * len(kept))
 
@@ -77,19 +80,19 @@ def _nothing_held_after_the_test() -> Iterator[None]:
         patch.setattr(_CORES, "add", record)
         yield
     # Collecting can only give back (a dropped lease's slot): look first, collect if needed.
-    found = [p for core in built for p in _ledger(core, core.audit())]
+    found = [p for core in built for p in _ledger(core, core.audit(), counters)]
     if found:
         gc.collect()
-        found = [p for core in built for p in _ledger(core, core_held(core))]
+        found = [p for core in built for p in _ledger(core, core_held(core), counters)]
     problems += found
     if problems:
         pytest.fail("a Gate still holds, after the test:\n" + "\n".join(problems))
 
 
-def _ledger(core: Any, problems: list[str]) -> list[str]:
+def _ledger(core: Any, problems: list[str], counters: bool = True) -> list[str]:
     """``problems``, and a call counted but never ended (neither ok nor failed)."""
     c = core.counters
-    if c.calls != c.calls_ok + c.calls_failed:
+    if counters and c.calls != c.calls_ok + c.calls_failed:
         problems = [
             *problems,
             f"{core.name}: {c.calls} calls counted, {c.calls_ok} ok, {c.calls_failed} failed",
