@@ -264,13 +264,13 @@ def _lease(call: CallState, attempt: Attempt, up: Upstream) -> Steps:
     op = FleetOp("acquire", (up.name, shared.policy.inflight_cap))
     lock, clock = core.lock, core.clock
     with lock:
-        turn = attempt.turn = shared.join_line(up, call.priority, call.started, call.signal.wake)
+        turn = attempt.turn = shared.line.join(up, call.priority, call.started, call.signal.wake)
     waited = False
     while True:
         with lock:
             now = clock()
-            first = shared.first_in_line(up, turn)
-            pause = shared.lease_pause(up, now) if first else 0.0
+            first = shared.line.first(up, turn)
+            pause = shared.line.pause(up, now) if first else 0.0
             if not first or pause > 0:
                 call.signal.clear()
         if not first:
@@ -288,9 +288,9 @@ def _lease(call: CallState, attempt: Attempt, up: Upstream) -> Steps:
                     attempt.lease = got
                     shared.leased(up, got)
                 attempt.turn = None
-                shared.leave_line(up, turn)
+                shared.line.leave(up, turn)
                 return waited
-            shared.lease_refused(up, clock(), core.rng.random())
+            shared.line.refused(up, clock(), core.rng.random())
         waited = True
 
 

@@ -207,7 +207,7 @@ class Attempt:
                 up.quota.leave(claim)
         turn, self.turn = self.turn, None
         if turn is not None and shared is not None:
-            shared.leave_line(up, turn)
+            shared.line.leave(up, turn)
         waiter, self.waiter = self.waiter, None
         if waiter is not None:
             up.window.abandon(waiter)  # hands on a permit granted just now

@@ -14,7 +14,7 @@ things with the other members of its fleet through a ``yieldgate.fleet.Fleet``:
   holds at most every ``HOLDS_EVERY_S`` before admitting (``holds``).
 - **in-flight leases**, with ``FleetPolicy.inflight_cap``: an attempt sends
   only with a lease (``acquire``), given back when it ends (``release``).
-  The callers of one member wait for a lease in a line (``Turn``), by
+  The callers of one member wait for a lease in a line (``_lease_line``), by
   priority then arrival, as they do for a window slot; only the head asks
   Redis, so each member polls at one pace however many of its calls wait.
 
@@ -35,8 +35,6 @@ cancelled attempt gave back after its driver could no longer await.
 
 from __future__ import annotations
 
-import heapq
-import itertools
 import logging
 import math
 import threading
@@ -46,13 +44,13 @@ from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 from yieldgate.gate._breaker import BreakerState
+from yieldgate.gate._lease_line import LeaseLine
 from yieldgate.gate._policy import FleetPolicy, RetryBudgetPolicy
 from yieldgate.gate._quota import Claim, Cost, QuotaReading
 from yieldgate.gate._upstream import Upstream
 from yieldgate.gate._window import RANK
-from yieldgate.protocol import Priority
 
-__all__ = ["FleetOp", "Shared", "Turn"]
+__all__ = ["FleetOp", "Shared"]
 
 HOLDS_EVERY_S = 0.025
 HEARTBEAT_EVERY_S = 1.0
@@ -72,16 +70,6 @@ class FleetOp(NamedTuple):
     kwargs: dict[str, Any] = {}  # noqa: RUF012 - never mutated
 
 
-class Turn:
-    """A caller's place in the line for a fleet lease; ``wake`` is its driver's."""
-
-    __slots__ = ("gone", "wake")
-
-    def __init__(self, wake: Callable[[], None]) -> None:
-        self.wake = wake
-        self.gone = False
-
-
 class Shared:
     """The fleet a Gate belongs to, and the state of its link (see the module docstring)."""
 
@@ -98,10 +86,8 @@ class Shared:
         self._shapes_due: dict[str, float] = {}
         self._heartbeat_due: dict[str, float] = {}
         self.members: dict[str, int] = {}
-        self._lease_poll: dict[str, float] = {}  # upstream -> no lease asked before
-        # Per upstream, the line for a lease: (-rank, arrival key, seq, turn).
-        self._lines: dict[str, list[tuple[int, float, int, Turn]]] = {}
-        self._seq = itertools.count()
+        # The callers of this member waiting for a fleet lease (``_lease_line``).
+        self.line = LeaseLine(policy.poll_s)
         # Calls made and not yet told the fleet's retry budget (told in batches).
         self.deposits = 0
         self._deposited = -1.0
@@ -285,52 +271,6 @@ class Shared:
 
     # -- after an attempt --------------------------------------------------------------
 
-    def lease_pause(self, up: Upstream, now: float) -> float:
-        """How long the head of the line waits before asking for a lease again."""
-        return self._lease_poll.get(up.name, 0.0) - now
-
-    def lease_refused(self, up: Upstream, now: float, draw: float) -> None:
-        """The cap is reached: nobody here asks again for a jittered ``poll_s``."""
-        pause = self.policy.poll_s * (0.5 + draw)
-        self._lease_poll[up.name] = max(self._lease_poll.get(up.name, 0.0), now + pause)
-
-    # -- the line for a lease (under the Gate's lock) --------------------------------
-
-    def join_line(
-        self, up: Upstream, priority: Priority, key: float, wake: Callable[[], None]
-    ) -> Turn:
-        """Stand in ``up``'s line for a lease, by priority then arrival."""
-        turn = Turn(wake)
-        line = self._lines.setdefault(up.name, [])
-        heapq.heappush(line, (-RANK[priority], key, next(self._seq), turn))
-        head = self._head(up)
-        if head is turn and len(line) > 1:
-            for _, _, _, other in line:
-                if other is not turn and not other.gone:
-                    other.wake()  # the old head stands back
-                    break
-        return turn
-
-    def _head(self, up: Upstream) -> Turn | None:
-        line = self._lines.get(up.name)
-        while line and line[0][3].gone:
-            heapq.heappop(line)
-        return line[0][3] if line else None
-
-    def first_in_line(self, up: Upstream, turn: Turn) -> bool:
-        return self._head(up) is turn
-
-    def leave_line(self, up: Upstream, turn: Turn) -> None:
-        """Leave the line (leased, or gave up); a new head is woken to ask."""
-        if turn.gone:
-            return
-        head = self._head(up) is turn
-        turn.gone = True
-        if head:
-            after = self._head(up)
-            if after is not None:
-                after.wake()
-
     # -- leases ------------------------------------------------------------------------
 
     def leased(self, up: Upstream, lease: str) -> None:
@@ -459,7 +399,7 @@ class Shared:
         process's (its leases lapse when the parent stops renewing them)."""
         self._init_worker()
         self.backlog.clear()
-        self._lines.clear()
+        self.line = LeaseLine(self.policy.poll_s)
         self.deposits = 0
 
     def audit(self, held: Any) -> list[str]:
@@ -471,7 +411,7 @@ class Shared:
             queued = len(self._soon)
         if stray:
             problems.append(f"{len(stray)} fleet lease(s) held and renewed with no call")
-        waiting = sum(1 for line in self._lines.values() for e in line if not e[3].gone)
+        waiting = self.line.waiting()
         if waiting:
             problems.append(f"{waiting} caller(s) in line for a fleet lease")
         if self.backlog or queued:
