@@ -52,7 +52,13 @@ class DrippingUpstream:
                 rest += chunk
             with self.lock:
                 self.requests += 1
-            lines = [b"HTTP/1.1 " + self.status, f"content-length: {len(self.body)}".encode()]
+            # One request per connection, and said so: a client that reused it would
+            # race the close (a reset on a loaded machine).
+            lines = [
+                b"HTTP/1.1 " + self.status,
+                f"content-length: {len(self.body)}".encode(),
+                b"connection: close",
+            ]
             lines += [f"{name}: {value}".encode() for name, value in self.headers.items()]
             try:
                 conn.sendall(b"\r\n".join(lines) + b"\r\n\r\n")
