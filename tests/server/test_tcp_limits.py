@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -34,7 +35,10 @@ async def test_a_slowloris_is_closed_and_costs_others_nothing(
             reply = await worker.submit("work")
             assert reply["status"] == "ok"
             for stream in slow[:50]:
-                await stream.send(b"m")
+                # A byte now and then; on a loaded machine the server may already have
+                # closed this one for its idle time, which is the point.
+                with contextlib.suppress(anyio.BrokenResourceError, ConnectionError):
+                    await stream.send(b"m")
         with anyio.fail_after(10):
             while True:
                 stats = await worker.stats()
