@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import math
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -234,6 +235,7 @@ async def run_one(
 
         async def attempt(request: Request, prompt: str) -> None:
             cancelled = False
+            deadline = math.inf
             try:
                 if config.timeout_s is None:
                     await send(prompt, request)
@@ -244,6 +246,10 @@ async def run_one(
                     cancelled = scope.cancelled_caught
             except Exception as exc:
                 request.error = error_kind(exc)
+                if request.error == "DeadlineExceededError" and time.monotonic() >= deadline:
+                    # The client's time-out, given to the Gate as its deadline too: the
+                    # Gate's timer fired first (the same instant, on a busy loop).
+                    request.error = "timeout"
                 finished["failed"] += 1
                 if isinstance(exc, _BUGS) and request.error not in reported:
                     # Counted like any failure, but a bug must not hide as a statistic.
