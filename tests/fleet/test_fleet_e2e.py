@@ -29,9 +29,13 @@ WINDOW_S = 12.0
 
 
 def start_members(
-    server: ServerProcess, redis_url: str | None, *extra: str, members: int = MEMBERS
+    server: ServerProcess,
+    redis_url: str | None,
+    *extra: str,
+    members: int = MEMBERS,
+    name: str | None = None,
 ) -> list[subprocess.Popen[str]]:
-    return start(server.http_url, redis_url, members, *extra)
+    return start(server.http_url, redis_url, members, *extra, name=name)
 
 
 def burst_cost() -> int:
@@ -78,7 +82,8 @@ def test_a_fleet_wide_cap_keeps_a_governed_server_from_yielding(
     assert alone > 0
     assert together <= 0.1 * alone, (together, alone)
     assert http_stats(server2)["inflight_peak"] <= 8
-    assert fairness(shared) >= 0.9, [len(run["done"]) for run in shared]
+    # Fair between members: with only "the cap, first come", about 0.9-0.97.
+    assert fairness(shared) >= 0.98, [len(run["done"]) for run in shared]
 
 
 def test_redis_killed_mid_burst_fails_no_call_and_restarted_is_rejoined(
@@ -106,12 +111,15 @@ def test_a_lease_is_renewed_while_held_and_lapses_when_its_member_dies(
 ) -> None:
     server: ServerProcess = serve("--http-port", "0", "--max-inflight", "8", "--exec-ms", "10")
     args = ("--requests", "1", "--cap", "1", "--lease-ttl-s", "3")
-    holder = start_members(server, redis_server.url, *args, "--exec-ms", "600000", members=1)
+    name = "fleet-e2e-lease"  # one fleet: the holder and the waiter
+    holder = start_members(
+        server, redis_server.url, *args, "--exec-ms", "600000", members=1, name=name
+    )
     deadline = time.monotonic() + 60
     while http_stats(server)["inflight"] < 1:  # its one call runs: it holds the one lease
         assert time.monotonic() < deadline
         time.sleep(0.05)
-    waiter = start_members(server, redis_server.url, *args, members=1)
+    waiter = start_members(server, redis_server.url, *args, members=1, name=name)
     # Two TTLs on, the holder's renewed lease still keeps the waiter out.
     time.sleep(6.0)
     assert waiter[0].poll() is None
