@@ -7,10 +7,14 @@ Two scenarios, each run with unshared Gates and with shared ones, in one run:
   at ``yieldgate serve --quota-tpm T`` whose token quota the fleet's burst
   exceeds by half. Reported: the server's 429s, makespan against the quota's
   bound, and fairness (the least Jain's index of the members' completed
-  requests at a quarter, half and three quarters of the burst).
+  requests at a quarter, half and three quarters of the time all of them were
+  sending: ``tests/fleet/member.fairness``).
 - **cap**: the same members against a governed server with
   ``--max-inflight 8``, with a fleet-wide cap of 8 when shared: the server's
   yields.
+
+Each fleet gets a Gate name of its own (``tests/fleet/member.start``): the cap
+scenario's shared fleet is not paced by the quota the quota scenario's learnt.
 
 Then the cost of sharing, in one process on loopback: a ``Gate.call`` of a
 no-op through a shared Gate against an unshared one (p50 and p99 of the added
