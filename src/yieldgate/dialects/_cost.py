@@ -46,6 +46,20 @@ def _text_of(content: Any) -> str:
     return ""
 
 
+def _input_item(item: Any) -> str:
+    """One item of a Responses API ``input`` list: a message (``role`` and
+    ``content``, a string or ``input_text`` parts) or a bare text part."""
+    if isinstance(item, str):
+        return item
+    if isinstance(item, dict):
+        if "content" in item:
+            return f"{item.get('role', '')}: {_text_of(item['content'])}"
+        text = item.get("text")
+        if isinstance(text, str):
+            return text
+    return ""
+
+
 def prompt_text(body: dict[str, Any]) -> str | None:
     """The prompt of a request body as the provider counts it, or ``None``."""
     messages = body.get("messages")
@@ -70,7 +84,7 @@ def prompt_text(body: dict[str, Any]) -> str | None:
     given = body.get("input")
     if isinstance(given, str | list):
         instructions = body.get("instructions")
-        text = given if isinstance(given, str) else "\n".join(_text_of(m) for m in given)
+        text = given if isinstance(given, str) else "\n".join(_input_item(m) for m in given)
         return f"{instructions}\n{text}" if isinstance(instructions, str) else text
     return None
 
@@ -124,7 +138,7 @@ def estimate_cost(content: bytes, policy: QuotaPolicy) -> Cost | None:
         return None
     try:
         body = json.loads(content)
-    except ValueError:
+    except (ValueError, RecursionError):  # not JSON, or nested past the parser's depth
         return None
     if not isinstance(body, dict):
         return None

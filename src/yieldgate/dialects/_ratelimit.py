@@ -86,8 +86,8 @@ def _reading(
     reset_s: float | None,
     window_s: float | None = None,
 ) -> QuotaReading | None:
-    if limit is None or remaining is None or limit <= 0:
-        return None
+    if limit is None or remaining is None or limit < 1:
+        return None  # a limit below one request or token fits nothing
     return QuotaReading(
         key=key,
         resource=resource,

@@ -37,7 +37,7 @@ from yieldgate.gate._breaker import Breaker
 from yieldgate.gate._call import CallState
 from yieldgate.gate._choice import not_after, order, upstream
 from yieldgate.gate._ledger import Attempt
-from yieldgate.gate._quota import Claim
+from yieldgate.gate._quota import Claim, Quota
 from yieldgate.gate._shared import FleetOp
 from yieldgate.gate._upstream import Upstream
 
@@ -185,10 +185,13 @@ def _quota(call: CallState, attempt: Attempt, up: Upstream) -> Steps:
                 with lock:
                     again = None
                     if quota.at_head(claim):
-                        again = quota.take_queued(claim, clock())
+                        now = clock()
+                        again = quota.take_queued(claim, now)
                         if again is None:
                             attempt.queued = False  # taken: it left the queue
                             break
+                        if call.deadline is not None and again > call.deadline:
+                            raise call.deadline_error(_beyond(quota, claim, now, again))
                     call.signal.clear()
                 yield from _park(call, again, "waiting for the quota")
         finally:
@@ -207,6 +210,13 @@ def _quota(call: CallState, attempt: Attempt, up: Upstream) -> Steps:
             return waited
         attempt.claim = None  # refunded: refused (paced until its refill) or Redis away
     return None
+
+
+def _beyond(quota: Quota, claim: Claim, now: float, again: float) -> str:
+    """Why a claim at the head of the quota's queue cannot be taken in time."""
+    bucket = quota.binding(claim.cost, now)
+    what = "the fleet's quota" if bucket is None else f"quota bucket {bucket.key!r}"
+    return f"waiting for {what} (room only in {again - now:.3g} s, past the deadline)"
 
 
 def _window(call: CallState, attempt: Attempt, up: Upstream) -> Steps:

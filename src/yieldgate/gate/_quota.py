@@ -59,6 +59,14 @@ DEFAULT_WINDOW_S = 60.0
 # A reading whose used share is below this says too little about the refill rate.
 _MIN_USED_SHARE = 0.02
 _MIN_SLEEP_S = 1e-6
+# What a reading may say, whatever a header claims: a bucket is full again within
+# its window (a minute unless a header names one, at most an hour), so no reading
+# can stall a Gate past it; its limit is one request or token at least.
+MAX_WINDOW_S = 3600.0
+MIN_LIMIT = 1.0
+# The buckets learnt per upstream at most (a provider that names a new policy in
+# every answer must not grow them without bound): the least recently read goes.
+MAX_LEARNT_BUCKETS = 16
 
 
 class Claim:
@@ -304,11 +312,14 @@ class Quota:
             return
         number = claim.number if claim is not None else 0
         for reading in readings:
+            if not (MIN_LIMIT <= reading.limit < math.inf):
+                continue  # no bucket a request could ever fit
             bucket = self.buckets.get(reading.key)
             rate = _rate(reading, bucket)
             if bucket is None:
                 key, resource = reading.key, reading.resource
                 bucket = Bucket(key, resource, reading.limit, rate, now, learnt=True)
+                self._forget_stalest(now)
                 self.buckets[reading.key] = bucket
                 fresh = True
             else:
@@ -336,13 +347,33 @@ class Quota:
             bucket.updated = now
         self._wake_head()
 
+    def _forget_stalest(self, now: float) -> None:
+        """Make room for one more learnt bucket: drop the one read longest ago."""
+        learnt = [b for b in self.buckets.values() if b.learnt]
+        if len(learnt) >= MAX_LEARNT_BUCKETS:
+            stalest = min(learnt, key=lambda b: b.updated)
+            del self.buckets[stalest.key]
+
+    def binding(self, cost: Cost, now: float) -> Bucket | None:
+        """The bucket ``cost`` waits longest for (``None``: it fits every one now)."""
+        waits = [
+            (b.wait_s(cost.amount(b.resource), now, *self._shares(b)), b)
+            for b in self._local(self.shared)
+        ]
+        wait, bucket = max(waits, key=lambda w: w[0], default=(0.0, None))
+        return bucket if wait > 0 else None
+
     def seed(self, key: str, resource: str, limit: float, rate: float, now: float) -> bool:
         """Know a bucket before any answer, from its shape as a fleet last observed it:
         a learnt bucket holding this member's share of its limit. ``False`` if it is
         already known (or learning is off): an answer's reading is worth more."""
-        if not self.learn or key in self.buckets or limit <= 0 or rate < 0:
+        if not self.learn or key in self.buckets or not (MIN_LIMIT <= limit < math.inf):
             return False
+        if not (0 <= rate < math.inf):
+            return False
+        rate = max(rate, limit / MAX_WINDOW_S)
         bucket = Bucket(key, resource, limit, rate, now, learnt=True)
+        self._forget_stalest(now)
         bucket.level = limit * self.cap
         self.buckets[key] = bucket
         self._wake_head()
@@ -378,15 +409,17 @@ class Quota:
 def _rate(reading: QuotaReading, bucket: Bucket | None) -> float:
     """The refill rate a reading implies: its window's, the used share over the
     time to full, or what the bucket had (a minute's limit, first)."""
-    if reading.window_s is not None:
-        return reading.limit / reading.window_s
+    if reading.window_s is not None and reading.window_s > 0:
+        return reading.limit / min(reading.window_s, MAX_WINDOW_S)
     used = reading.limit - reading.remaining
     if (
         reading.reset_s is not None
         and reading.reset_s > 0
         and used >= _MIN_USED_SHARE * reading.limit
     ):
-        rate = used / reading.reset_s
+        # Per-minute limits (OpenAI's, Anthropic's) are full again within a minute: a
+        # later reset is a daily limit's (its 429's hint says so) or a bad header's.
+        rate = used / min(reading.reset_s, DEFAULT_WINDOW_S)
         if math.isfinite(rate) and rate > 0:
             return rate
     if bucket is not None and bucket.limit == reading.limit:

@@ -1,0 +1,131 @@
+"""Quota readings a Gate cannot be stalled by: hostile resets and windows, limits
+below one, a new policy name in every answer, waits past the deadline, bodies the
+estimate cannot read (issue 29, "Hostile or odd values")."""
+
+from __future__ import annotations
+
+import json
+
+import anyio
+import httpx
+import pytest
+
+from tests.gate.test_quota import claim, gate_for, reading
+from yieldgate import DeadlineExceededError, QuotaPolicy
+from yieldgate.dialects import OPENAI
+from yieldgate.dialects._cost import estimate_cost
+from yieldgate.dialects._ratelimit import quota_readings
+from yieldgate.gate._quota import MAX_LEARNT_BUCKETS, Quota
+
+pytestmark = pytest.mark.anyio
+
+EMPTY_600 = {"x-ratelimit-limit-tokens": "600", "x-ratelimit-remaining-tokens": "0"}
+
+
+@pytest.mark.parametrize("reset", ["99999h", "1e308", "2562047h47m16s"])
+def test_a_reset_far_away_refills_within_a_minute(reset: str) -> None:
+    headers = httpx.Headers({**EMPTY_600, "x-ratelimit-reset-tokens": reset})
+    quota = Quota()
+    c = claim(100)
+    assert quota.try_take(c, 0.0)
+    quota.sent(c, 0.0)
+    quota.observe(quota_readings(headers), c, 0.0)
+    assert quota.buckets["openai:tokens"].rate >= 600 / 60
+
+
+def test_an_anthropic_reset_in_the_year_9999_refills_within_a_minute() -> None:
+    headers = httpx.Headers(
+        {
+            "anthropic-ratelimit-tokens-limit": "600",
+            "anthropic-ratelimit-tokens-remaining": "0",
+            "anthropic-ratelimit-tokens-reset": "9999-12-31T23:59:59Z",
+        }
+    )
+    quota = Quota()
+    quota.observe(quota_readings(headers), None, 0.0)
+    assert quota.buckets["anthropic:tokens"].rate >= 600 / 60
+
+
+def test_an_ietf_window_past_an_hour_is_read_as_an_hour() -> None:
+    headers = httpx.Headers({"ratelimit-policy": '"p";q=3600;w=99999999', "ratelimit": '"p";r=0'})
+    quota = Quota()
+    quota.observe(quota_readings(headers), None, 0.0)
+    assert quota.buckets["ietf:p"].rate == pytest.approx(1.0)
+
+
+def test_a_limit_below_one_is_no_bucket() -> None:
+    headers = httpx.Headers(
+        {"x-ratelimit-limit-requests": "0.5", "x-ratelimit-remaining-requests": "0.5"}
+    )
+    assert quota_readings(headers) == ()
+    quota = Quota()
+    quota.observe([reading(limit=0.5, remaining=0.5)], None, 0.0)
+    assert not quota.active
+    assert quota.try_take(claim(1), 0.0)
+
+
+def test_a_new_policy_name_in_every_answer_keeps_the_buckets_bounded() -> None:
+    quota = Quota()
+    for i in range(2000):
+        headers = httpx.Headers(
+            {"ratelimit-policy": f'"p{i}";q=100;w=60', "ratelimit": f'"p{i}";r=90;t=6'}
+        )
+        quota.observe(quota_readings(headers), None, float(i))
+    assert len(quota.buckets) == MAX_LEARNT_BUCKETS
+    assert "ietf:p1999" in quota.buckets  # the newest kept, the stalest gone
+    assert "ietf:p0" not in quota.buckets
+
+
+async def test_after_a_hostile_reset_the_next_call_is_answered_within_its_deadline() -> None:
+    gate = gate_for(anyio.current_time)
+    answers = [{**EMPTY_600, "x-ratelimit-reset-tokens": "99999h"}, {}]
+
+    async def attempt() -> httpx.Response:
+        return httpx.Response(200, json={}, headers=answers.pop(0))
+
+    await gate.call(attempt, cost=100, classify=OPENAI)
+    t0 = anyio.current_time()
+    await gate.call(attempt, cost=100, classify=OPENAI, timeout=30.0)
+    # 100 of 600 a minute, behind the first answer's 100 (a send made before any
+    # bucket was known is still counted as unseen when its own reading comes).
+    assert anyio.current_time() - t0 <= 20.0 + 1e-3
+
+
+async def test_a_quota_wait_past_the_deadline_fails_at_once_naming_its_bucket() -> None:
+    gate = gate_for(anyio.current_time, QuotaPolicy(tokens_per_minute=600, learn=False))
+    await gate.call(_noop, cost=600)
+    t0 = anyio.current_time()
+    with pytest.raises(DeadlineExceededError, match="policy:tokens") as caught:
+        await gate.call(_noop, cost=300, timeout=5.0)  # room in 30 s
+    assert anyio.current_time() == t0
+    assert caught.value.attempts == 0
+    # Nothing was kept by the call that gave up: 300 fit after 30 s.
+    await gate.call(_noop, cost=300, timeout=31.0)
+    assert anyio.current_time() - t0 == pytest.approx(30.0)
+
+
+async def _noop() -> None:
+    return None
+
+
+def test_a_body_nested_past_the_parsers_depth_costs_one_request() -> None:
+    body = b'{"messages": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+    assert estimate_cost(body, QuotaPolicy()) is None
+
+
+def test_a_responses_input_of_messages_and_parts_is_counted() -> None:
+    text = "x" * 400
+    body = {
+        "model": "gpt-4o",
+        "instructions": "be brief",
+        "input": [
+            {"role": "user", "content": text},
+            {"role": "user", "content": [{"type": "input_text", "text": text}]},
+            {"type": "input_text", "text": text},
+        ],
+        "max_output_tokens": 16,
+    }
+    cost = estimate_cost(json.dumps(body).encode(), QuotaPolicy())
+    assert cost is not None
+    assert cost.output_tokens == 16
+    assert cost.input_tokens >= 300  # three texts of 100 tokens each, at least
