@@ -14,6 +14,7 @@ import os
 import subprocess
 import sys
 import time
+import uuid
 from typing import Any
 
 import anyio
@@ -22,6 +23,7 @@ import redis
 import redis.asyncio
 
 from tests.fleet.conftest import DelayProxy, Either, RedisServer, wait_for
+from yieldgate import Gate
 from yieldgate.fleet import Fleet, Take
 from yieldgate.fleet._scripts import SCRIPTS
 from yieldgate.gate import BreakerPolicy, RetryBudgetPolicy
@@ -260,3 +262,39 @@ def test_a_forked_child_is_a_member_of_its_own(redis_server: RedisServer) -> Non
     assert child_lease != parent_lease
     own.close()
     named.close()
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://user:s3cret-pw@127.0.0.1/0",  # not Redis
+        "redis://:s3cret-pw@127.0.0.1:notaport/0",  # redis-py cannot read it
+    ],
+)
+def test_a_bad_url_is_refused_without_its_password(url: str) -> None:
+    for build in (lambda: Fleet(url, gate="g"), lambda: Gate(name="g", shared=url)):
+        with pytest.raises(ValueError, match="shared") as caught:
+            build()
+        message = "".join(str(e) for e in (caught.value, caught.value.__cause__) if e)
+        assert "s3cret-pw" not in message
+        assert "***@127.0.0.1" in message
+
+
+def test_a_url_scheme_in_capitals_is_a_redis_url(redis_server: RedisServer) -> None:
+    url = redis_server.url.replace("redis://", "REDIS://")
+    with Fleet(url, gate=f"caps-{uuid.uuid4().hex[:6]}") as fleet:
+        assert fleet.heartbeat_sync("up") is not None
+
+
+def test_an_upstream_name_redis_keys_cannot_carry_is_refused_when_the_gate_is_built(
+    redis_server: RedisServer,
+) -> None:
+    with pytest.raises(ValueError, match="braces"):
+        Gate(name="g", upstreams=["a{b}"], shared=redis_server.url)
+    with Fleet(redis_server.url, gate="named-ok") as fleet:
+        with pytest.raises(ValueError, match="braces"):
+            Gate(name="x{y}", shared=fleet)  # its one upstream is named after it
+        gate = Gate(name="g", upstreams=["a"], shared=fleet)
+        with pytest.raises(ValueError, match="braces"):
+            gate.add_upstream("c}")
+        assert gate.upstreams == ("a",)

@@ -60,6 +60,17 @@ T = TypeVar("T")
 _SCHEMES = ("redis://", "rediss://", "unix://")
 
 
+def redacted(url: str) -> str:
+    """``url`` with its user and password (if any) as ``***``: fit for a message."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return url
+    authority, slash, path = rest.partition("/")
+    if "@" not in authority:
+        return url
+    return f"{scheme}{sep}***@{authority.rpartition('@')[2]}{slash}{path}"
+
+
 @dataclass(frozen=True, slots=True)
 class Op(Generic[T]):
     """One round trip: a script by name (or, ``command``, a client's method for a
@@ -117,12 +128,22 @@ class Drivers:
         self._given_async: AsyncClient | None = None
         self._given_async_scripts: dict[str, AsyncScript] = {}
         if isinstance(shared, str):
-            if not shared.startswith(_SCHEMES):
-                raise ValueError(f"shared must be a redis://, rediss:// or unix:// URL: {shared!r}")
+            if not shared.lower().startswith(_SCHEMES):
+                raise ValueError(
+                    f"shared must be a redis://, rediss:// or unix:// URL: {redacted(shared)!r}"
+                )
+            scheme, rest = shared.split("://", 1)
+            shared = f"{scheme.lower()}://{rest}"  # schemes are case-insensitive
+            try:
+                self._sync: SyncClient | None = redis.Redis.from_url(
+                    shared, retry=Retry(NoBackoff(), 0), **self._client_options()
+                )
+            except ValueError as exc:  # its message may quote the URL: never a password
+                message = str(exc).replace(shared, redacted(shared))
+                raise ValueError(
+                    f"shared is not a Redis URL redis-py can read ({message}): {redacted(shared)!r}"
+                ) from None
             self._url = shared
-            self._sync: SyncClient | None = redis.Redis.from_url(
-                shared, retry=Retry(NoBackoff(), 0), **self._client_options()
-            )
         else:
             if not (isinstance(shared, tuple) and len(shared) == 2):
                 raise ValueError("shared must be a URL or a (sync_client, async_client) pair")

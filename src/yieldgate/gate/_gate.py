@@ -103,20 +103,27 @@ class Gate(AsyncCalls, SyncCalls):
             fleet = self._fleet(shared)
             core.shared = Shared(fleet, self.policy.fleet, self.name, self.policy.budget)
             core.shared.drain = core.drain_orphans
+        try:
+            self._add_upstreams(upstreams)
+        except BaseException:
+            self.close()  # and the fleet link it made, if any
+            raise
+
+    def _add_upstreams(self, upstreams: Mapping[str, Any] | Iterable[str] | None) -> None:
+        core = self._core
         if upstreams is None:
+            self._check_fleet_name(self.name)
             core.upstreams.append(
                 core.make_upstream(self.name, None, label=self.name, latency=core.latency)
             )
-        else:
-            items = (
-                upstreams.items()
-                if isinstance(upstreams, Mapping)
-                else ((u, None) for u in upstreams)
-            )
-            for upstream_name, target in items:
-                self.add_upstream(upstream_name, target)
-            if not core.upstreams:
-                raise ValueError("upstreams, when given, must name at least one upstream")
+            return
+        items = (
+            upstreams.items() if isinstance(upstreams, Mapping) else ((u, None) for u in upstreams)
+        )
+        for upstream_name, target in items:
+            self.add_upstream(upstream_name, target)
+        if not core.upstreams:
+            raise ValueError("upstreams, when given, must name at least one upstream")
 
     def add_upstream(self, name: str, target: Any = None) -> None:
         """Add ``name`` (sent to ``target``) to the Gate's upstream set.
@@ -129,6 +136,7 @@ class Gate(AsyncCalls, SyncCalls):
         core = self._core
         if not isinstance(name, str) or not name:
             raise ValueError(f"an upstream name must be a non-empty string, got {name!r}")
+        self._check_fleet_name(name)
         with core.lock:
             if core.upstreams and not core.named:
                 raise ValueError(
@@ -173,6 +181,13 @@ class Gate(AsyncCalls, SyncCalls):
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+    def _check_fleet_name(self, name: str) -> None:
+        """In a fleet, an upstream's name is part of Redis keys: one they cannot carry
+        (braces, Redis Cluster's hash tags) is a ``ValueError`` now, not at every call."""
+        shared = self._core.shared
+        if shared is not None:
+            shared.fleet.keys.tag(name)
 
     def _fleet(self, shared: Any) -> Any:
         from yieldgate.fleet import Fleet  # the fleet extra: imported only when used
