@@ -207,6 +207,20 @@ REPLIES: dict[str, ServerReply] = {
             "insufficient_quota",
         ),
     ),
+    # OpenAI, a request above the whole per-minute limit: the body as users quote it in
+    # DrShushen/climb#13 and TheR1D/shell_gpt#653 (type tokens, code rate_limit_exceeded,
+    # no wait in the message); the reference server's quota mode answers the same.
+    "openai-request-too-large": ServerReply(
+        429,
+        _openai_error(
+            "Request too large for gpt-4o in organization org-example on tokens per min "
+            "(TPM): Limit 30000, Requested 31538. The input or output tokens must be "
+            "reduced in order to run successfully. Visit "
+            "https://platform.openai.com/account/rate-limits to learn more.",
+            "tokens",
+            "rate_limit_exceeded",
+        ),
+    ),
     # Azure OpenAI, rate limit: learn.microsoft.com/azure/ai-services/openai/quotas-limits
     # (retry-after-ms and retry-after on a 429) and openai/openai-python
     # src/openai/lib/azure.py over src/openai/_base_client.py (retry-after-ms first).

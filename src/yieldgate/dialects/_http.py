@@ -29,7 +29,9 @@ The hint is ``retry-after-ms``, else ``retry-after`` (seconds or an HTTP date).
 On top of these, each family reads its own bodies:
 
 - ``openai``: a 429 whose error code is ``insufficient_quota`` is ``fatal``
-  (no wait makes a spent quota pass); another 429 without a hint header
+  (no wait makes a spent quota pass), and so is one whose message starts
+  "Request too large for" (a request above the whole per-minute limit, reason
+  ``request_too_large``); another 429 without a hint header
   takes its hint from the message ("Please try again in 1.234s", Azure's
   "Please retry after 6 seconds").
 - ``anthropic``: an ``overloaded_error`` (sent as 529) is a ``yield``, reason
@@ -102,12 +104,18 @@ def _base(reply: Reply) -> Outcome:
     return Outcome.fatal(reply.error(False), reason=f"http {status}", value=value)
 
 
+_TOO_LARGE = "Request too large for "
+
+
 def _openai_429(reply: Reply) -> Outcome | None:
     if reply.status != 429:
         return None
     if "insufficient_quota" in (reply.field("error", "code"), reply.field("error", "type")):
         return Outcome.fatal(reply.error(False), reason="insufficient_quota", value=reply.response)
     message = reply.field("error", "message")
+    if isinstance(message, str) and message.startswith(_TOO_LARGE):
+        # More than the whole per-minute limit: no wait makes it pass.
+        return Outcome.fatal(reply.error(False), reason="request_too_large", value=reply.response)
     if reply.hint_s is None and isinstance(message, str):
         # OpenAI's token limit says the wait only in its message; so may Azure's.
         return Outcome.yielded(message_hint_s(message), "rate_limited", value=reply.response)
