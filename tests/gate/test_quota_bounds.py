@@ -129,3 +129,14 @@ def test_a_responses_input_of_messages_and_parts_is_counted() -> None:
     assert cost is not None
     assert cost.output_tokens == 16
     assert cost.input_tokens >= 300  # three texts of 100 tokens each, at least
+
+
+def test_an_embeddings_request_is_charged_its_input_and_no_output() -> None:
+    body = json.dumps({"model": "text-embedding-3-small", "input": ["x" * 400, "y" * 400]})
+    cost = estimate_cost(body.encode(), QuotaPolicy(), path="/v1/embeddings")
+    assert cost is not None
+    assert cost.output_tokens == 0
+    assert 200 <= cost.input_tokens <= 201  # two texts of 100 tokens, and a newline
+    chat = estimate_cost(body.encode(), QuotaPolicy(), path="/v1/responses")
+    assert chat is not None
+    assert chat.output_tokens == QuotaPolicy().default_output_tokens

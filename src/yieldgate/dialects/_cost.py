@@ -11,7 +11,9 @@ the APIs the dialects speak:
   ``system``; output ``max_completion_tokens``, ``max_tokens``;
 - completions: ``prompt`` (a string or a list of them);
 - TGI and HF's ``generate``: ``inputs``, output ``parameters.max_new_tokens``;
-- OpenAI's Responses API: ``input`` and ``instructions``, ``max_output_tokens``.
+- OpenAI's Responses API: ``input`` (a string, or messages and text parts) and
+  ``instructions``, ``max_output_tokens``;
+- embeddings (a path ending ``/embeddings``): ``input``, and no output.
 
 A request that sets no output bound is charged ``default_output_tokens``.
 ``count_tokens`` replaces the four-characters rule with a real tokenizer
@@ -131,9 +133,10 @@ def _four_chars(text: str) -> int:
     return math.ceil(len(text) / 4)
 
 
-def estimate_cost(content: bytes, policy: QuotaPolicy) -> Cost | None:
+def estimate_cost(content: bytes, policy: QuotaPolicy, *, path: str = "") -> Cost | None:
     """The cost of a request whose body is ``content``, or ``None`` if it is not one
-    the dialects know (then the call's cost stays one request)."""
+    the dialects know (then the call's cost stays one request). ``path``, the
+    request's URL path, tells an embeddings request (its input alone: no output)."""
     if not content or content[:1] not in (b"{", b" ", b"\n", b"\t", b"\r"):
         return None
     try:
@@ -150,5 +153,7 @@ def estimate_cost(content: bytes, policy: QuotaPolicy) -> Cost | None:
         prompt = int(count(text))
     except Exception:  # a tokenizer's failure must not fail the call
         prompt = _four_chars(text)
+    if path.rstrip("/").endswith("/embeddings"):
+        return Cost.of(max(0, prompt), 0)
     output = _output_bound(body)
     return Cost.of(max(0, prompt), policy.default_output_tokens if output is None else output)

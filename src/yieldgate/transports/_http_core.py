@@ -113,7 +113,7 @@ class GatedCore:
         quota = self.gate.policy.quota
         if not quota.active or request.method != "POST":
             return None
-        return estimate_cost(request.content, quota)
+        return estimate_cost(request.content, quota, path=request.url.path)
 
     def start(self, request: Any) -> Priority:
         """The call's priority, read from the request; its headers set for every attempt."""
