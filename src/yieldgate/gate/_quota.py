@@ -174,15 +174,19 @@ class Quota:
             return list(self.buckets.values())
         return [b for b in self.buckets.values() if b.learnt]
 
+    def _longest(self, cost: Cost, now: float) -> tuple[float, Bucket | None]:
+        """The longest refill ``cost`` needs of the buckets a claim takes from, and
+        that bucket (``0.0, None``: it fits every one now)."""
+        wait, binding = 0.0, None
+        for b in self._local(self.shared):
+            need = b.wait_s(cost.amount(b.resource), now, *self._shares(b))
+            if need > wait:
+                wait, binding = need, b
+        return wait, binding
+
     def _fits(self, cost: Cost, now: float) -> float:
         """0 if ``cost`` fits every bucket now, else the longest refill it needs."""
-        wait = max(
-            (
-                b.wait_s(cost.amount(b.resource), now, *self._shares(b))
-                for b in self._local(self.shared)
-            ),
-            default=0.0,
-        )
+        wait = self._longest(cost, now)[0]
         if self.shared:
             wait = max(wait, self.poll_after - now)
         return wait
@@ -356,12 +360,7 @@ class Quota:
 
     def binding(self, cost: Cost, now: float) -> Bucket | None:
         """The bucket ``cost`` waits longest for (``None``: it fits every one now)."""
-        waits = [
-            (b.wait_s(cost.amount(b.resource), now, *self._shares(b)), b)
-            for b in self._local(self.shared)
-        ]
-        wait, bucket = max(waits, key=lambda w: w[0], default=(0.0, None))
-        return bucket if wait > 0 else None
+        return self._longest(cost, now)[1]
 
     def seed(self, key: str, resource: str, limit: float, rate: float, now: float) -> bool:
         """Know a bucket before any answer, from its shape as a fleet last observed it:
