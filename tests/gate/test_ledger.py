@@ -10,11 +10,9 @@ They run on virtual time, on asyncio and trio (tests/gate/conftest.py).
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import logging
 import random
-from collections.abc import Iterator
 from typing import Any
 
 import anyio
@@ -22,6 +20,7 @@ import httpx
 import pytest
 
 from tests.gate.holdings import held
+from tests.gate.hooks import Hooks
 from yieldgate import (
     DeadlineExceededError,
     Gate,
@@ -32,13 +31,7 @@ from yieldgate import (
 )
 from yieldgate.dialects import OPENAI
 from yieldgate.gate import (
-    AttemptDetails,
-    BreakerChange,
-    CallDetails,
-    CallObserver,
     NullInstrumentation,
-    WaitDetails,
-    WindowChange,
 )
 
 pytestmark = pytest.mark.anyio
@@ -59,47 +52,9 @@ async def answer(value: Any = "ok", seconds: float = 0.0) -> Any:
     return value
 
 
-class HookFailed(Exception):
-    """What a broken telemetry hook raises."""
-
-
-class Recorder:
-    """An ``Instrumentation`` and the ``CallObserver`` of every call: counts what it
-    hears, and raises ``HookFailed`` the first time ``broken`` (a hook's name) is called."""
-
-    def __init__(self, broken: str | None = None) -> None:
-        self.broken = broken
-        self.heard: dict[str, int] = {}
-
-    def _hear(self, hook: str) -> None:
-        self.heard[hook] = self.heard.get(hook, 0) + 1
-        if hook == self.broken and self.heard[hook] == 1:
-            raise HookFailed(f"{hook} is broken")
-
-    # Instrumentation
-    def start_call(self, gate: str, priority: str) -> CallObserver:
-        self._hear("start_call")
-        return self
-
-    def on_breaker_change(self, details: BreakerChange) -> None:
-        self._hear("on_breaker_change")
-
-    def on_window_change(self, details: WindowChange) -> None:
-        self._hear("on_window_change")
-
-    # CallObserver
-    @contextlib.contextmanager
-    def scope(self) -> Iterator[None]:
-        yield
-
-    def on_attempt(self, details: AttemptDetails) -> None:
-        self._hear("on_attempt")
-
-    def on_wait(self, details: WaitDetails) -> None:
-        self._hear("on_wait")
-
-    def on_end(self, details: CallDetails) -> None:
-        self._hear("on_end")
+def broken_once(broken: str | None = None) -> Hooks:
+    """Hooks that raise ``HookFailed`` the first time ``broken`` (a hook's name) is called."""
+    return Hooks(lambda hook, n: hook == broken and n == 1)
 
 
 def logged(caplog: pytest.LogCaptureFixture, text: str) -> bool:
@@ -149,7 +104,7 @@ async def test_a_window_change_hook_that_raises_neither_fails_a_call_nor_strands
     """Bug 2: on_window_change raising inside Window.release freed the slot but woke no
     waiter (the hook ran before _wake), and failed the call that released it."""
     caplog.set_level(logging.DEBUG, logger="yieldgate")
-    hooks = Recorder(broken="on_window_change")
+    hooks = broken_once(broken="on_window_change")
     # Slow start from one slot: the first success grows the window, and tells the hook.
     g = gate(hooks, window=WindowPolicy(initial=1, max=4))
     results: list[Any] = [None] * 3
@@ -178,7 +133,7 @@ async def test_a_call_hook_that_raises_neither_fails_a_hold_nor_keeps_its_slot(
     """Bug 2: on_attempt or on_end raising failed the call, and under ``hold`` lost the
     slot it was to hand over (a window of one then admitted nobody)."""
     caplog.set_level(logging.DEBUG, logger="yieldgate")
-    hooks = Recorder(broken=hook)
+    hooks = broken_once(broken=hook)
     g = gate(hooks, window=WindowPolicy.fixed(1))
     failure: Exception | None = None
     inside = None
@@ -294,7 +249,7 @@ async def test_no_window_slot_is_held_while_waiting_for_a_rate_token() -> None:
 async def test_every_call_counted_is_ended_even_when_cancelled_before_it_starts() -> None:
     """Bug 10: the checkpoint every 128th call sat outside the try: a call cancelled there
     was counted in ``calls`` but never ended (neither ok nor failed, no on_end)."""
-    hooks = Recorder()
+    hooks = broken_once()
     g = gate(hooks)
     for _ in range(300):
         with anyio.CancelScope() as scope:

@@ -81,7 +81,7 @@ import random
 import threading
 import traceback
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -101,6 +101,7 @@ from hypothesis.stateful import (
 from trio.testing import MockClock
 
 from tests.gate.holdings import held
+from tests.gate.hooks import Hooks
 from tests.gate.lockstep import Clock, Lockstep
 from tests.gate.test_drivers import VirtualTimer
 from tests.vtime import VirtualTimeLoop
@@ -123,15 +124,10 @@ from yieldgate import (
 )
 from yieldgate.gate import (
     USE_POLICY,
-    AttemptDetails,
-    BreakerChange,
-    CallDetails,
     Lease,
     NullInstrumentation,
     QuotaReading,
     Signal,
-    WaitDetails,
-    WindowChange,
     default_classify,
 )
 
@@ -147,10 +143,6 @@ SETTINGS = settings(
 LIVENESS_S = 1000.0
 # Nor longer than this in real time (a loop that never lets time pass).
 STALL_S = 10.0
-
-
-class HookFailed(Exception):
-    """What a broken instrumentation hook raises."""
 
 
 class ClassifierFailed(Exception):
@@ -483,46 +475,9 @@ def policies(*, hedging: bool) -> st.SearchStrategy[GatePolicy]:
 # -- instrumentation that breaks --------------------------------------------------------------
 
 
-class Flaky:
-    """An ``Instrumentation`` and the observer of every call: each hook named in
-    ``broken`` raises ``HookFailed`` on every ``every``-th time it is called."""
-
-    def __init__(self, broken: frozenset[str], every: int) -> None:
-        self.broken = broken
-        self.every = every
-        self.heard: dict[str, int] = {}
-
-    def _hear(self, hook: str) -> None:
-        n = self.heard[hook] = self.heard.get(hook, 0) + 1
-        if hook in self.broken and n % self.every == 0:
-            raise HookFailed(f"{hook} is broken")
-
-    def start_call(self, gate: str, priority: str) -> Flaky:
-        self._hear("start_call")
-        return self
-
-    def on_breaker_change(self, details: BreakerChange) -> None:
-        self._hear("on_breaker_change")
-
-    def on_window_change(self, details: WindowChange) -> None:
-        self._hear("on_window_change")
-
-    def on_attempt(self, details: AttemptDetails) -> None:
-        self._hear("on_attempt")
-
-    def on_wait(self, details: WaitDetails) -> None:
-        self._hear("on_wait")
-
-    def on_end(self, details: CallDetails) -> None:
-        self._hear("on_end")
-
-    @contextlib.contextmanager
-    def scope(self) -> Iterator[None]:
-        self._hear("scope_enter")
-        try:
-            yield
-        finally:
-            self._hear("scope_exit")
+def flaky(broken: frozenset[str], every: int) -> Hooks:
+    """Hooks each named in ``broken`` raising ``HookFailed`` every ``every``-th time."""
+    return Hooks(lambda hook, n: hook in broken and n % every == 0)
 
 
 # -- the machine ------------------------------------------------------------------------------
@@ -579,7 +534,7 @@ class LedgerMachine(RuleBasedStateMachine):
         self.gate = Gate(
             policy,
             name="machine",
-            instrumentation=Flaky(broken, every),
+            instrumentation=flaky(broken, every),
             rng=random.Random(seed),
             upstreams=upstreams,
             clock=self.clock(),
