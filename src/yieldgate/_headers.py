@@ -28,6 +28,7 @@ __all__ = [
     "IDEMPOTENCY_KEY_HEADER",
     "LLM_D_DROPPED_REASON_HEADER",
     "LOADING_MESSAGE",
+    "MS_RETRY_AFTER_MS_HEADER",
     "PRIORITY_HEADER",
     "RATELIMIT_LIMIT_REQUESTS_HEADER",
     "RATELIMIT_LIMIT_TOKENS_HEADER",
@@ -50,6 +51,8 @@ DEADLINE_HEADER: Final = "x-yieldgate-deadline-ms"
 
 RETRY_AFTER_MS_HEADER: Final = "retry-after-ms"
 """The retry hint in milliseconds; wins over ``retry-after``."""
+MS_RETRY_AFTER_MS_HEADER: Final = "x-ms-retry-after-ms"
+"""Azure's copy of ``retry-after-ms``."""
 RETRY_AFTER_HEADER: Final = "retry-after"
 """The retry hint in seconds, or an HTTP date (RFC 9110)."""
 SHOULD_RETRY_HEADER: Final = "x-should-retry"

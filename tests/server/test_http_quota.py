@@ -157,3 +157,65 @@ def test_other_dialects_answer_the_quota_in_their_own_shape(serve: Any) -> None:
     metrics = httpx.get(f"{server.http_url}/metrics").text.splitlines()
     assert "yieldgate_quota_too_large_total 1.0" in metrics
     assert "yieldgate_quota_tokens_charged_total 10.0" in metrics
+
+
+def test_azure_mode_answers_as_azure_on_a_deployment_route(serve: Any) -> None:
+    server: ServerProcess = serve(
+        "--http-port", "0", "--exec-ms", "5", "--quota-tpm", "300", "--quota-window-s", "6",
+        "--quota-headers", "azure", "--quota-per-model",
+    )  # fmt: skip
+    api = openai.AzureOpenAI(
+        azure_endpoint=server.http_url, api_version="2024-10-21", api_key="x", max_retries=0
+    )
+    first = api.chat.completions.with_raw_response.create(
+        model="dep-a", messages=[{"role": "user", "content": "hi"}], max_tokens=_MAX_TOKENS
+    )
+    assert first.parse().model == "dep-a"
+    assert first.headers["x-ratelimit-remaining-tokens"] == str(_TPM - 148)
+    assert "x-ratelimit-limit-tokens" not in first.headers
+    assert "x-ratelimit-reset-tokens" not in first.headers
+    api.chat.completions.create(
+        model="dep-a", messages=[{"role": "user", "content": "hi"}], max_tokens=_MAX_TOKENS
+    )
+    with pytest.raises(openai.RateLimitError) as caught:
+        api.chat.completions.create(
+            model="dep-a", messages=[{"role": "user", "content": "hi"}], max_tokens=_MAX_TOKENS
+        )
+    error = caught.value
+    assert error.response.json()["error"]["code"] == "429"
+    assert "Please retry after" in error.response.json()["error"]["message"]
+    millis = int(error.response.headers["retry-after-ms"])
+    assert error.response.headers["x-ms-retry-after-ms"] == str(millis)
+    assert int(error.response.headers["retry-after"]) == math.ceil(millis / 1000)
+    # Another deployment has its own quota.
+    other = api.chat.completions.create(
+        model="dep-b", messages=[{"role": "user", "content": "hi"}], max_tokens=_MAX_TOKENS
+    )
+    assert other.model == "dep-b"
+
+
+def test_the_responses_route_meters_instructions_and_input_parts(serve: Any) -> None:
+    server: ServerProcess = serve(
+        "--http-port", "0", "--exec-ms", "5", "--quota-tpm", "1000", "--quota-window-s", "60"
+    )
+    api = client(server)
+    reply = api.responses.with_raw_response.create(
+        model="gpt-4o",
+        instructions="Be brief.",
+        input=[{"role": "user", "content": [{"type": "input_text", "text": "hello there"}]}],
+        max_output_tokens=10,
+    )
+    # "system: Be brief.\nuser: hello there" is 35 characters: 9 tokens, plus 10.
+    assert reply.headers["x-ratelimit-remaining-tokens"] == str(1000 - 19)
+    response = reply.parse()
+    assert response.output_text
+    assert response.usage is not None
+    assert response.usage.output_tokens <= 10
+    assert response.model == "gpt-4o"
+    plain = api.responses.create(model="gpt-4o", input="hi", max_output_tokens=3)
+    assert plain.status in ("completed", "incomplete")
+    assert (plain.status == "incomplete") == (plain.incomplete_details is not None)
+    with pytest.raises(openai.BadRequestError, match="stream"):
+        api.responses.create(model="gpt-4o", input="hi", stream=True)
+    with pytest.raises(openai.BadRequestError, match="input"):
+        api.responses.create(model="gpt-4o", input=[])

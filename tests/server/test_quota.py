@@ -191,8 +191,55 @@ def test_durations_are_written_as_go_writes_them(seconds: float, text: str) -> N
         ({"tpm": 10, "window_s": float("inf")}, "window_s must be a positive number"),
         ({"tpm": 10, "default_max_tokens": 0}, "default_max_tokens"),
         ({"tpm": 10, "organization": ""}, "organization"),
+        ({"tpm": 10, "headers": "aws"}, "headers must be 'openai' or 'azure'"),
+        ({"models": {"": (1, 1)}}, "non-empty string"),
+        ({"models": {"m": (1,)}}, "limits must be \\(rpm, tpm\\)"),
+        ({"models": {"m": (0, 5)}}, "positive integers or None"),
+        ({"models": {"m": (None, None)}}, "needs rpm, tpm or both"),
     ],
 )
 def test_a_bad_config_is_a_value_error(fields: dict[str, object], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         QuotaConfig(**fields)  # type: ignore[arg-type]
+
+
+# -- per model, and Azure's headers ----------------------------------------------------
+
+
+def test_per_model_each_model_has_buckets_of_its_own() -> None:
+    q, _ = quota(tpm=100, per_model=True)
+    assert q.charge(100, model="a").admitted
+    assert not q.charge(1, model="a").admitted
+    b = q.charge(100, model="b")
+    assert b.admitted
+    assert dict(b.headers)["x-ratelimit-remaining-tokens"] == "0"
+    assert dict(q.headers("c"))["x-ratelimit-remaining-tokens"] == "100"
+
+
+def test_models_named_have_limits_of_their_own_and_others_the_default() -> None:
+    q, _ = quota(tpm=100, models={"big": (None, 1000)})
+    assert q.config.scoped
+    assert q.charge(900, model="big").admitted
+    refused = q.charge(900, model="small")
+    assert refused.refusal is not None
+    assert refused.refusal.too_large
+    assert "Request too large for small" in refused.refusal.message
+    assert dict(q.headers("big"))["x-ratelimit-limit-tokens"] == "1000"
+
+
+def test_one_quota_for_every_model_unless_per_model() -> None:
+    q, _ = quota(tpm=100)
+    assert q.charge(100, model="a").admitted
+    assert not q.charge(1, model="b").admitted
+
+
+def test_azure_headers_say_what_remains_alone() -> None:
+    q, _clock = quota(rpm=10, tpm=100, headers="azure")
+    decision = q.charge(60, model="dep")
+    assert dict(decision.headers) == {
+        "x-ratelimit-remaining-requests": "9",
+        "x-ratelimit-remaining-tokens": "40",
+    }
+    refused = q.charge(60, model="dep")
+    assert refused.refusal is not None
+    assert refused.refusal.retry_after_s is not None

@@ -40,18 +40,44 @@ def _quota(args: argparse.Namespace) -> Any:
     """The ``QuotaConfig`` the --quota-* flags ask for, or ``None``."""
     from yieldgate.server import QuotaConfig
 
-    if args.quota_rpm is None and args.quota_tpm is None:
-        if args.quota_window_s is not None:
-            raise CliError("--quota-window-s needs --quota-rpm or --quota-tpm")
+    models = dict(_quota_model(text) for text in args.quota_model)
+    if args.quota_rpm is None and args.quota_tpm is None and not models:
+        for flag, given in (
+            ("--quota-window-s", args.quota_window_s is not None),
+            ("--quota-per-model", args.quota_per_model),
+            ("--quota-headers", args.quota_headers != "openai"),
+        ):
+            if given:
+                raise CliError(f"{flag} needs --quota-rpm, --quota-tpm or --quota-model")
         return None
     if args.http_port is None:
-        raise CliError("--quota-rpm and --quota-tpm apply to the HTTP front: add --http-port")
-    return QuotaConfig(
-        rpm=args.quota_rpm,
-        tpm=args.quota_tpm,
-        window_s=60.0 if args.quota_window_s is None else args.quota_window_s,
-        default_max_tokens=args.default_max_tokens,
-    )
+        raise CliError("the --quota-* flags apply to the HTTP front: add --http-port")
+    try:
+        return QuotaConfig(
+            rpm=args.quota_rpm,
+            tpm=args.quota_tpm,
+            window_s=60.0 if args.quota_window_s is None else args.quota_window_s,
+            default_max_tokens=args.default_max_tokens,
+            per_model=args.quota_per_model,
+            models=models,
+            headers=args.quota_headers,
+        )
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+
+
+def _quota_model(text: str) -> tuple[str, tuple[int | None, int | None]]:
+    """``MODEL=RPM:TPM`` (either side may be empty) as ``(model, (rpm, tpm))``."""
+    model, sep, limits = text.rpartition("=")
+    rpm_text, colon, tpm_text = limits.partition(":")
+    if not sep or not model or not colon:
+        raise CliError(f"--quota-model wants MODEL=RPM:TPM, got {text!r}")
+    try:
+        rpm = int(rpm_text) if rpm_text else None
+        tpm = int(tpm_text) if tpm_text else None
+    except ValueError:
+        raise CliError(f"--quota-model {text!r}: RPM and TPM must be whole numbers") from None
+    return model, (rpm, tpm)
 
 
 def _read_secret(path: Path | None) -> str | None:

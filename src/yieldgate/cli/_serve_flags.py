@@ -133,6 +133,26 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="S",
         help="the quota's window in seconds (default 60: per minute; shorter to rehearse)",
     )
+    quota.add_argument(
+        "--quota-per-model",
+        action="store_true",
+        help="give each model its own buckets of --quota-rpm and --quota-tpm, as OpenAI does",
+    )
+    quota.add_argument(
+        "--quota-model",
+        action="append",
+        default=[],
+        metavar="MODEL=RPM:TPM",
+        help="limits of MODEL's own (either side may be empty: not limited); implies "
+        "--quota-per-model; repeatable",
+    )
+    quota.add_argument(
+        "--quota-headers",
+        choices=("openai", "azure"),
+        default="openai",
+        help="the rate-limit headers sent: OpenAI's (limit, remaining, reset) or Azure's "
+        "(remaining alone; retry-after-ms on a 429)",
+    )
 
     gov = p.add_argument_group("governor")
     gov.add_argument("--max-inflight", type=int, default=4, help="hard cap on executing submits")

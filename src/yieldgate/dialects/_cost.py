@@ -16,6 +16,8 @@ the APIs the dialects speak:
 - embeddings (a path ending ``/embeddings``): ``input``, and no output.
 
 A request that sets no output bound is charged ``default_output_tokens``.
+Its scope (``request_scope``) is the quota it spends where a provider meters
+per model: the Azure deployment in the path, else the body's ``model``.
 ``count_tokens`` replaces the four-characters rule with a real tokenizer
 (tiktoken's ``encode``, say). A body that is not JSON, or not one of these
 shapes, costs one request and no tokens: the headers still correct the count.
@@ -28,10 +30,11 @@ import math
 import re
 from collections.abc import Callable
 from typing import Any
+from urllib.parse import unquote
 
 from yieldgate.gate import Cost, QuotaPolicy
 
-__all__ = ["estimate_cost", "prompt_text", "usage_of"]
+__all__ = ["estimate_cost", "prompt_text", "request_scope", "usage_of"]
 
 _OUTPUT_FIELDS = ("max_completion_tokens", "max_tokens", "max_output_tokens")
 
@@ -133,27 +136,60 @@ def _four_chars(text: str) -> int:
     return math.ceil(len(text) / 4)
 
 
-def estimate_cost(content: bytes, policy: QuotaPolicy, *, path: str = "") -> Cost | None:
-    """The cost of a request whose body is ``content``, or ``None`` if it is not one
-    the dialects know (then the call's cost stays one request). ``path``, the
-    request's URL path, tells an embeddings request (its input alone: no output)."""
+# A scope longer than this is no model a provider serves: the upstream's own quota.
+MAX_SCOPE_CHARS = 256
+_DEPLOYMENT = re.compile(r"/openai/deployments/([^/]+)/")
+# HF's serverless routes name the model in the path: ``/models/{org}/{name}``, maybe
+# followed by ``/v1/...`` or ``/pipeline/...``; Gemini's by ``:generateContent``.
+_MODEL_PATH = re.compile(r"/models/([^/:]+(?:/(?!v1/|v1$|pipeline/)[^/:]+)?)")
+
+
+def request_scope(body: Any, path: str = "") -> str:
+    """The quota scope a request spends, as providers meter it: the Azure deployment
+    its path names, else the ``model`` its body names, else the model in a
+    ``/models/...`` path; ``""`` when it names none."""
+    found = _DEPLOYMENT.search(path)
+    if found is not None:
+        scope = unquote(found.group(1))
+    elif isinstance(body, dict) and isinstance(body.get("model"), str):
+        scope = body["model"]
+    elif (found := _MODEL_PATH.search(path)) is not None:
+        scope = unquote(found.group(1))
+    else:
+        return ""
+    return scope if len(scope) <= MAX_SCOPE_CHARS else ""
+
+
+def _body(content: bytes) -> dict[str, Any] | None:
     if not content or content[:1] not in (b"{", b" ", b"\n", b"\t", b"\r"):
         return None
     try:
         body = json.loads(content)
     except (ValueError, RecursionError):  # not JSON, or nested past the parser's depth
         return None
-    if not isinstance(body, dict):
-        return None
+    return body if isinstance(body, dict) else None
+
+
+def estimate_cost(content: bytes, policy: QuotaPolicy, *, path: str = "") -> Cost | None:
+    """The cost of a request whose body is ``content``, or ``None`` if it is not one
+    the dialects know and names no scope (then the call's cost stays one request).
+    ``path``, the request's URL path, tells an embeddings request (its input alone:
+    no output) and an Azure deployment. With ``policy.per_model`` the cost's scope
+    is the model or deployment the request names (``request_scope``)."""
+    body = _body(content)
+    scope = request_scope(body, path) if policy.per_model else ""
+    if body is None:
+        return Cost(scope=scope) if scope else None
     text = prompt_text(body)
     if text is None:
-        return None
+        return Cost(scope=scope) if scope else None
     count: Callable[[str], int] = policy.count_tokens or _four_chars
     try:
         prompt = int(count(text))
     except Exception:  # a tokenizer's failure must not fail the call
         prompt = _four_chars(text)
     if path.rstrip("/").endswith("/embeddings"):
-        return Cost.of(max(0, prompt), 0)
+        return Cost.of(max(0, prompt), 0, scope)
     output = _output_bound(body)
-    return Cost.of(max(0, prompt), policy.default_output_tokens if output is None else output)
+    bound = policy.default_output_tokens if output is None else output
+    return Cost.of(max(0, prompt), bound, scope)

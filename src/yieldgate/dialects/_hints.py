@@ -2,7 +2,8 @@
 
 The headers, in the order a hint is looked for (openai-python's order):
 
-- ``retry-after-ms``: milliseconds, a decimal number.
+- ``retry-after-ms``: milliseconds, a decimal number (Azure also sends it as
+  ``x-ms-retry-after-ms``).
 - ``retry-after``: seconds (a decimal number, as RFC 9110 allows only an
   integer but servers send fractions), or an HTTP date.
 - ``x-should-retry``: ``true`` or ``false``, the server's verdict on whether a
@@ -28,7 +29,12 @@ from collections.abc import Callable, Mapping
 from datetime import UTC
 from email.utils import parsedate_to_datetime
 
-from yieldgate._headers import RETRY_AFTER_HEADER, RETRY_AFTER_MS_HEADER, SHOULD_RETRY_HEADER
+from yieldgate._headers import (
+    MS_RETRY_AFTER_MS_HEADER,
+    RETRY_AFTER_HEADER,
+    RETRY_AFTER_MS_HEADER,
+    SHOULD_RETRY_HEADER,
+)
 from yieldgate.gate._outcome import sanitize_hint_s
 
 __all__ = ["message_hint_s", "retry_hint_s", "should_retry"]
@@ -55,17 +61,19 @@ def _date_delay_s(text: str, now: Callable[[], float]) -> float | None:
 def retry_hint_s(
     headers: Mapping[str, str], *, now: Callable[[], float] = time.time
 ) -> float | None:
-    """The server's retry hint in seconds, from ``retry-after-ms`` or ``retry-after``.
+    """The server's retry hint in seconds, from ``retry-after-ms`` (or Azure's
+    ``x-ms-retry-after-ms``) or ``retry-after``.
 
     ``headers`` must look names up case-insensitively (httpx's ``Headers``
     does). An HTTP date in the past gives 0. ``now`` is the wall clock the
     date is measured against.
     """
-    millis = headers.get(RETRY_AFTER_MS_HEADER)
-    if millis is not None:
-        hint = sanitize_hint_s(_number(millis), unit_s=0.001)
-        if hint is not None:
-            return hint
+    for name in (RETRY_AFTER_MS_HEADER, MS_RETRY_AFTER_MS_HEADER):
+        millis = headers.get(name)
+        if millis is not None:
+            hint = sanitize_hint_s(_number(millis), unit_s=0.001)
+            if hint is not None:
+                return hint
     after = headers.get(RETRY_AFTER_HEADER)
     if after is None:
         return None

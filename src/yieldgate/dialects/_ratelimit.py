@@ -4,7 +4,9 @@ Three families, each turned into ``QuotaReading``s (a bucket's limit, what
 remains of it and how long until it is full again):
 
 - OpenAI and Azure OpenAI: ``x-ratelimit-{limit,remaining,reset}-{requests,tokens}``,
-  the resets as Go durations (``6m0s``, ``1s``, ``20ms``, ``1.234s``).
+  the resets as Go durations (``6m0s``, ``1s``, ``20ms``, ``1.234s``). Azure sends
+  ``x-ratelimit-remaining-*`` alone: a reading with no limit, which the quota
+  learns from what remains.
 - Anthropic: ``anthropic-ratelimit-{requests,tokens,input-tokens,output-tokens}-
   {limit,remaining,reset}``, the resets as RFC 3339 times.
 - The IETF fields (draft-ietf-httpapi-ratelimit-headers): ``RateLimit-Policy``
@@ -86,8 +88,10 @@ def _reading(
     reset_s: float | None,
     window_s: float | None = None,
 ) -> QuotaReading | None:
-    if limit is None or remaining is None or limit < 1:
+    if remaining is None or (limit is not None and limit < 1):
         return None  # a limit below one request or token fits nothing
+    if limit is None:  # what remains, alone (Azure)
+        return QuotaReading(key=key, resource=resource, limit=None, remaining=remaining)
     return QuotaReading(
         key=key,
         resource=resource,
@@ -110,8 +114,8 @@ def _family(
     found = []
     for infix, resource in names:
         limit = _count(headers.get(name("limit", infix)))
-        if limit is None:
-            continue
+        if limit is None and name("limit", infix) in headers:
+            continue  # a limit sent and unreadable: nothing to learn from what remains
         reset = headers.get(name("reset", infix))
         reading = _reading(
             f"{family}:{resource}",

@@ -101,10 +101,11 @@ def admit(call: CallState, attempt: Attempt) -> Steps:
         paced = yield from _quota(call, attempt, up)
         if paced is None:
             continue
-        provisional = not up.quota.active
+        scope = call.cost.scope
+        provisional = not up.quota.knows(scope)
         queued = yield from _window(call, attempt, up)
         waited = waited or paced or queued
-        if provisional and up.quota.active:
+        if provisional and up.quota.knows(scope):
             # Taken while no bucket was known, and one was learnt meanwhile: the
             # claim queues again, by the quota's order.
             _start_over(attempt)
@@ -171,6 +172,8 @@ def _quota(call: CallState, attempt: Attempt, up: Upstream) -> Steps:
     with lock:
         # Taken while no bucket is known, a claim is provisional: if one is
         # learnt while it waits for a window slot, it queues again.
+        if quota.borrow and not quota.learnt_for(claim.scope):
+            quota.borrow_for(claim.scope, clock())
         if quota.active:
             call.too_large(quota)
         attempt.claim = claim

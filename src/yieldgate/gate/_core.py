@@ -140,6 +140,7 @@ class GateCore:
             requests_per_minute=q.requests_per_minute,
             tokens_per_minute=q.tokens_per_minute,
             learn=q.learn,
+            borrow=q.borrow,
         )
         if self.shared is not None:
             quota.shared = self.shared.available

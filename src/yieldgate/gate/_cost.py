@@ -7,10 +7,47 @@ dialects read and build these without anything else of the Gate's.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import NamedTuple
 
-__all__ = ["NOTHING", "ONE_REQUEST", "Bucket", "Cost", "QuotaReading", "as_cost"]
+__all__ = [
+    "DEFAULT_WINDOW_S",
+    "MAX_WINDOW_S",
+    "MIN_LIMIT",
+    "NOTHING",
+    "ONE_REQUEST",
+    "SCOPE_MARK",
+    "Bucket",
+    "Cost",
+    "QuotaReading",
+    "as_cost",
+    "reading_rate",
+    "scope_of",
+    "scoped_key",
+]
+
+# The window a bucket is assumed to refill over when nothing says otherwise.
+DEFAULT_WINDOW_S = 60.0
+# A reading whose used share is below this says too little about the refill rate.
+_MIN_USED_SHARE = 0.02
+# What a reading may say, whatever a header claims: a bucket is full again within
+# its window (a minute unless a header names one, at most an hour), so no reading
+# can stall a Gate past it; its limit is one request or token at least.
+MAX_WINDOW_S = 3600.0
+MIN_LIMIT = 1.0
+# Between a learnt bucket's reading key and its scope, in its key (``openai:tokens@gpt-4o``).
+SCOPE_MARK = "@"
+
+
+def scoped_key(key: str, scope: str) -> str:
+    """The key of the bucket a reading ``key`` describes for ``scope``."""
+    return f"{key}{SCOPE_MARK}{scope}" if scope else key
+
+
+def scope_of(key: str) -> str:
+    """The scope of a learnt bucket's key (``""``: the upstream's own)."""
+    return key.partition(SCOPE_MARK)[2]
 
 
 class Cost(NamedTuple):
@@ -19,17 +56,24 @@ class Cost(NamedTuple):
     ``tokens`` is the total a provider meters (prompt plus the output it may
     produce), ``input_tokens`` and ``output_tokens`` its parts, for providers
     that meter them apart (Anthropic).
+
+    ``scope`` names the quota it spends, where a provider keeps one per model
+    (OpenAI, Anthropic) or per deployment (Azure) on one key: the model the
+    request names, read by the transport's dialect. Each scope has its own
+    buckets, learnt from the answers to its own requests; ``""`` is the
+    upstream's one quota (nothing named).
     """
 
     requests: int = 1
     tokens: int = 0
     input_tokens: int = 0
     output_tokens: int = 0
+    scope: str = ""
 
     @classmethod
-    def of(cls, input_tokens: int, output_tokens: int) -> Cost:
+    def of(cls, input_tokens: int, output_tokens: int, scope: str = "") -> Cost:
         """One request of ``input_tokens`` and at most ``output_tokens``."""
-        return cls(1, input_tokens + output_tokens, input_tokens, output_tokens)
+        return cls(1, input_tokens + output_tokens, input_tokens, output_tokens, scope)
 
     def amount(self, resource: str) -> int:
         value: int = getattr(self, resource)
@@ -39,8 +83,10 @@ class Cost(NamedTuple):
 def as_cost(cost: Cost | int) -> Cost:
     """A ``cost=`` argument as a ``Cost``: an int is a number of tokens, in one request."""
     if isinstance(cost, Cost):
-        if any(type(v) is not int or v < 0 for v in cost):
-            raise ValueError(f"a cost's fields must be integers >= 0, got {cost!r}")
+        if any(type(v) is not int or v < 0 for v in cost[:4]):
+            raise ValueError(f"a cost's counts must be integers >= 0, got {cost!r}")
+        if not isinstance(cost.scope, str):
+            raise TypeError(f"a cost's scope must be a str, got {type(cost.scope).__name__}")
         return cost
     if type(cost) is not int or cost < 0:
         raise ValueError(f"cost must be a Cost or a number of tokens >= 0, got {cost!r}")
@@ -60,11 +106,13 @@ class QuotaReading:
     ``key`` names the bucket (``openai:tokens``), ``resource`` what it meters
     (a ``Cost`` field). ``reset_s`` is the time until it is full again,
     ``window_s`` the window its limit is for, when a header says (IETF's ``w``).
+    ``limit`` is ``None`` when the provider says only what remains (Azure):
+    the limit is then learnt as the most ever seen remaining plus in flight.
     """
 
     key: str
     resource: str
-    limit: float
+    limit: float | None
     remaining: float
     reset_s: float | None = None
     window_s: float | None = None
@@ -73,12 +121,33 @@ class QuotaReading:
 class Bucket:
     """A continuously refilling bucket: ``limit`` at most, ``rate`` per second."""
 
-    __slots__ = ("applied", "key", "learnt", "level", "limit", "rate", "resource", "updated")
+    __slots__ = (
+        "applied",
+        "key",
+        "learnt",
+        "level",
+        "limit",
+        "rate",
+        "resource",
+        "scope",
+        "updated",
+    )
 
     def __init__(
-        self, key: str, resource: str, limit: float, rate: float, now: float, *, learnt: bool
+        self,
+        key: str,
+        resource: str,
+        limit: float,
+        rate: float,
+        now: float,
+        *,
+        learnt: bool,
+        scope: str | None = None,
     ) -> None:
         self.key = key
+        # The scope whose costs it meters (``None``: every scope's, as the caller's
+        # own budgets do).
+        self.scope = scope
         self.resource = resource
         self.limit = limit
         self.rate = rate
@@ -112,3 +181,20 @@ class Bucket:
         if short <= 0:
             return 0.0
         return short / (self.rate * pace)
+
+
+def reading_rate(reading: QuotaReading, limit: float, bucket: Bucket | None) -> float:
+    """The refill rate a reading implies: its window's, the used share over the
+    time to full, or what the bucket had (a minute's limit, first)."""
+    if reading.window_s is not None and reading.window_s > 0:
+        return limit / min(reading.window_s, MAX_WINDOW_S)
+    used = limit - reading.remaining
+    if reading.reset_s is not None and reading.reset_s > 0 and used >= _MIN_USED_SHARE * limit:
+        # Per-minute limits (OpenAI's, Anthropic's) are full again within a minute: a
+        # later reset is a daily limit's (its 429's hint says so) or a bad header's.
+        rate = used / min(reading.reset_s, DEFAULT_WINDOW_S)
+        if math.isfinite(rate) and rate > 0:
+            return rate
+    if bucket is not None and bucket.limit == limit:
+        return bucket.rate
+    return limit / DEFAULT_WINDOW_S

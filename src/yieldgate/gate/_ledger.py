@@ -145,7 +145,9 @@ class Attempt:
         with core.lock:
             if self.epoch != core.epoch:
                 return
-            up.quota.observe(readings, claim, core.clock())
+            # A blind attempt is still counted in flight: its own reading counts it.
+            blind = self.cost if self.blind else None
+            up.quota.observe(readings, claim, core.clock(), blind=blind)
             if core.shared is not None and claim is not None:
                 core.shared.observe(up, claim, readings)
 

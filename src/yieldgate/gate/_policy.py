@@ -243,6 +243,19 @@ class QuotaPolicy:
     plus its output bound (``max_tokens`` and kin, else
     ``default_output_tokens``). ``gate.call(..., cost=...)`` gives it
     directly.
+
+    With ``per_model`` (the default) the learnt quota is kept per model, as
+    OpenAI and Anthropic meter it on one key, and per deployment on Azure
+    (the request's ``model``, or the deployment in its URL): one Gate and one
+    client serve several models, each paced by its own answers' headers, none
+    waiting for another's quota. ``per_model=False`` keeps one quota per
+    upstream, for providers that meter a key across its models. A model no
+    answer has described yet is paced by nothing learnt until its first
+    answers come; with ``borrow`` it is paced meanwhile by copies of the
+    quota of the model read last (for keys whose models share one tier). The
+    caller's own budgets (``requests_per_minute``, ``tokens_per_minute``)
+    are the upstream's, spent by every model. ``gate.call(..., cost=Cost(...,
+    scope="gpt-4o"))`` names the scope directly.
     """
 
     learn: bool = True
@@ -250,6 +263,8 @@ class QuotaPolicy:
     tokens_per_minute: float | None = None
     default_output_tokens: int = 256
     count_tokens: Callable[[str], int] | None = None
+    per_model: bool = True
+    borrow: bool = False
 
     def __post_init__(self) -> None:
         for name in ("requests_per_minute", "tokens_per_minute"):

@@ -24,11 +24,20 @@ what the attempt really used: the usage it reports, or nothing when the
 upstream refused it before work. An attempt sent while no bucket is known
 shares the one ``BLIND`` claim and counts in flight as a number.
 
-Waiting: one queue per upstream, by priority and then arrival; only the
-head sleeps, until its cost fits (the time each bucket needs to refill the
-difference), re-reading the buckets when it wakes, as the rate cap does.
-A cost larger than a bucket's whole limit can never fit: ``too_large``
-says so before any wait.
+Scopes: providers meter per model (OpenAI, Anthropic) or per deployment
+(Azure) on one key, so a learnt bucket belongs to the scope of the request
+whose answer taught it (``Cost.scope``) and paces only that scope's claims;
+the caller's own budgets (``QuotaPolicy``) are the upstream's and pace
+every scope. A scope no answer has described yet is paced by nothing learnt
+(its first answers teach it), or, with ``borrow``, by copies of the shapes
+of the scope read last.
+
+Waiting: one queue per scope (one per upstream when it has budgets of the
+caller's own, which every claim spends), by priority and then arrival; only
+the head sleeps, until its cost fits (the time each bucket needs to refill
+the difference), re-reading the buckets when it wakes, as the rate cap
+does. A cost larger than a bucket's whole limit can never fit:
+``too_large`` says so before any wait.
 """
 
 from __future__ import annotations
@@ -38,9 +47,23 @@ import itertools
 import math
 from collections.abc import Callable, Iterable
 
-from yieldgate.gate._cost import NOTHING, ONE_REQUEST, Bucket, Cost, QuotaReading, as_cost
+from yieldgate.gate._claim import BLIND, Claim
+from yieldgate.gate._cost import (
+    DEFAULT_WINDOW_S,
+    MAX_WINDOW_S,
+    MIN_LIMIT,
+    NOTHING,
+    ONE_REQUEST,
+    SCOPE_MARK,
+    Bucket,
+    Cost,
+    QuotaReading,
+    as_cost,
+    reading_rate,
+    scope_of,
+    scoped_key,
+)
 from yieldgate.gate._window import RANK
-from yieldgate.protocol import Priority
 
 __all__ = [
     "BLIND",
@@ -54,50 +77,12 @@ __all__ = [
     "as_cost",
 ]
 
-# The window a bucket is assumed to refill over when nothing says otherwise.
-DEFAULT_WINDOW_S = 60.0
-# A reading whose used share is below this says too little about the refill rate.
-_MIN_USED_SHARE = 0.02
 _MIN_SLEEP_S = 1e-6
-# What a reading may say, whatever a header claims: a bucket is full again within
-# its window (a minute unless a header names one, at most an hour), so no reading
-# can stall a Gate past it; its limit is one request or token at least.
-MAX_WINDOW_S = 3600.0
-MIN_LIMIT = 1.0
-# The buckets learnt per upstream at most (a provider that names a new policy in
-# every answer must not grow them without bound): the least recently read goes.
-MAX_LEARNT_BUCKETS = 16
-
-
-class Claim:
-    """One attempt's cost, taken (or to be taken) from an upstream's quota.
-
-    Built for every attempt: only its cost, priority and arrival are set here;
-    the rest stays at the class's defaults until used (most never are).
-    """
-
-    number = 0  # its place among the sends, once sent
-    started = 0.0  # when it was taken, then sent
-    taken = False
-    local = False  # taken from this process's buckets
-    fleet = False  # taken while a fleet's buckets paced
-    wake: Callable[[], None] | None = None
-    # In a fleet: the send number the fleet's take gave it (0: none), what it took
-    # there, and whether its answer was reported.
-    seq = 0
-    wants: list[tuple[str, float, float, float]] = []  # noqa: RUF012 - replaced, never mutated
-    observed = False
-
-    def __init__(self, cost: Cost, priority: Priority, key: float) -> None:
-        self.cost = cost
-        self.priority = priority
-        self.key = key  # arrival: the call's start
-
-
-BLIND = Claim(ONE_REQUEST, Priority.NORMAL, 0.0)
-"""The claim of every attempt sent while its quota knows no bucket (the common case
-of a Gate with nothing to pace by): nothing to take, and in flight it is only a
-sum (``Quota.blind``), not an entry. Never changed."""
+# The buckets learnt per upstream at most, all scopes together (a provider that
+# names a new policy in every answer, or a caller naming a new model in every
+# request, must not grow them without bound): to make room, those idle for their
+# window (full again: nothing lost but their shape) go, else the least recently read.
+MAX_LEARNT_BUCKETS = 64
 
 
 class Quota:
@@ -110,8 +95,10 @@ class Quota:
         requests_per_minute: float | None = None,
         tokens_per_minute: float | None = None,
         learn: bool = True,
+        borrow: bool = False,
     ) -> None:
         self.learn = learn
+        self.borrow = borrow
         self.buckets: dict[str, Bucket] = {}
         # Full since forever: built before any clock may be read (outside a loop).
         now = -math.inf
@@ -133,7 +120,10 @@ class Quota:
         self._pending: set[Claim] = set()  # taken, not sent yet
         self._blind: dict[Cost, int] = {}  # blind claims in flight, counted by cost
         self.blind_requests = 0  # those of them that cost ONE_REQUEST (most): a count
-        self._queue: list[tuple[int, float, int, Claim]] = []
+        # The queues, by lane: a claim's scope, or "" for all when the caller's own
+        # budgets (which every claim spends) are buckets too.
+        self._one_lane = bool(self.buckets)
+        self._queues: dict[str, list[tuple[int, float, int, Claim]]] = {}
         self._arrivals = itertools.count()
         # In a fleet: the fleet's buckets pace (``shared``) and, after a refusal, no
         # claim asks them again before ``poll_after``; learnt buckets hold ``cap`` of
@@ -155,11 +145,23 @@ class Quota:
         """Whether a bucket was learnt (from a response's headers, or a fleet's shapes)."""
         return any(b.learnt for b in self.buckets.values())
 
+    def knows(self, scope: str) -> bool:
+        """Whether any bucket paces ``scope``'s claims."""
+        return any(b.scope is None or b.scope == scope for b in self.buckets.values())
+
+    def learnt_for(self, scope: str) -> bool:
+        """Whether a bucket of ``scope``'s was learnt."""
+        return any(b.learnt and b.scope == scope for b in self.buckets.values())
+
     # -- claiming ----------------------------------------------------------------
+
+    def _of(self, scope: str) -> list[Bucket]:
+        """The buckets a claim of ``scope`` spends from: its scope's and the caller's own."""
+        return [b for b in self.buckets.values() if b.scope is None or b.scope == scope]
 
     def too_large(self, cost: Cost) -> Bucket | None:
         """The bucket whose whole limit ``cost`` exceeds (no wait makes it fit)."""
-        for bucket in self.buckets.values():
+        for bucket in self._of(cost.scope):
             if cost.amount(bucket.resource) > bucket.limit:
                 return bucket
         return None
@@ -167,18 +169,19 @@ class Quota:
     def _shares(self, bucket: Bucket) -> tuple[float, float]:
         return (self.cap, self.pace) if bucket.learnt else (1.0, 1.0)
 
-    def _local(self, claim_shared: bool) -> list[Bucket]:
-        """The buckets a claim takes from here: all, or (in a fleet, whose buckets hold
-        the caller's own budgets) the learnt ones, for this member's share."""
+    def _local(self, scope: str, claim_shared: bool) -> list[Bucket]:
+        """The buckets a claim of ``scope`` takes from here: all of its scope's, or (in
+        a fleet, whose buckets hold the caller's own budgets) the learnt ones, for
+        this member's share."""
         if not claim_shared:
-            return list(self.buckets.values())
-        return [b for b in self.buckets.values() if b.learnt]
+            return self._of(scope)
+        return [b for b in self.buckets.values() if b.learnt and b.scope == scope]
 
     def _longest(self, cost: Cost, now: float) -> tuple[float, Bucket | None]:
         """The longest refill ``cost`` needs of the buckets a claim takes from, and
         that bucket (``0.0, None``: it fits every one now)."""
         wait, binding = 0.0, None
-        for b in self._local(self.shared):
+        for b in self._local(cost.scope, self.shared):
             need = b.wait_s(cost.amount(b.resource), now, *self._shares(b))
             if need > wait:
                 wait, binding = need, b
@@ -194,13 +197,13 @@ class Quota:
     def wants(self, cost: Cost) -> list[tuple[str, float, float, float]]:
         """``(bucket, amount, limit, rate)`` for each bucket ``cost`` spends from."""
         return [
-            (key, float(cost.amount(b.resource)), b.limit, b.rate)
-            for key, b in self.buckets.items()
+            (b.key, float(cost.amount(b.resource)), b.limit, b.rate)
+            for b in self._of(cost.scope)
             if cost.amount(b.resource) > 0
         ]
 
     def _take(self, claim: Claim, now: float) -> None:
-        for bucket in self._local(self.shared):
+        for bucket in self._local(claim.scope, self.shared):
             bucket.take(claim.cost.amount(bucket.resource), now, *self._shares(bucket))
         claim.local = True
         claim.fleet = self.shared
@@ -228,9 +231,12 @@ class Quota:
         else:
             del blind[cost]
 
+    def _lane(self, scope: str) -> str:
+        return "" if self._one_lane else scope
+
     def try_take(self, claim: Claim, now: float) -> bool:
-        """Take ``claim`` now if nobody is queued and it fits; never waits."""
-        if self._queue:
+        """Take ``claim`` now if nobody is queued in its lane and it fits; never waits."""
+        if self._queues.get(self._lane(claim.scope)):
             return False
         if self.buckets and self._fits(claim.cost, now) > 0:
             return False
@@ -241,15 +247,17 @@ class Quota:
         """Queue ``claim``, by priority then arrival; a new head is woken."""
         claim.wake = wake
         entry = (-RANK[claim.priority], claim.key, next(self._arrivals), claim)
-        bisect.insort(self._queue, entry)
-        if self._queue[0][3] is claim and len(self._queue) > 1:
+        queue = self._queues.setdefault(self._lane(claim.scope), [])
+        bisect.insort(queue, entry)
+        if queue[0][3] is claim and len(queue) > 1:
             # The old head sleeps towards its own start: it must stand back.
-            old = self._queue[1][3].wake
+            old = queue[1][3].wake
             if old is not None:
                 old()
 
     def at_head(self, claim: Claim) -> bool:
-        return bool(self._queue) and self._queue[0][3] is claim
+        queue = self._queues.get(self._lane(claim.scope))
+        return queue is not None and queue[0][3] is claim
 
     def take_queued(self, claim: Claim, now: float) -> float | None:
         """For the claim at the head: take it (``None``) or say when to look again."""
@@ -262,16 +270,24 @@ class Quota:
 
     def leave(self, claim: Claim) -> None:
         """Leave the queue (taken, or gave up); the next at the head is woken."""
-        for i, entry in enumerate(self._queue):
+        lane = self._lane(claim.scope)
+        queue = self._queues.get(lane)
+        if not queue:
+            return
+        for i, entry in enumerate(queue):
             if entry[3] is claim:
-                del self._queue[i]
-                if i == 0 and self._queue:
-                    self._wake_head()
+                del queue[i]
+                if not queue:
+                    del self._queues[lane]
+                elif i == 0:
+                    self._wake_head(claim.scope)
                 return
 
-    def _wake_head(self) -> None:
-        if self._queue:
-            wake = self._queue[0][3].wake
+    def _wake_head(self, scope: str) -> None:
+        """Wake the head of ``scope``'s lane: what it waits for may have changed."""
+        queue = self._queues.get(self._lane(scope))
+        if queue:
+            wake = queue[0][3].wake
             if wake is not None:
                 wake()
 
@@ -284,10 +300,10 @@ class Quota:
         # claims a reading's level was set without.
         if claim.local:
             claim.local = False
-            for bucket in self._local(claim.fleet):
+            for bucket in self._local(claim.scope, claim.fleet):
                 bucket.give(claim.cost.amount(bucket.resource), now, *self._shares(bucket))
         self._pending.discard(claim)
-        self._wake_head()
+        self._wake_head(claim.scope)
 
     # -- learning ------------------------------------------------------------------
 
@@ -306,39 +322,57 @@ class Quota:
             elif over < 0:
                 bucket.take(-over, now)
         if changed:
-            self._wake_head()
+            self._wake_head(claim.scope)
 
-    def observe(self, readings: Iterable[QuotaReading], claim: Claim | None, now: float) -> None:
-        """Apply a response's readings: the response of ``claim``'s attempt."""
+    def observe(
+        self,
+        readings: Iterable[QuotaReading],
+        claim: Claim | None,
+        now: float,
+        *,
+        blind: Cost | None = None,
+    ) -> None:
+        """Apply a response's readings: the response of ``claim``'s attempt (or of a
+        blind attempt of cost ``blind``, still counted in flight: this reading counts it)."""
         if claim is not None:
             self._inflight.pop(claim, None)  # answered: counted, and in this reading
         if not self.learn:
             return
         number = claim.number if claim is not None else 0
+        scope = claim.scope if claim is not None and claim is not BLIND else ""
+        if blind is not None:
+            scope = blind.scope
+        borrowed = False
         for reading in readings:
-            if not (MIN_LIMIT <= reading.limit < math.inf):
+            key = scoped_key(reading.key, scope)
+            bucket = self.buckets.get(key)
+            # What the provider may not have counted yet: every claim of the scope
+            # still in flight (requests overtake each other on the way), and those
+            # not sent; not the answered attempt's own, if it went blind.
+            resource = reading.resource
+            sent = self._unseen(resource, scope) - (0 if blind is None else blind.amount(resource))
+            unseen = sent + sum(
+                c.cost.amount(resource) for c in self._pending if c.cost.scope == scope
+            )
+            limit = reading.limit
+            if limit is None:
+                # What remains, alone (Azure): the limit is the most ever seen
+                # remaining plus in flight, the refill that limit over a minute.
+                known = bucket.limit if bucket is not None else 0.0
+                limit = max(known, reading.remaining + sent)
+            if not (MIN_LIMIT <= limit < math.inf):
                 continue  # no bucket a request could ever fit
-            bucket = self.buckets.get(reading.key)
-            rate = _rate(reading, bucket)
+            rate = reading_rate(reading, limit, bucket)
             if bucket is None:
-                key, resource = reading.key, reading.resource
-                bucket = Bucket(key, resource, reading.limit, rate, now, learnt=True)
+                bucket = Bucket(key, resource, limit, rate, now, learnt=True, scope=scope)
                 self._forget_stalest(now)
-                self.buckets[reading.key] = bucket
+                self.buckets[key] = bucket
                 fresh = True
             else:
-                bucket.limit = reading.limit
+                borrowed = borrowed or bucket.applied < 0
+                bucket.limit = limit
                 bucket.rate = rate
                 fresh = False
-            # What the provider may not have counted yet: every claim still in
-            # flight (requests overtake each other on the way), and those not sent.
-            resource = bucket.resource
-            unseen = (
-                sum(c.cost.amount(resource) for c in self._inflight)
-                + sum(c.cost.amount(resource) for c in self._pending)
-                + sum(cost.amount(resource) * n for cost, n in self._blind.items())
-                + ONE_REQUEST.amount(resource) * self.blind_requests
-            )
             # As of now: the provider counted it somewhere between the send and now,
             # and refill credited for that time could be refill it has not yet had.
             level = reading.remaining * self.cap - unseen
@@ -349,14 +383,52 @@ class Quota:
                 # An older send's reading, answered late: it may only lower the level.
                 bucket.level = min(bucket.level_at(now, self.cap, self.pace), level)
             bucket.updated = now
-        self._wake_head()
+        if borrowed:
+            # The scope's own answer came: shapes borrowed and not read here go.
+            for b in [b for b in self.buckets.values() if b.scope == scope and b.applied < 0]:
+                del self.buckets[b.key]
+        self._wake_head(scope)
+
+    def _unseen(self, resource: str, scope: str) -> float:
+        """What the claims of ``scope`` sent and not answered yet spend of ``resource``."""
+        total = sum(c.cost.amount(resource) for c in self._inflight if c.cost.scope == scope)
+        total += sum(
+            cost.amount(resource) * n for cost, n in self._blind.items() if cost.scope == scope
+        )
+        if not scope:
+            total += ONE_REQUEST.amount(resource) * self.blind_requests
+        return total
 
     def _forget_stalest(self, now: float) -> None:
-        """Make room for one more learnt bucket: drop the one read longest ago."""
+        """Make room for one more learnt bucket: drop those idle for their window (full
+        again by now), or else the one read longest ago."""
         learnt = [b for b in self.buckets.values() if b.learnt]
-        if len(learnt) >= MAX_LEARNT_BUCKETS:
-            stalest = min(learnt, key=lambda b: b.updated)
-            del self.buckets[stalest.key]
+        if len(learnt) < MAX_LEARNT_BUCKETS:
+            return
+        idle = [b for b in learnt if now - b.updated >= b.limit / max(b.rate, 1e-12)]
+        for b in idle or [min(learnt, key=lambda b: b.updated)]:
+            del self.buckets[b.key]
+
+    def borrow_for(self, scope: str, now: float) -> bool:
+        """With ``borrow``: know ``scope``'s buckets before its first answer, as copies
+        of the shapes of the scope read last (full, as a new bucket is); ``False``
+        when there is nothing to borrow or the scope knows its own."""
+        if not (self.borrow and self.learn) or self.learnt_for(scope):
+            return False
+        learnt = [b for b in self.buckets.values() if b.learnt and b.applied >= 0]
+        if not learnt:
+            return False
+        latest = max(learnt, key=lambda b: b.updated).scope
+        for b in learnt:
+            if b.scope != latest:
+                continue
+            key = scoped_key(b.key.partition(SCOPE_MARK)[0], scope)
+            copy = Bucket(key, b.resource, b.limit, b.rate, now, learnt=True, scope=scope)
+            copy.level = b.limit * self.cap
+            copy.applied = -1  # borrowed: the scope's first reading replaces it
+            self._forget_stalest(now)
+            self.buckets[key] = copy
+        return True
 
     def binding(self, cost: Cost, now: float) -> Bucket | None:
         """The bucket ``cost`` waits longest for (``None``: it fits every one now)."""
@@ -371,11 +443,11 @@ class Quota:
         if not (0 <= rate < math.inf):
             return False
         rate = max(rate, limit / MAX_WINDOW_S)
-        bucket = Bucket(key, resource, limit, rate, now, learnt=True)
+        bucket = Bucket(key, resource, limit, rate, now, learnt=True, scope=scope_of(key))
         self._forget_stalest(now)
         bucket.level = limit * self.cap
         self.buckets[key] = bucket
-        self._wake_head()
+        self._wake_head(bucket.scope or "")
         return True
 
     def finished(self, claim: Claim) -> None:
@@ -388,13 +460,14 @@ class Quota:
         self._pending.clear()
         self._blind.clear()
         self.blind_requests = 0
-        self._queue.clear()
+        self._queues.clear()
 
     def audit(self) -> list[str]:
         """Claims queued, taken or in flight (none when no call runs)."""
         problems = []
-        if self._queue:
-            problems.append(f"{len(self._queue)} claim(s) queued for the quota")
+        queued = sum(len(q) for q in self._queues.values())
+        if queued:
+            problems.append(f"{queued} claim(s) queued for the quota")
         if self._pending:
             problems.append(f"{len(self._pending)} quota claim(s) taken and never sent")
         if self._inflight:
@@ -403,24 +476,3 @@ class Quota:
             count = self.blind_requests + sum(self._blind.values())
             problems.append(f"{count} blind attempt(s) counted in flight")
         return problems
-
-
-def _rate(reading: QuotaReading, bucket: Bucket | None) -> float:
-    """The refill rate a reading implies: its window's, the used share over the
-    time to full, or what the bucket had (a minute's limit, first)."""
-    if reading.window_s is not None and reading.window_s > 0:
-        return reading.limit / min(reading.window_s, MAX_WINDOW_S)
-    used = reading.limit - reading.remaining
-    if (
-        reading.reset_s is not None
-        and reading.reset_s > 0
-        and used >= _MIN_USED_SHARE * reading.limit
-    ):
-        # Per-minute limits (OpenAI's, Anthropic's) are full again within a minute: a
-        # later reset is a daily limit's (its 429's hint says so) or a bad header's.
-        rate = used / min(reading.reset_s, DEFAULT_WINDOW_S)
-        if math.isfinite(rate) and rate > 0:
-            return rate
-    if bucket is not None and bucket.limit == reading.limit:
-        return bucket.rate
-    return reading.limit / DEFAULT_WINDOW_S

@@ -44,6 +44,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 from yieldgate.gate._breaker import BreakerState
+from yieldgate.gate._cost import scoped_key
 from yieldgate.gate._lease_line import LeaseLine
 from yieldgate.gate._policy import FleetPolicy, RetryBudgetPolicy
 from yieldgate.gate._quota import Claim, Cost, QuotaReading
@@ -236,19 +237,20 @@ class Shared:
         creates the bucket): so the fleet learns the quota from a member's first answer."""
         taken = {key: amount for key, amount, _, _ in claim.wants} if claim.seq else None
         for reading in readings:
-            amount = 0.0 if taken is None else taken.get(reading.key)
-            bucket = up.quota.buckets.get(reading.key)
+            key = scoped_key(reading.key, claim.scope)
+            amount = 0.0 if taken is None else taken.get(key)
+            bucket = up.quota.buckets.get(key)
             if amount is None or bucket is None:
                 continue
             kwargs = {
-                "limit": reading.limit,
+                "limit": bucket.limit,
                 "rate": bucket.rate,
                 "remaining": reading.remaining,
                 "amount": amount,
                 "seq": claim.seq,
                 "resource": bucket.resource,
             }
-            self.backlog.append(FleetOp("observe", (up.name, reading.key), kwargs))
+            self.backlog.append(FleetOp("observe", (up.name, key), kwargs))
         if claim.seq:
             claim.observed = True
 

@@ -2,8 +2,9 @@
 
 Routes (see ``docs`` and ``_http_dialects`` for the bodies):
 
-- OpenAI: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``GET /v1/models``,
-  ``GET /v1/models/{model_id}``
+- OpenAI: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``POST /v1/responses``,
+  ``GET /v1/models``, ``GET /v1/models/{model_id}``
+- Azure OpenAI: ``POST /openai/deployments/{deployment}/chat/completions``
 - HuggingFace Inference API: ``POST /models/{model_id}``, and OpenAI's chat
   completions at ``POST /models/{model_id}/v1/chat/completions``, as HF endpoints serve them
 - TGI: ``POST /generate``, ``POST /generate_stream``, ``POST /``
@@ -57,6 +58,7 @@ from yieldgate.server._http_front import Front
 from yieldgate.server._http_inference import Inference
 from yieldgate.server._http_metrics import CONTENT_TYPE, MetricsExporter
 from yieldgate.server._http_middleware import Counted, RequireSecret, Secret
+from yieldgate.server._http_openai_more import AzureChatCompletions, Responses
 from yieldgate.server._http_responses import route_error
 from yieldgate.server._http_router import InferenceRouter
 from yieldgate.server._http_uvicorn import _Uvicorn as _Uvicorn
@@ -163,6 +165,10 @@ def build_app(front: Front) -> ASGIApp:
     routes = [
         inference("/v1/chat/completions", ChatCompletions(fingerprint)),
         inference("/v1/completions", Completions(fingerprint)),
+        inference("/v1/responses", Responses(fingerprint)),
+        inference(
+            "/openai/deployments/{model_id}/chat/completions", AzureChatCompletions(fingerprint)
+        ),
         Route("/v1/models", guarded(models), methods=["GET"]),
         Route("/v1/models/{model_id:path}", guarded(model), methods=["GET"]),
         inference("/models/{model_id:path}/v1/chat/completions", ChatCompletions(fingerprint)),

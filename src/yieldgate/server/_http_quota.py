@@ -12,6 +12,11 @@ request larger than the whole token bucket, "Request too large ..."). A
 token-limit 429 carries no ``retry-after``, as OpenAI sends none; a
 request-limit 429 carries ``retry-after`` in whole seconds (rounded up).
 Routes of other dialects answer the same message in their own error shape.
+
+In Azure's header mode (``QuotaConfig.headers == "azure"``) the 429 is
+Azure OpenAI's: ``{"error": {"code": "429", "message": ...}}``, with
+``retry-after`` (whole seconds, rounded up), ``retry-after-ms`` and
+``x-ms-retry-after-ms`` whatever the resource.
 """
 
 from __future__ import annotations
@@ -21,7 +26,11 @@ from typing import TYPE_CHECKING
 
 from starlette.types import Message, Send
 
-from yieldgate._headers import RETRY_AFTER_HEADER
+from yieldgate._headers import (
+    MS_RETRY_AFTER_MS_HEADER,
+    RETRY_AFTER_HEADER,
+    RETRY_AFTER_MS_HEADER,
+)
 from yieldgate.server._http_dialects import Dialect, Job, dumps
 from yieldgate.server._http_responses import send_json
 from yieldgate.server.quota import QuotaRefusal
@@ -39,7 +48,18 @@ def _max_tokens(job: Job) -> int | None:
     return value if type(value) is int and value > 0 else None
 
 
-def _body(dialect: Dialect, refusal: QuotaRefusal) -> bytes:
+def _azure_message(refusal: QuotaRefusal) -> str:
+    what = "token" if refusal.resource == "tokens" else "call"
+    wait = math.ceil(refusal.retry_after_s or 0)
+    return (
+        f"Requests to the ChatCompletions_Create Operation have exceeded {what} rate limit "
+        f"of your current OpenAI S0 pricing tier. Please retry after {wait} seconds."
+    )
+
+
+def _body(dialect: Dialect, refusal: QuotaRefusal, azure: bool) -> bytes:
+    if azure and dialect.family == "openai" and not refusal.too_large:
+        return dumps({"error": {"code": "429", "message": _azure_message(refusal)}})
     if dialect.family == "openai":
         error = {
             "message": refusal.message,
@@ -61,10 +81,15 @@ async def charge_quota(front: Front, dialect: Dialect, job: Job, send: Send) -> 
     headers = [(name.encode(), value.encode()) for name, value in decision.headers]
     refusal = decision.refusal
     if refusal is not None:
-        if refusal.resource == "requests" and refusal.retry_after_s is not None:
+        azure = quota.config.headers == "azure"
+        if refusal.retry_after_s is not None and (azure or refusal.resource == "requests"):
             retry_after = str(math.ceil(refusal.retry_after_s))
             headers.append((RETRY_AFTER_HEADER.encode(), retry_after.encode()))
-        await send_json(send, 429, _body(dialect, refusal), headers)
+        if refusal.retry_after_s is not None and azure:
+            millis = str(math.ceil(refusal.retry_after_s * 1000)).encode()
+            headers.append((RETRY_AFTER_MS_HEADER.encode(), millis))
+            headers.append((MS_RETRY_AFTER_MS_HEADER.encode(), millis))
+        await send_json(send, 429, _body(dialect, refusal, azure), headers)
         return None
 
     async def with_quota_headers(message: Message) -> None:

@@ -12,6 +12,13 @@ OpenAI's ``x-ratelimit-*`` headers as of that moment, the resets in Go's
 duration format (``6m0s``, ``1.234s``, ``20ms``): the time until the bucket
 is full again.
 
+Providers meter per model on one key: with ``per_model`` (or limits named per
+model in ``models``) each model has its own two buckets, as OpenAI's do.
+``headers="azure"`` answers as Azure OpenAI does: only
+``x-ratelimit-remaining-{requests,tokens}`` (no limit, no reset), and on a
+429 ``retry-after`` (whole seconds), ``retry-after-ms`` and
+``x-ms-retry-after-ms``, with Azure's error body.
+
 Sans-IO: the clock is injected (``time.monotonic`` by default), so tests run
 on virtual time. The HTTP front asks it before the Governor (a provider checks
 its quota before its servers see the request) and writes the answer.
@@ -21,8 +28,8 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Literal
 
 from yieldgate._headers import (
@@ -45,6 +52,10 @@ __all__ = [
 ]
 
 QuotaResource = Literal["requests", "tokens"]
+QuotaHeaders = Literal["openai", "azure"]
+# The models one server keeps buckets for at most (a client naming a new model in
+# every request must not grow them without bound): the oldest goes.
+MAX_MODELS = 1024
 
 # Where OpenAI's quota messages send the reader (kept: clients match the text).
 _LIMITS_URL = "https://platform.openai.com/account/rate-limits"
@@ -92,6 +103,11 @@ class QuotaConfig:
     request that names no ``max_tokens`` costs for its output (16: the
     legacy completions API's default). ``organization`` appears in the 429
     messages, as OpenAI names the account whose limit was reached.
+
+    ``per_model`` gives each model its own buckets of ``rpm`` and ``tpm``;
+    ``models`` names limits of its own for some (``{"gpt-4o": (500, 30000)}``,
+    either ``None`` for none) and implies ``per_model``. ``headers`` is the
+    header style: ``"openai"`` or ``"azure"`` (what remains, alone).
     """
 
     rpm: int | None = None
@@ -99,23 +115,47 @@ class QuotaConfig:
     window_s: float = 60.0
     default_max_tokens: int = 16
     organization: str = "org-yieldgate"
+    per_model: bool = False
+    models: Mapping[str, tuple[int | None, int | None]] = field(default_factory=dict, hash=False)
+    headers: QuotaHeaders = "openai"
 
     def __post_init__(self) -> None:
         for name in ("rpm", "tpm"):
             value = getattr(self, name)
             if value is not None and (type(value) is not int or value < 1):
                 raise ValueError(f"quota {name} must be a positive integer, got {value!r}")
-        if self.rpm is None and self.tpm is None:
-            raise ValueError("a quota needs rpm, tpm or both")
+        if self.rpm is None and self.tpm is None and not self.models:
+            raise ValueError("a quota needs rpm, tpm or both (or limits per model)")
         if not (self.window_s > 0 and math.isfinite(self.window_s)):
             raise ValueError(f"quota window_s must be a positive number, got {self.window_s!r}")
         if type(self.default_max_tokens) is not int or self.default_max_tokens < 1:
             raise ValueError("quota default_max_tokens must be a positive integer")
         if not self.organization:
             raise ValueError("quota organization must not be empty")
+        if self.headers not in ("openai", "azure"):
+            raise ValueError(f"quota headers must be 'openai' or 'azure', got {self.headers!r}")
+        for model, limits in self.models.items():
+            if not isinstance(model, str) or not model:
+                raise ValueError(f"a quota's model must be a non-empty string, got {model!r}")
+            if not (isinstance(limits, tuple) and len(limits) == 2):
+                raise ValueError(f"quota model {model!r}: limits must be (rpm, tpm)")
+            for value in limits:
+                if value is not None and (type(value) is not int or value < 1):
+                    raise ValueError(
+                        f"quota model {model!r}: limits must be positive integers or None, "
+                        f"got {limits!r}"
+                    )
+            if limits == (None, None):
+                raise ValueError(f"quota model {model!r} needs rpm, tpm or both")
 
-    def limit(self, resource: QuotaResource) -> int | None:
-        return self.rpm if resource == "requests" else self.tpm
+    @property
+    def scoped(self) -> bool:
+        """Whether each model has buckets of its own."""
+        return self.per_model or bool(self.models)
+
+    def limit(self, resource: QuotaResource, model: str = "") -> int | None:
+        rpm, tpm = self.models.get(model, (self.rpm, self.tpm))
+        return rpm if resource == "requests" else tpm
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -215,17 +255,14 @@ class _Bucket:
 
 
 class ProviderQuota:
-    """OpenAI's request and token buckets, for one server (one organization, one model)."""
+    """OpenAI's request and token buckets, for one server (one organization): one pair,
+    or one per model (``QuotaConfig.per_model``)."""
 
     def __init__(self, config: QuotaConfig, *, clock: Callable[[], float] = time.monotonic) -> None:
         self.config = config
         self._clock = clock
-        now = clock()
-        self._buckets: dict[QuotaResource, _Bucket] = {}
-        for resource in ("requests", "tokens"):
-            limit = config.limit(resource)
-            if limit is not None:
-                self._buckets[resource] = _Bucket(limit, config.window_s, now)
+        self._scopes: dict[str, dict[QuotaResource, _Bucket]] = {}
+        self._scope("", clock())
         self._requests_charged = 0
         self._tokens_charged = 0
         self._refused: dict[QuotaResource, int] = {"requests": 0, "tokens": 0}
@@ -236,10 +273,26 @@ class ProviderQuota:
         output = self.config.default_max_tokens if max_tokens is None else max_tokens
         return math.ceil(len(prompt) / 4) + output
 
+    def _scope(self, model: str, now: float) -> dict[QuotaResource, _Bucket]:
+        """The buckets ``model`` spends (made full when first asked)."""
+        scope = model if self.config.scoped else ""
+        buckets = self._scopes.get(scope)
+        if buckets is None:
+            if len(self._scopes) >= MAX_MODELS:
+                del self._scopes[next(iter(self._scopes))]
+            buckets = {}
+            for resource in ("requests", "tokens"):
+                limit = self.config.limit(resource, scope)
+                if limit is not None:
+                    buckets[resource] = _Bucket(limit, self.config.window_s, now)
+            self._scopes[scope] = buckets
+        return buckets
+
     def charge(self, cost: int, *, model: str) -> QuotaDecision:
         """Charge one request of ``cost`` tokens for ``model`` if it fits both buckets, now."""
         now = self._clock()
-        tokens = self._buckets.get("tokens")
+        buckets = self._scope(model, now)
+        tokens = buckets.get("tokens")
         if tokens is not None and cost > tokens.capacity:
             self._too_large += 1
             message = (
@@ -256,14 +309,14 @@ class ProviderQuota:
                 retry_after_s=None,
                 message=message,
             )
-            return QuotaDecision(cost=cost, headers=self._headers(now), refusal=refusal)
+            return QuotaDecision(cost=cost, headers=self._headers(buckets, now), refusal=refusal)
         amounts: dict[QuotaResource, int] = {"requests": 1, "tokens": cost}
-        waits = {r: bucket.wait_s(amounts[r], now) for r, bucket in self._buckets.items()}
+        waits = {r: bucket.wait_s(amounts[r], now) for r, bucket in buckets.items()}
         # The resource that keeps it out longest names the refusal; its wait lets it in.
         worst = max(waits, key=lambda r: waits[r])
         if waits[worst] > 0:
             self._refused[worst] += 1
-            bucket = self._buckets[worst]
+            bucket = buckets[worst]
             wait_s = _milliseconds(waits[worst]) / 1000
             message = (
                 f"Rate limit reached for {model} in organization {self.config.organization} on "
@@ -279,20 +332,30 @@ class ProviderQuota:
                 retry_after_s=wait_s,
                 message=message,
             )
-            return QuotaDecision(cost=cost, headers=self._headers(now), refusal=refusal)
-        for resource, bucket in self._buckets.items():
+            return QuotaDecision(cost=cost, headers=self._headers(buckets, now), refusal=refusal)
+        for resource, bucket in buckets.items():
             bucket.take(amounts[resource], now)
         self._requests_charged += 1
         self._tokens_charged += cost
-        return QuotaDecision(cost=cost, headers=self._headers(now))
+        return QuotaDecision(cost=cost, headers=self._headers(buckets, now))
 
-    def headers(self) -> tuple[tuple[str, str], ...]:
-        """The ``x-ratelimit-*`` headers now, charging nothing."""
-        return self._headers(self._clock())
+    def headers(self, model: str = "") -> tuple[tuple[str, str], ...]:
+        """The ``x-ratelimit-*`` headers of ``model``'s buckets now, charging nothing."""
+        now = self._clock()
+        return self._headers(self._scope(model, now), now)
 
-    def _headers(self, now: float) -> tuple[tuple[str, str], ...]:
-        requests, tokens = self._buckets.get("requests"), self._buckets.get("tokens")
+    def _headers(
+        self, buckets: dict[QuotaResource, _Bucket], now: float
+    ) -> tuple[tuple[str, str], ...]:
+        requests, tokens = buckets.get("requests"), buckets.get("tokens")
         headers: list[tuple[str, str]] = []
+        if self.config.headers == "azure":  # what remains, alone
+            if requests is not None:
+                remaining = str(requests.remaining(now))
+                headers.append((RATELIMIT_REMAINING_REQUESTS_HEADER, remaining))
+            if tokens is not None:
+                headers.append((RATELIMIT_REMAINING_TOKENS_HEADER, str(tokens.remaining(now))))
+            return tuple(headers)
         if requests is not None:
             headers.append((RATELIMIT_LIMIT_REQUESTS_HEADER, str(requests.capacity)))
         if tokens is not None:
