@@ -35,10 +35,16 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def start(
-    server_url: str, redis_url: str | None, members: int, *extra: str, name: str | None = None
+    server_url: str,
+    redis_url: str | None,
+    members: int,
+    *extra: str,
+    name: str | None = None,
+    barrier: bool = True,
 ) -> list[subprocess.Popen[str]]:
     """Start ``members`` members (``--seed`` 0, 1, ...), and once every one has said it
-    is ready, tell them all to go.
+    is ready, tell them all to go. Without ``barrier``, each fires as soon as its
+    imports are done, as processes a deployment starts do (no heartbeat first).
 
     Their Gate is named ``name``, by default a new name for each fleet started:
     what an earlier fleet left in Redis under its name (the quota it learnt, kept
@@ -51,6 +57,8 @@ def start(
     for i in range(members):
         args = [sys.executable, __file__, "--server", server_url, "--seed", str(i), *extra]
         args += ["--name", name]
+        if not barrier:
+            args.append("--no-barrier")
         if redis_url is not None:
             args += ["--redis", redis_url]
         procs.append(
@@ -58,6 +66,8 @@ def start(
                 args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env
             )
         )
+    if not barrier:
+        return procs
     for proc in procs:
         assert proc.stdout is not None
         assert proc.stdout.readline().strip() == "ready"
@@ -119,10 +129,15 @@ def jobs(requests: int, seed: int) -> list[tuple[str, int]]:
 
 
 async def main(args: argparse.Namespace) -> dict[str, Any]:
+    if args.delay_s:
+        await asyncio.sleep(args.delay_s)
     policy = GatePolicy(
         retry=RetryPolicy(max_yields=10_000),
         fleet=FleetPolicy(
-            inflight_cap=args.cap, lease_ttl_s=args.lease_ttl_s, budget_s=args.budget_s
+            inflight_cap=args.cap,
+            lease_ttl_s=args.lease_ttl_s,
+            budget_s=args.budget_s,
+            first_reading_s=float(os.environ.get("YG_FIRST", "5")),
         ),
     )
     gate = Gate(policy, name=args.name, shared=args.redis)
@@ -130,11 +145,13 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     done: list[float] = []
     errors: list[str] = []
     shared = gate._core.shared
-    if shared is not None:
-        await shared.fleet.heartbeat(gate.name)  # a member from the start: its share is right
-    print("ready", flush=True)
-    await asyncio.to_thread(sys.stdin.readline)  # "go"
+    if args.barrier:
+        if shared is not None:
+            await shared.fleet.heartbeat(gate.name)  # a member from the start: its share is right
+        print("ready", flush=True)
+        await asyncio.to_thread(sys.stdin.readline)  # "go"
     start = time.monotonic()
+    started_at = time.time()
 
     async def one(text: str, max_tokens: int) -> None:
         try:
@@ -162,6 +179,8 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         "failed": len(errors),
         "done": sorted(done),
         "makespan": time.monotonic() - start,
+        "started_at": started_at,  # the wall clock, to compare members started apart
+        "ended_at": time.time(),
         "attempts": gate_stats.attempts,
         "waited_s": gate_stats.waited_s,
         "fleet": None if stats is None else {
@@ -171,6 +190,9 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
+    if os.environ.get("YG_DEBUG"):
+        sys.path.insert(0, "/tmp")
+        import dbg_patch  # noqa: F401
     parser = argparse.ArgumentParser()
     parser.add_argument("--server", required=True)
     parser.add_argument("--redis")
@@ -182,6 +204,9 @@ if __name__ == "__main__":
     parser.add_argument("--exec-ms", type=float)
     # Generous by default: the tests must pass on a machine whose cores are all busy.
     parser.add_argument("--budget-s", type=float, default=1.0)
+    parser.add_argument("--no-barrier", dest="barrier", action="store_false")
+    # Without a barrier: wait this long first (imports that take their time).
+    parser.add_argument("--delay-s", type=float, default=0.0)
     result = asyncio.run(main(parser.parse_args()))
     print(json.dumps(result))
     sys.exit(0)

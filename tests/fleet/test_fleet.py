@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import anyio
@@ -24,7 +25,7 @@ import redis.asyncio
 
 from tests.fleet.conftest import DelayProxy, Either, RedisServer, wait_for
 from yieldgate import Gate
-from yieldgate.fleet import Fleet, Take
+from yieldgate.fleet import BucketShape, Fleet, Take
 from yieldgate.fleet._scripts import SCRIPTS
 from yieldgate.gate import BreakerPolicy, RetryBudgetPolicy
 
@@ -39,6 +40,8 @@ OPERATIONS: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = [
     ("observe", (UP, "tokens"), {"limit": 10, "rate": 0, "remaining": 5, "amount": 1, "seq": 1}),
     ("finished", (UP, [("tokens", 1)]), {}),
     ("shapes", (UP,), {}),
+    ("first", (UP, 1.0), {}),
+    ("probed", (UP, {"openai:tokens": ("tokens", 600.0, 10.0)}, 1.0), {}),
     ("settle", (UP, [("tokens", -1.5)]), {}),
     ("hold", (UP, 1, 1.0), {}),
     ("holds", (UP,), {}),
@@ -298,3 +301,53 @@ def test_an_upstream_name_redis_keys_cannot_carry_is_refused_when_the_gate_is_bu
         with pytest.raises(ValueError, match="braces"):
             gate.add_upstream("c}")
         assert gate.upstreams == ("a",)
+
+
+# -- the first reading of a quota ----------------------------------------------------
+
+
+async def test_the_first_member_to_ask_probes_and_the_others_wait(
+    fleets: Callable[..., Either],
+) -> None:
+    a, b = fleets(member="a"), fleets(member="b")
+    assert (await a.first(UP, 30.0)).state == "mine"
+    assert (await a.first(UP, 30.0)).state == "mine"  # asked again: still its own
+    assert (await b.first(UP, 30.0)).state == "other"
+    # One bucket of the probe's answer already observed: not all of them yet, b waits.
+    await a.observe(UP, "openai:requests@m", limit=60, rate=1, remaining=59, amount=0, seq=0,
+                    resource="requests")  # fmt: skip
+    assert (await b.first(UP, 30.0)).state == "other"
+    # The probe's member tells every bucket its answer taught, at once.
+    shapes = {
+        "openai:requests@m": ("requests", 60.0, 1.0),
+        "openai:tokens@m": ("tokens", 600.0, 10.0),
+    }
+    assert await a.probed(UP, shapes, 30.0)
+    known = await b.first(UP, 30.0)
+    assert known.state == "known"
+    assert known.shapes == {key: BucketShape(*shape) for key, shape in shapes.items()}
+
+
+async def test_a_probe_answered_with_no_quota_ends_every_wait(
+    fleets: Callable[..., Either],
+) -> None:
+    a, b = fleets(member="a"), fleets(member="b")
+    assert (await a.first(UP, 30.0)).state == "mine"
+    assert await b.probed(UP, {}, 30.0)  # not b's probe: changes nothing
+    assert (await b.first(UP, 30.0)).state == "other"
+    assert await a.probed(UP, {}, 30.0)
+    assert (await b.first(UP, 30.0)).state == "none"
+    assert (await a.first(UP, 30.0)).state == "none"
+
+
+async def test_a_probe_whose_member_vanished_lapses_to_the_next(
+    fleets: Callable[..., Either],
+) -> None:
+    a, b = fleets(member="a"), fleets(member="b")
+    assert (await a.first(UP, 0.05)).state == "mine"
+    await wait_for(lambda: _state_is(b, "mine"))
+
+
+async def _state_is(member: Either, state: str) -> bool:
+    got = await member.first(UP, 0.05)
+    return got is not None and got.state == state

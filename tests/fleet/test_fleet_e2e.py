@@ -12,6 +12,7 @@ import math
 import signal
 import subprocess
 import time
+import uuid
 from typing import Any
 
 import pytest
@@ -67,6 +68,30 @@ def test_a_fleet_paces_one_quota_as_one(serve: Any, redis_server: RedisServer) -
     makespan = max(run["makespan"] for run in runs)
     assert makespan <= 1.2 * bound_s, (makespan, bound_s)
     assert fairness(runs) >= 0.9, [len(run["done"]) for run in runs]
+
+
+def test_members_started_without_a_barrier_pace_from_their_first_call(
+    serve: Any, redis_server: RedisServer
+) -> None:
+    """Members start as a deployment's processes do: each fires as soon as its imports
+    are done (no heartbeat first, no barrier), some later than others. Before any
+    answer, one member's first request probes the quota; the others wait for its
+    reading instead of sending blind."""
+    server, _tpm, bound_s = quota_server(serve)
+    name = f"fleet-nb-{uuid.uuid4().hex[:8]}"
+    procs = []
+    for i, delay_s in enumerate((0.0, 0.05, 0.3, 0.8)):
+        extra = ("--requests", str(REQUESTS), "--seed", str(i), "--delay-s", str(delay_s))
+        procs += start(server.http_url, redis_server.url, 1, *extra, barrier=False, name=name)
+    runs = results(procs)
+    assert [run["failed"] for run in runs] == [0] * MEMBERS, [run["errors"] for run in runs]
+    counters = http_stats(server)
+    refused = counters["quota_refused_tokens_total"] + counters["quota_refused_requests_total"]
+    assert counters["quota_requests_charged_total"] == MEMBERS * REQUESTS
+    assert refused <= 0.02 * MEMBERS * REQUESTS, counters
+    # From the first member's first call to the last member's last answer.
+    makespan = max(run["ended_at"] for run in runs) - min(run["started_at"] for run in runs)
+    assert makespan <= 1.2 * bound_s, (makespan, bound_s)
 
 
 def test_a_fleet_wide_cap_keeps_a_governed_server_from_yielding(

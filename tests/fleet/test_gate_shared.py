@@ -117,6 +117,83 @@ async def test_a_member_with_no_answer_yet_paces_by_the_fleets_buckets(gates: An
     assert (window.inflight, window.waiting) == (0, 0)
 
 
+async def test_before_any_answer_one_members_request_probes_and_the_rest_wait(
+    gates: Any,
+) -> None:
+    """Two members with no answer yet, ten calls each at once: one request goes (the
+    probe); every other call waits until its reading is the fleet's, then is paced."""
+    first, second = gates(), gates()
+    sent: list[int] = []
+    answered = anyio.Event()
+
+    async def provider() -> httpx.Response:
+        sent.append(len(sent))
+        if not answered.is_set():
+            await anyio.sleep(0.3)  # the probe's answer takes its time
+            answered.set()
+        return openai_reply(900, limit=1000, reset="1s")
+
+    async def calls(gate: Gate) -> None:
+        async with anyio.create_task_group() as tg:
+            for _ in range(10):
+                tg.start_soon(lambda: gate.call(provider, cost=Cost(1, 10), classify=OPENAI))
+
+    async def before_the_answer() -> int:
+        await answered.wait()
+        return len(sent)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(calls, first)
+        tg.start_soon(calls, second)
+        # Only the probe went before its answer came.
+        assert await before_the_answer() == 1
+    assert len(sent) == 20
+    for gate in (first, second):
+        assert gate._core.audit() == []
+
+
+async def test_a_probe_answered_with_no_quota_lets_every_member_go(gates: Any) -> None:
+    first, second = gates(first_reading_s=60.0), gates(first_reading_s=60.0)
+    probe_done = anyio.Event()
+    sent = 0
+
+    async def no_headers() -> str:
+        nonlocal sent
+        sent += 1
+        if sent == 1:
+            await anyio.sleep(0.2)
+            probe_done.set()
+        return "ok"
+
+    start = time.monotonic()
+    async with anyio.create_task_group() as tg:
+        for gate in (first, second):
+            for _ in range(5):
+                tg.start_soon(lambda g=gate: g.call(no_headers, classify=OPENAI))
+    # Every wait ended with the probe's answer: nobody sat out first_reading_s.
+    assert time.monotonic() - start < 30.0
+    assert sent == 10
+
+
+async def test_no_wait_for_a_first_reading_when_it_is_off(gates: Any) -> None:
+    first, second = gates(first_reading_s=0), gates(first_reading_s=0)
+    inflight = peak = 0
+
+    async def slow() -> httpx.Response:
+        nonlocal inflight, peak
+        inflight += 1
+        peak = max(peak, inflight)
+        await anyio.sleep(0.2)
+        inflight -= 1
+        return openai_reply(900)
+
+    async with anyio.create_task_group() as tg:
+        for gate in (first, second):
+            for _ in range(3):
+                tg.start_soon(lambda g=gate: g.call(slow, cost=Cost(1, 10), classify=OPENAI))
+    assert peak > 1  # blind, as a Gate alone sends them
+
+
 def test_calls_never_wait_on_a_slow_redis_past_the_budget(redis_server: RedisServer) -> None:
     with DelayProxy(redis_server.port, 3.0) as proxy:
         gate = Gate(

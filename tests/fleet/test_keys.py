@@ -49,17 +49,21 @@ async def test_every_key_carries_the_tag_and_an_expiry(
     await fleet.deposit(UP, RetryBudgetPolicy())
     await fleet.report(UP, False, BreakerPolicy(fail_max=1, reset_timeout_s=0.5))
     await fleet.claim_probe(UP)
+    await fleet.first(UP, 5.0)
+    await fleet.probed(UP, {"tokens": ("tokens", 100.0, 1.0)}, 60.0)
     keys = sorted(k.decode() for k in admin.scan_iter(match=f"yieldgate:{gate}:*"))
     tag = f"yieldgate:{gate}:{{{UP}}}:"
     assert [k.removeprefix(tag) for k in keys] == [
         "breaker",
         "budget",
+        "first",
         "holds",
         "leases",
         "members",
         "quota:requests",
         "quota:tokens",
         "seq",
+        "shapes",
     ]
     assert len({key_slot(k.encode()) for k in keys}) == 1  # one Redis Cluster slot
     for key in keys:

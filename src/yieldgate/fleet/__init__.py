@@ -13,6 +13,9 @@ What is shared, per upstream:
   ``shapes``): the
   provider's request and token buckets, so the fleet paces as one, with the
   core's accounting of readings against sends not yet answered.
+- **The first reading** (``first``, ``probed``): before any member has had an
+  answer, one member's first request probes the quota while the others wait
+  for its reading.
 - **Hint holds** (``hold``, ``holds``): a yield or a 429 seen by one member
   holds every member's attempts at that priority and below.
 - **In-flight leases** (``acquire``, ``release``, ``renew``): a fleet-wide cap,
@@ -59,12 +62,19 @@ yieldgate`` never imports it.
 from __future__ import annotations
 
 from yieldgate.fleet._fleet import AsyncClient, Fleet, SyncClient
-from yieldgate.fleet._records import BreakerView, BucketShape, FleetStatistics, Take
+from yieldgate.fleet._records import (
+    BreakerView,
+    BucketShape,
+    FirstReading,
+    FleetStatistics,
+    Take,
+)
 
 __all__ = [
     "AsyncClient",
     "BreakerView",
     "BucketShape",
+    "FirstReading",
     "Fleet",
     "FleetStatistics",
     "SyncClient",

@@ -1,4 +1,5 @@
-"""A fleet's quota buckets: ``take``, ``refund``, ``observe``, ``finished``, ``settle``, ``shapes``.
+"""A fleet's quota buckets: ``take``, ``refund``, ``observe``, ``finished``, ``settle``,
+``shapes``, and the first reading (``first``, ``probed``).
 
 The provider's request and token buckets, shared so that the fleet paces as
 one, with the core's accounting of readings against sends not yet answered
@@ -8,11 +9,11 @@ one, with the core's accounting of readings against sends not yet answered
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from yieldgate.fleet._driver import Drivers, Op, check_count, check_number, read_flag, read_text
-from yieldgate.fleet._records import BucketShape, Take
+from yieldgate.fleet._records import BucketShape, FirstReading, Take
 
 __all__ = ["BucketOps"]
 
@@ -88,6 +89,7 @@ class BucketOps(Drivers):
         amount: float,
         seq: int,
         resource: str | None,
+        age_s: float | None,
     ) -> Op[bool]:
         keys = (
             self.keys.seq(upstream),
@@ -104,6 +106,7 @@ class BucketOps(Drivers):
             check_count("seq", seq, least=0),
             bucket,
             resource or "",
+            "" if age_s is None else check_number("age_s", age_s),
         )
         return Op("observe", keys, args, read_flag)
 
@@ -118,19 +121,27 @@ class BucketOps(Drivers):
         amount: float,
         seq: int,
         resource: str | None = None,
+        age_s: float | None = None,
     ) -> bool | None:
         """Apply a response's reading of ``bucket``, for the take numbered ``seq``
         that took ``amount`` of it.
 
         The take is answered: unseen shrinks by ``amount`` (not below 0). The
         bucket's limit and rate become the reading's. The reading less what
-        is still unseen (``remaining - unseen``) is the level if ``seq`` is
-        newer than the newest reading applied; an older send's reading
-        (answered late) may only lower the level. A missing bucket is created
-        from the reading. With ``resource`` (what the bucket counts: ``"requests"``,
+        is still unseen (``remaining - unseen``) is the level if the reading is
+        the newest send's; an older send's reading (answered late) may only
+        lower the level. Which send is newest: with ``age_s`` (the seconds since
+        the request was sent, as its member measured them), the one sent last,
+        on Redis's clock; without it, the highest ``seq``. The send's time is
+        what matters: a take's number is given before the member waits for a
+        window slot, and a send taken early and sent late, answered before a
+        later reading is applied, must not make that reading look newer than it
+        is (the level would be too high by its cost). A reading with ``seq`` 0
+        (a send the fleet never numbered) is older than any. A missing bucket
+        is created from the reading. With ``resource`` (what the bucket counts: ``"requests"``,
         ``"tokens"``...), the bucket's shape is recorded for ``shapes``.
         """
-        op = self._observe(upstream, bucket, limit, rate, remaining, amount, seq, resource)
+        op = self._observe(upstream, bucket, limit, rate, remaining, amount, seq, resource, age_s)
         return await self._arun(op)
 
     def observe_sync(
@@ -144,9 +155,10 @@ class BucketOps(Drivers):
         amount: float,
         seq: int,
         resource: str | None = None,
+        age_s: float | None = None,
     ) -> bool | None:
         """``observe``, blocking (within the budget)."""
-        op = self._observe(upstream, bucket, limit, rate, remaining, amount, seq, resource)
+        op = self._observe(upstream, bucket, limit, rate, remaining, amount, seq, resource, age_s)
         return self._run(op)
 
     def _settle(self, upstream: str, corrections: Sequence[tuple[str, float]]) -> Op[bool]:
@@ -172,14 +184,54 @@ class BucketOps(Drivers):
         return self._run(self._settle(upstream, corrections))
 
     def _shapes(self, upstream: str) -> Op[dict[str, BucketShape]]:
-        def decode(raw: Any) -> dict[str, BucketShape]:
-            shapes = {}
-            for i in range(0, len(raw) - 1, 2):
-                resource, limit, rate = read_text(raw[i + 1]).rsplit(" ", 2)
-                shapes[read_text(raw[i])] = BucketShape(resource, float(limit), float(rate))
-            return shapes
+        return Op("shapes", (self.keys.shapes(upstream),), (), _read_shapes)
 
-        return Op("shapes", (self.keys.shapes(upstream),), (), decode)
+    def _first(self, upstream: str, ttl_s: float) -> Op[FirstReading]:
+        def decode(raw: Any) -> FirstReading:
+            return FirstReading(read_text(raw[0]), _read_shapes(raw[1:]))
+
+        keys = (self.keys.shapes(upstream), self.keys.first(upstream))
+        ttl_ms = max(1, math.ceil(check_number("ttl_s", ttl_s, positive=True) * 1000))
+        return Op("first", keys, (self.member, ttl_ms), decode)
+
+    async def first(self, upstream: str, ttl_s: float) -> FirstReading | None:
+        """For a member that has had no answer yet: the fleet's shapes if it knows them;
+        else the one probe of the quota, taken for ``ttl_s`` by the first member to
+        ask (``"mine"``: send one request, and tell its answer with ``probed``) while
+        the others wait for its reading (``"other"``), or ``"none"`` once the probe's
+        answer told no quota."""
+        return await self._arun(self._first(upstream, ttl_s))
+
+    def first_sync(self, upstream: str, ttl_s: float) -> FirstReading | None:
+        """``first``, blocking (within the budget)."""
+        return self._run(self._first(upstream, ttl_s))
+
+    def _probed(
+        self, upstream: str, shapes: Mapping[str, tuple[str, float, float]], ttl_s: float
+    ) -> Op[bool]:
+        ttl_ms = max(1, math.ceil(check_number("ttl_s", ttl_s, positive=True) * 1000))
+        args: list[Any] = [self.member, ttl_ms]
+        for bucket, (resource, limit, rate) in shapes.items():
+            limit = check_number("limit", limit, positive=True)
+            rate = check_number("rate", rate)
+            args += (self.keys.check_bucket(bucket), f"{resource} {limit!r} {rate!r}")
+        keys = (self.keys.shapes(upstream), self.keys.first(upstream))
+        return Op("probed", keys, tuple(args), read_flag)
+
+    async def probed(
+        self, upstream: str, shapes: Mapping[str, tuple[str, float, float]], ttl_s: float
+    ) -> bool | None:
+        """This member's probe was answered: the buckets it taught (``shapes``: bucket
+        -> its resource, limit and rate, as a ``BucketShape`` is), all
+        written at once, for the members waiting in ``first``; none: the answer
+        carried no quota, and for ``ttl_s`` members stop waiting for one."""
+        return await self._arun(self._probed(upstream, shapes, ttl_s))
+
+    def probed_sync(
+        self, upstream: str, shapes: Mapping[str, tuple[str, float, float]], ttl_s: float
+    ) -> bool | None:
+        """``probed``, blocking (within the budget)."""
+        return self._run(self._probed(upstream, shapes, ttl_s))
 
     async def shapes(self, upstream: str) -> dict[str, BucketShape] | None:
         """The buckets the fleet knows for ``upstream`` (bucket -> its resource, limit
@@ -198,3 +250,12 @@ class BucketOps(Drivers):
     def finished_sync(self, upstream: str, amounts: Sequence[tuple[str, float]]) -> bool | None:
         """``finished``, blocking (within the budget)."""
         return self._run(self._amounts("finished", upstream, amounts))
+
+
+def _read_shapes(raw: Any) -> dict[str, BucketShape]:
+    """An HGETALL of shapes: bucket -> "resource limit rate"."""
+    shapes = {}
+    for i in range(0, len(raw) - 1, 2):
+        resource, limit, rate = read_text(raw[i + 1]).rsplit(" ", 2)
+        shapes[read_text(raw[i])] = BucketShape(resource, float(limit), float(rate))
+    return shapes

@@ -35,13 +35,20 @@ class Keys:
     def seq(self, upstream: str) -> str:
         return f"{self.tag(upstream)}:seq"
 
-    def bucket(self, upstream: str, bucket: str) -> str:
+    @staticmethod
+    def check_bucket(bucket: str) -> str:
         if not isinstance(bucket, str) or not bucket:
             raise ValueError(f"a bucket key must be a non-empty string, got {bucket!r}")
-        return f"{self.tag(upstream)}:quota:{bucket}"
+        return bucket
+
+    def bucket(self, upstream: str, bucket: str) -> str:
+        return f"{self.tag(upstream)}:quota:{self.check_bucket(bucket)}"
 
     def shapes(self, upstream: str) -> str:
         return f"{self.tag(upstream)}:shapes"
+
+    def first(self, upstream: str) -> str:
+        return f"{self.tag(upstream)}:first"
 
     def holds(self, upstream: str) -> str:
         return f"{self.tag(upstream)}:holds"

@@ -7,7 +7,7 @@ from typing import NamedTuple
 
 from yieldgate.gate._breaker import BreakerState
 
-__all__ = ["BreakerView", "BucketShape", "FleetStatistics", "Take"]
+__all__ = ["BreakerView", "BucketShape", "FirstReading", "FleetStatistics", "Take"]
 
 
 class Take(NamedTuple):
@@ -31,6 +31,17 @@ class BucketShape(NamedTuple):
     resource: str
     limit: float
     rate: float
+
+
+class FirstReading(NamedTuple):
+    """What a member with no reading of the quota yet is told (``Fleet.first``):
+    ``state`` ``"known"`` (with the fleet's ``shapes``), ``"none"`` (the probe's
+    answer carried no quota), ``"mine"`` (this member sends the one probe, and
+    tells its answer with ``Fleet.probed``) or ``"other"`` (another member does:
+    wait for its reading)."""
+
+    state: str
+    shapes: dict[str, BucketShape]
 
 
 class BreakerView(NamedTuple):

@@ -103,15 +103,20 @@ return 1
 # KEYS[1]: the send sequence; KEYS[2]: the bucket; KEYS[3]: the upstream's shapes (a hash,
 # bucket -> "resource limit rate", for members that have not had an answer yet).
 # ARGV: limit, rate, remaining, amount (of the take with seq), seq, then the bucket's name
-# and its resource (the shape is recorded only when both are given).
+# and its resource (the shape is recorded only when both are given), then the seconds
+# since the request was sent ('' when not known: the highest seq is then the newest).
 OBSERVE: Final = """
 local limit, rate = tonumber(ARGV[1]), tonumber(ARGV[2])
 local remaining, amount, seq = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
-local h = redis.call('HMGET', KEYS[2], 'level', 'updated', 'applied', 'unseen')
+local age = tonumber(ARGV[8] or '')
+local h = redis.call('HMGET', KEYS[2], 'level', 'updated', 'applied', 'unseen', 'sent')
 local unseen = math.max(0, (tonumber(h[4]) or 0) - amount)
 local candidate = remaining - unseen
 local level, updated, applied = candidate, now, seq
+local sent = 0
+if seq > 0 and age then sent = now - age end
 local old = tonumber(h[3]) or 0
+local newest = tonumber(h[5]) or 0
 -- The sequence never falls behind a reading applied (it expired, or was lost).
 local top = math.max(seq, old)
 if (tonumber(redis.call('GET', KEYS[1])) or -1) < top then
@@ -121,13 +126,18 @@ extend(KEYS[1], bucket_ttl(limit, rate))
 if h[1] then
   local was = tonumber(h[2])
   updated = math.max(was, now)
-  if seq <= old then
-    applied = old
+  local newer = seq > old
+  if age then newer = seq > 0 and sent > newest end
+  if newer then
+    sent = math.max(sent, newest)
+  else
+    applied, sent = old, newest
     level = math.min(refill(tonumber(h[1]), was, limit, rate), candidate)
   end
+  applied = math.max(applied, old)
 end
 redis.call('HSET', KEYS[2], 'limit', fmt(limit), 'rate', fmt(rate), 'level', fmt(level),
-  'updated', fmt(updated), 'applied', fmt(applied), 'unseen', fmt(unseen))
+  'updated', fmt(updated), 'applied', fmt(applied), 'unseen', fmt(unseen), 'sent', fmt(sent))
 expire(KEYS[2], bucket_ttl(limit, rate))
 if KEYS[3] and ARGV[7] and ARGV[7] ~= '' then
   redis.call('HSET', KEYS[3], ARGV[6], ARGV[7] .. ' ' .. fmt(limit) .. ' ' .. fmt(rate))
@@ -139,6 +149,43 @@ return 1
 # KEYS[1]: the upstream's shapes. Returns bucket, "resource limit rate", ... (HGETALL).
 SHAPES: Final = """
 return redis.call('HGETALL', KEYS[1])
+"""
+
+# KEYS[1]: the upstream's shapes; KEYS[2]: its first-reading probe. ARGV: member, TTL in ms.
+# A member with no reading yet asks: 'known' and the shapes (HGETALL) when the fleet has
+# them and no probe is out; 'none' when the probe's answer carried no quota; else 'mine'
+# (this member sends the one probe: it took the key, or holds it) or 'other' (another
+# member does; the shapes it may have written so far are not all of them yet).
+FIRST: Final = """
+local holder = redis.call('GET', KEYS[2])
+if holder == '{none}' then return {'none'} end
+if holder == ARGV[1] then return {'mine'} end
+if holder and holder ~= '{done}' then return {'other'} end
+local shapes = redis.call('HGETALL', KEYS[1])
+if #shapes > 0 then
+  table.insert(shapes, 1, 'known')
+  return shapes
+end
+redis.call('SET', KEYS[2], ARGV[1], 'PX', ARGV[2])
+return {'mine'}
+"""
+
+# KEYS[1]: the upstream's shapes; KEYS[2]: the first-reading probe. ARGV: member, TTL in
+# ms, then each bucket the probe's answer taught and its shape ("resource limit rate").
+# Written at once, so that no member paces by some of them only; with none, the answer
+# carried no quota, and members stop waiting for one (braces are no member's name).
+PROBED: Final = """
+for i = 3, #ARGV - 1, 2 do
+  redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1])
+  local limit, rate = string.match(ARGV[i + 1], ' (%S+) (%S+)$')
+  extend(KEYS[1], bucket_ttl(tonumber(limit), tonumber(rate)))
+end
+if redis.call('GET', KEYS[2]) == ARGV[1] then
+  local mark = '{none}'
+  if #ARGV > 2 then mark = '{done}' end
+  redis.call('SET', KEYS[2], mark, 'PX', ARGV[2])
+end
+return 1
 """
 
 # KEYS: buckets. ARGV: each one's correction, signed (+: given back, -: taken more).
@@ -370,6 +417,8 @@ SCRIPTS: Final = {
         "observe": OBSERVE,
         "finished": FINISHED,
         "shapes": SHAPES,
+        "first": FIRST,
+        "probed": PROBED,
         "settle": SETTLE,
         "hold": HOLD,
         "holds": HOLDS,

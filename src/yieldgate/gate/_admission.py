@@ -98,6 +98,7 @@ def admit(call: CallState, attempt: Attempt) -> Steps:
             continue
         up = attempt.up = target
         yield from _fleet_before(call, up)
+        yield from _fleet_first(call, up)
         paced = yield from _quota(call, attempt, up)
         if paced is None:
             continue
@@ -160,6 +161,30 @@ def _fleet_before(call: CallState, up: Upstream) -> Steps:
         got = yield FleetWait(op)
         with core.lock:
             shared.apply(core.upstreams, up, op, got, core.clock())
+
+
+def _fleet_first(call: CallState, up: Upstream) -> Steps:
+    """Before a member's first answer from ``up``: the fleet's first reading of its
+    quota (``_first_reading``), asked for, or waited for while another call probes."""
+    core = call.core
+    shared = core.shared
+    if shared is None:
+        return
+    while True:
+        with core.lock:
+            now = core.clock()
+            op, until = shared.first.step(up, call, now, call.deadline, shared.available)
+            if op is None and until is not None:
+                call.signal.clear()
+        if op is not None:
+            asked = FleetOp(*op)
+            got = yield FleetWait(asked)
+            with core.lock:
+                shared.apply(core.upstreams, up, asked, got, core.clock())
+            continue
+        if until is None:
+            return
+        yield from _park(call, until, "waiting for the fleet's first reading of the quota")
 
 
 def _quota(call: CallState, attempt: Attempt, up: Upstream) -> Steps:

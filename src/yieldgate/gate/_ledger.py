@@ -149,7 +149,7 @@ class Attempt:
             blind = self.cost if self.blind else None
             up.quota.observe(readings, claim, core.clock(), blind=blind)
             if core.shared is not None and claim is not None:
-                core.shared.observe(up, claim, readings)
+                core.shared.observe(up, claim, readings, core.clock())
 
     def refused(self, now: float) -> None:
         """Refused at the door (a yield), before any work: it used nothing."""

@@ -299,6 +299,12 @@ class FleetPolicy:
     Redis is down or slow, the Gate goes on alone, pacing the quota at
     ``1 / members`` of what the provider's headers say, and rejoins when
     Redis answers again. ``prefix`` starts every key (one per application).
+
+    A fleet paces from its first call: a member with no answer yet asks the
+    fleet for the quota; when nobody knows it yet, one member's first request
+    probes it and every other call of the fleet waits for its reading, at
+    most ``first_reading_s`` (0: no wait; each member sends its first
+    requests blind, as alone).
     """
 
     inflight_cap: int | None = None
@@ -306,6 +312,7 @@ class FleetPolicy:
     lease_ttl_s: float = 60.0
     prefix: str = "yieldgate"
     poll_s: float = 0.02
+    first_reading_s: float = 5.0
 
     def __post_init__(self) -> None:
         if self.inflight_cap is not None and self.inflight_cap < 1:
@@ -314,6 +321,8 @@ class FleetPolicy:
             value = getattr(self, name)
             if not (value > 0 and math.isfinite(value)):
                 raise ValueError(f"fleet {name} must be a positive number")
+        if not (self.first_reading_s >= 0 and math.isfinite(self.first_reading_s)):
+            raise ValueError("fleet first_reading_s must be a finite number >= 0")
         if not self.prefix or any(c in self.prefix for c in "{}"):
             raise ValueError("fleet prefix must be a non-empty string without braces")
 

@@ -45,6 +45,7 @@ from typing import Any, NamedTuple
 
 from yieldgate.gate._breaker import BreakerState
 from yieldgate.gate._cost import scoped_key
+from yieldgate.gate._first_reading import FirstReadings
 from yieldgate.gate._lease_line import LeaseLine
 from yieldgate.gate._policy import FleetPolicy, RetryBudgetPolicy
 from yieldgate.gate._quota import Claim, Cost, QuotaReading
@@ -98,6 +99,8 @@ class Shared:
         # What the worker runs first on each round (the Gate gives back the fleet leases
         # of its dropped leases: ``GateCore.drain_orphans``).
         self.drain: Callable[[], None] | None = None
+        # Each upstream's first reading of its quota: one member probes, the rest wait.
+        self.first = FirstReadings(policy)
         self._init_worker()
 
     def _init_worker(self) -> None:
@@ -154,11 +157,11 @@ class Shared:
                 self.members[up.name] = max(1, int(got))
                 self._rejoin(ups)
             self._set_share(up)
-        elif op.name == "shapes":
+        elif op.name in ("shapes", "first"):
             if got is None:
                 self._unavailable(ups)
-                return
-            for key, shape in got.items():
+            shapes = got if op.name == "shapes" else self.first.told(up, got, now)
+            for key, shape in (shapes or {}).items():
                 up.quota.seed(key, shape.resource, shape.limit, shape.rate, now)
         elif op.name == "holds":
             if got is None:
@@ -230,7 +233,9 @@ class Shared:
             self.backlog.append(FleetOp("refund", (up.name, _amounts(claim))))
             claim.seq = 0
 
-    def observe(self, up: Upstream, claim: Claim, readings: Sequence[QuotaReading]) -> None:
+    def observe(
+        self, up: Upstream, claim: Claim, readings: Sequence[QuotaReading], now: float
+    ) -> None:
         """A response's readings, for the fleet's buckets its claim took from; or, for a
         claim the fleet never numbered (sent before any bucket was known), for every
         bucket read, as a reading older than any take (it may only lower a level, or
@@ -249,6 +254,8 @@ class Shared:
                 "amount": amount,
                 "seq": claim.seq,
                 "resource": bucket.resource,
+                # Which reading is newest is told by when its request was sent.
+                "age_s": max(0.0, now - claim.started),
             }
             self.backlog.append(FleetOp("observe", (up.name, key), kwargs))
         if claim.seq:
@@ -403,6 +410,7 @@ class Shared:
         self.backlog.clear()
         self.line = LeaseLine(self.policy.poll_s)
         self.deposits = 0
+        self.first.forked()
 
     def audit(self, held: Any) -> list[str]:
         """What the fleet link holds that no held slot accounts for (see GateCore.audit)."""
@@ -440,6 +448,9 @@ class Shared:
         if claim.seq and not claim.observed:
             self.backlog.append(FleetOp("finished", (up.name, _amounts(claim))))
             claim.observed = True
+        told = self.first.answered(up)
+        if told is not None:
+            self.backlog.append(FleetOp(*told))
 
     def hold(self, up: Upstream, rank: int, hold_s: float) -> None:
         """Share a congestion hint with the fleet."""
