@@ -7,7 +7,9 @@ every member starts together), fires ``--requests`` chat completions at once
 through ``AsyncOpenAI`` on ``yieldgate.openai_client(Gate(name=--name,
 shared=--redis))`` (or an unshared Gate without ``--redis``), and prints one
 JSON line: how many succeeded, the errors, when each call completed (seconds
-after the start) and the fleet link's statistics.
+after the start) and the fleet link's statistics. With ``--no-barrier`` it
+fires as soon as its imports are done (after ``--delay-s``), as processes a
+deployment starts do.
 
 Imported, it is also how the tests and the bench start members (``start``),
 collect what they printed (``results``) and measure fairness between them.
@@ -137,7 +139,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
             inflight_cap=args.cap,
             lease_ttl_s=args.lease_ttl_s,
             budget_s=args.budget_s,
-            first_reading_s=float(os.environ.get("YG_FIRST", "5")),
+            first_reading_s=args.first_reading_s,
         ),
     )
     gate = Gate(policy, name=args.name, shared=args.redis)
@@ -190,9 +192,6 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    if os.environ.get("YG_DEBUG"):
-        sys.path.insert(0, "/tmp")
-        import dbg_patch  # noqa: F401
     parser = argparse.ArgumentParser()
     parser.add_argument("--server", required=True)
     parser.add_argument("--redis")
@@ -207,6 +206,7 @@ if __name__ == "__main__":
     parser.add_argument("--no-barrier", dest="barrier", action="store_false")
     # Without a barrier: wait this long first (imports that take their time).
     parser.add_argument("--delay-s", type=float, default=0.0)
+    parser.add_argument("--first-reading-s", type=float, default=5.0)
     result = asyncio.run(main(parser.parse_args()))
     print(json.dumps(result))
     sys.exit(0)
