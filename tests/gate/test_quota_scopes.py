@@ -227,3 +227,18 @@ async def test_one_gate_two_models_each_paced_by_its_own_answers() -> None:
     with pytest.raises(RequestTooLargeError):
         await call("gpt-4o", 40_000, spent)
     assert gate._core.audit() == []
+
+
+# -- a fleet member alone (Redis away) -------------------------------------------------
+
+
+def test_alone_a_fleet_member_paces_its_share_of_the_callers_own_budgets() -> None:
+    quota = Quota(requests_per_minute=60)
+    quota.cap = quota.pace = 0.5  # two members, Redis away: this one's share
+    taken = 0
+    while quota.try_take(tokens(0, key=taken), 0.0):
+        taken += 1
+    assert taken == 30
+    # ... and it refills at its share of the rate: one request in two seconds.
+    assert not quota.try_take(tokens(0), 1.9)
+    assert quota.try_take(tokens(0), 2.1)

@@ -128,8 +128,9 @@ class Quota:
         # In a fleet: the fleet's buckets pace (``shared``) and, after a refusal, no
         # claim asks them again before ``poll_after``; learnt buckets hold ``cap`` of
         # what the provider says (1 / members: a member's fair share of a full
-        # bucket) and refill at ``pace`` of its rate (all of it while the fleet's
-        # buckets pace too; 1 / members when alone).
+        # bucket) and refill at ``pace`` of its rate. While Redis is away the
+        # caller's own budgets, the fleet's as a whole, are paced here at the
+        # same share (while it answers they are the fleet's, not taken here).
         self.shared = False
         self.poll_after = -math.inf
         self.cap = 1.0
@@ -167,7 +168,7 @@ class Quota:
         return None
 
     def _shares(self, bucket: Bucket) -> tuple[float, float]:
-        return (self.cap, self.pace) if bucket.learnt else (1.0, 1.0)
+        return (self.cap, self.pace)
 
     def _local(self, scope: str, claim_shared: bool) -> list[Bucket]:
         """The buckets a claim of ``scope`` takes from here: all of its scope's, or (in
@@ -317,10 +318,10 @@ class Quota:
                 continue
             over = claim.cost.amount(bucket.resource) - used.amount(bucket.resource)
             if over > 0:
-                bucket.give(over, now)
+                bucket.give(over, now, *self._shares(bucket))
                 changed = True
             elif over < 0:
-                bucket.take(-over, now)
+                bucket.take(-over, now, *self._shares(bucket))
         if changed:
             self._wake_head(claim.scope)
 
