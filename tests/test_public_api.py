@@ -50,6 +50,7 @@ SURFACE = {
         "RetryBudgetExhaustedError",
         "CircuitOpenError",
         "DeadlineExceededError",
+        "FleetConfigError",
         "AttemptTimeoutError",
         "TransportError",
         "StreamInterruptedError",

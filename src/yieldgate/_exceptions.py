@@ -6,6 +6,7 @@ dependency's exception type escapes the public API::
     YieldgateError                  .attempts, .last_hint_s, .last_outcome
      ├── GateClosedError            the Gate or client was used after aclose()
      ├── BlockingCallError          a sync call from a thread that runs an event loop
+     ├── FleetConfigError           Redis refused a shared Gate's credentials or commands
      ├── CallFailedError            an attempt failed in a way retrying cannot fix
      │    └── RequestTooLargeError       its cost exceeds a whole quota: no wait helps
      ├── GaveUpError                the Gate stopped trying; a later call may succeed
@@ -54,6 +55,7 @@ __all__ = [
     "CallFailedError",
     "CircuitOpenError",
     "DeadlineExceededError",
+    "FleetConfigError",
     "FrameError",
     "GateClosedError",
     "GaveUpError",
@@ -110,6 +112,16 @@ class YieldgateError(Exception):
 
 class GateClosedError(YieldgateError):
     """The Gate (or a client holding one) was used after ``aclose()``."""
+
+
+class FleetConfigError(YieldgateError):
+    """A shared Gate's fleet is misconfigured: Redis refused its credentials (a wrong
+    password or user) or its commands (an ACL user without ``EVALSHA``).
+
+    Raised by calls, at their first use of the fleet, instead of going on alone
+    as during an outage (``FleetPolicy(fail_open=True)`` goes on alone and warns
+    again as its back-off grows). The message is Redis's, with no password.
+    """
 
 
 class BlockingCallError(YieldgateError, RuntimeError):

@@ -4,6 +4,7 @@ what a Gate does when Redis is slow or gone."""
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -17,6 +18,7 @@ from yieldgate import (
     BreakerPolicy,
     CircuitOpenError,
     Cost,
+    FleetConfigError,
     FleetPolicy,
     Gate,
     GatePolicy,
@@ -424,3 +426,70 @@ def test_a_gate_goes_on_alone_while_redis_is_down_and_rejoins(fresh_redis: Redis
             time.sleep(0.05)
         assert shared.fleet.statistics().rejoins >= 1
         assert gate.call_sync(lambda: "ok") == "ok"
+
+
+# -- a fleet misconfigured: credentials and permissions ------------------------------
+
+
+@pytest.fixture
+def acl_user(redis_server: RedisServer) -> Iterator[Any]:
+    """Make Redis users for the test (``make(name, *rules)``), deleted after it."""
+    admin = redis_server.client()
+    made: list[str] = []
+
+    def make(name: str, *rules: str) -> str:
+        admin.execute_command("ACL", "SETUSER", name, "reset", "on", *rules)
+        made.append(name)
+        return name
+
+    yield make
+    for name in made:
+        admin.execute_command("ACL", "DELUSER", name)
+    admin.close()
+
+
+def _url(redis_server: RedisServer, user: str, password: str) -> str:
+    return f"redis://{user}:{password}@127.0.0.1:{redis_server.port}/0"
+
+
+def test_a_wrong_password_is_a_configuration_error_not_an_outage(
+    redis_server: RedisServer, acl_user: Any
+) -> None:
+    user = acl_user("yg-pw", ">right-one", "~*", "&*", "+@all")
+    gate = Gate(name=f"auth-{time.monotonic_ns()}", shared=_url(redis_server, user, "s3cret-x"))
+    with gate, pytest.raises(FleetConfigError, match="refused the fleet's credentials") as caught:
+        gate.call_sync(lambda: "ok")
+    assert "s3cret-x" not in str(caught.value)
+    shared = gate._core.shared
+    assert shared is not None
+    assert shared.fleet.statistics().config_error is not None
+    assert gate._core.audit() == []
+
+
+def test_an_acl_user_without_evalsha_is_a_configuration_error(
+    redis_server: RedisServer, acl_user: Any
+) -> None:
+    user = acl_user("yg-noeval", ">pw", "~*", "&*", "+@all", "-evalsha", "-eval")
+    gate = Gate(name=f"acl-{time.monotonic_ns()}", shared=_url(redis_server, user, "pw"))
+    with gate, pytest.raises(FleetConfigError, match="may not run its commands"):
+        gate.call_sync(lambda: "ok")
+
+
+def test_failing_open_a_misconfigured_fleet_goes_on_alone_and_says_why(
+    redis_server: RedisServer, acl_user: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    user = acl_user("yg-open", ">right-one", "~*", "&*", "+@all")
+    gate = Gate(
+        GatePolicy(fleet=FleetPolicy(fail_open=True)),
+        name=f"open-{time.monotonic_ns()}",
+        shared=_url(redis_server, user, "s3cret-y"),
+    )
+    with gate, caplog.at_level(logging.WARNING, logger="yieldgate.fleet"):
+        assert [gate.call_sync(lambda: "ok") for _ in range(3)] == ["ok"] * 3
+        shared = gate._core.shared
+        assert shared is not None
+        assert not shared.available
+        assert "credentials" in (shared.fleet.statistics().config_error or "")
+    warned = [r.getMessage() for r in caplog.records if "check the fleet's URL" in r.getMessage()]
+    assert warned
+    assert all("s3cret-y" not in message for message in warned)

@@ -114,6 +114,7 @@ class Fleet(BreakerOps, BudgetOps, MemberOps, LeaseOps, HoldOps, BucketOps):
             fallbacks=h.fallbacks,
             outages=h.outages,
             rejoins=h.rejoins,
+            config_error=h.config_error,
         )
 
     def close(self) -> None:

@@ -6,6 +6,11 @@ and answers ``None`` at once. When the back-off has passed, one call goes
 (the trial); while it is out, the others still skip. Any answer from Redis
 ends the outage. One warning per outage, one info on rejoining, on the
 ``yieldgate.fleet`` logger.
+
+A refusal of the fleet's credentials or commands (a wrong password, an ACL
+user without ``EVALSHA``) is no outage but a configuration error: it is kept
+(``config_error``, the Gate raises it unless it fails open) and warned about
+again at every failed trial, as the back-off grows, until Redis accepts.
 """
 
 from __future__ import annotations
@@ -15,9 +20,31 @@ import threading
 from collections.abc import Callable
 from enum import Enum
 
-__all__ = ["Health", "Pass"]
+import redis.exceptions
+
+__all__ = ["Health", "Pass", "config_error"]
 
 logger = logging.getLogger("yieldgate.fleet")
+
+
+def config_error(error: BaseException) -> str | None:
+    """What is wrong with the fleet's configuration, if ``error`` says (``None``: an
+    outage, or a slow Redis). Redis's messages name no password."""
+    if isinstance(
+        error, redis.exceptions.AuthenticationError | redis.exceptions.AuthorizationError
+    ):
+        return f"Redis refused the fleet's credentials ({error})"
+    if isinstance(error, redis.exceptions.AuthenticationWrongNumberOfArgsError):
+        return f"Redis refused the fleet's credentials ({error})"
+    if isinstance(error, redis.exceptions.NoPermissionError):
+        return f"the fleet's Redis user may not run its commands ({error})"
+    if isinstance(error, redis.exceptions.ResponseError):
+        text = str(error)
+        if text.startswith(("NOAUTH", "WRONGPASS")):
+            return f"Redis refused the fleet's credentials ({text})"
+        if text.startswith("NOPERM"):
+            return f"the fleet's Redis user may not run its commands ({text})"
+    return None
 
 
 class Pass(Enum):
@@ -52,6 +79,7 @@ class Health:
         self.fallbacks = 0
         self.outages = 0
         self.rejoins = 0
+        self.config_error: str | None = None
 
     @property
     def available(self) -> bool:
@@ -82,12 +110,15 @@ class Health:
             self._backoff = self._initial
             self._trial_out = False
             self.rejoins += 1
+            self.config_error = None
         logger.info("fleet %s: Redis answers again after %.1f s; rejoined", self.name, down_s)
 
     def failed(self, ticket: Pass, error: BaseException) -> None:
         """Redis failed or was too slow: start (or extend, after a trial) the outage."""
+        wrong = config_error(error)
         with self._lock:
             self.fallbacks += 1
+            self.config_error = wrong
             now = self._clock()
             if self._down_since is None:
                 self._down_since = now
@@ -101,7 +132,15 @@ class Health:
                     self._trial_out = False
                     self._backoff = min(self._backoff * 2, self._max)
                     self._retry_at = now + self._backoff
-        if first:
+        if wrong is not None and (first or ticket is Pass.TRIAL):
+            logger.warning(
+                "fleet %s: %s; check the fleet's URL and Redis user. Using local limits, "
+                "retrying in %.1f s",
+                self.name,
+                wrong,
+                self._backoff,
+            )
+        elif first:
             logger.warning(
                 "fleet %s: Redis unavailable (%s: %s); using local limits, retrying in %.1f s",
                 self.name,

@@ -63,6 +63,9 @@ class FleetStatistics:
     ``calls``: operations asked for; ``fallbacks``: those answered ``None``
     (Redis failed, was slower than the budget, or was skipped during an
     outage); ``outages``: times Redis went away; ``rejoins``: times it came back.
+    ``config_error``: what Redis refused last, when it refused the fleet's
+    credentials or commands (``None`` otherwise): the fleet is not shared until
+    it is fixed.
     """
 
     available: bool
@@ -70,3 +73,4 @@ class FleetStatistics:
     fallbacks: int
     outages: int
     rejoins: int
+    config_error: str | None = None

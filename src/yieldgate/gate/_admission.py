@@ -32,7 +32,7 @@ import math
 from collections.abc import Generator
 from typing import Any, NamedTuple
 
-from yieldgate._exceptions import CircuitOpenError, RetryBudgetExhaustedError
+from yieldgate._exceptions import CircuitOpenError, FleetConfigError, RetryBudgetExhaustedError
 from yieldgate.gate._breaker import Breaker
 from yieldgate.gate._call import CallState
 from yieldgate.gate._choice import not_after, order, upstream
@@ -60,6 +60,20 @@ class FleetWait(NamedTuple):
 
 Wait = Park | FleetWait
 Steps = Generator[Wait, Any, Any]
+
+
+def _fleet(call: CallState, op: FleetOp) -> Steps:
+    """Run ``op`` on the fleet: what it answered. ``None`` (Redis away) goes on alone,
+    unless Redis refused the fleet's credentials or commands, a configuration error
+    that the call raises (``FleetPolicy.fail_open`` goes on alone then too)."""
+    got = yield FleetWait(op)
+    if got is None:
+        shared = call.core.shared
+        assert shared is not None
+        wrong = shared.fleet.statistics().config_error
+        if wrong is not None and not shared.policy.fail_open:
+            raise call.error(FleetConfigError, f"fleet {call.core.name!r}: {wrong}")
+    return got
 
 
 def _park(call: CallState, until: float | None, while_: str) -> Steps:
@@ -158,7 +172,7 @@ def _fleet_before(call: CallState, up: Upstream) -> Steps:
     with core.lock:
         ops = shared.before(up, core.clock())
     for op in ops:
-        got = yield FleetWait(op)
+        got = yield from _fleet(call, op)
         with core.lock:
             shared.apply(core.upstreams, up, op, got, core.clock())
 
@@ -178,7 +192,7 @@ def _fleet_first(call: CallState, up: Upstream) -> Steps:
                 call.signal.clear()
         if op is not None:
             asked = FleetOp(*op)
-            got = yield FleetWait(asked)
+            got = yield from _fleet(call, asked)
             with core.lock:
                 shared.apply(core.upstreams, up, asked, got, core.clock())
             continue
@@ -232,7 +246,7 @@ def _quota(call: CallState, attempt: Attempt, up: Upstream) -> Steps:
         take = shared.take(up, claim)
     if take is None:
         return waited
-    got = yield FleetWait(take)
+    got = yield from _fleet(call, take)
     with lock:
         if shared.took(core.upstreams, up, claim, got, clock()):
             return waited
@@ -319,7 +333,7 @@ def _lease(call: CallState, attempt: Attempt, up: Upstream) -> Steps:
             waited = True
             yield from _park(call, now + pause, "waiting for a fleet in-flight slot")
             continue
-        got = yield FleetWait(op)
+        got = yield from _fleet(call, op)
         with lock:
             if got is None or got is not False:
                 if got is not None:  # Redis away: the local window alone bounds it
@@ -350,7 +364,7 @@ def _ticket(call: CallState, attempt: Attempt, up: Upstream) -> Steps:
         return True
     # One probe for the whole fleet: another member's may be out already.
     ttl = core.policy.timeout.attempt_s or shared.policy.lease_ttl_s
-    got = yield FleetWait(FleetOp("claim_probe", (up.name, ttl)))
+    got = yield from _fleet(call, FleetOp("claim_probe", (up.name, ttl)))
     if got is True:
         with core.lock:
             attempt.probe = True
@@ -364,7 +378,7 @@ def _fleet_budget(call: CallState) -> Steps:
     shared = core.shared
     assert shared is not None
     call.fleet_retry = False
-    got = yield FleetWait(FleetOp("withdraw", (core.name, core.policy.budget)))
+    got = yield from _fleet(call, FleetOp("withdraw", (core.name, core.policy.budget)))
     with core.lock:
         if got is None:
             receipt = core.withdraw()
@@ -463,7 +477,7 @@ def _hedge_on(call: CallState, attempt: Attempt, up: Upstream) -> Steps:
         with lock:
             take = shared.take(up, claim)
         if take is not None:
-            got = yield FleetWait(take)
+            got = yield FleetWait(take)  # a hedge refused: the call goes on without it
             with lock:
                 if not shared.took(core.upstreams, up, claim, got, clock()):
                     attempt.claim = None

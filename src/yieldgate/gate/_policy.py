@@ -245,17 +245,13 @@ class QuotaPolicy:
     directly.
 
     With ``per_model`` (the default) the learnt quota is kept per model, as
-    OpenAI and Anthropic meter it on one key, and per deployment on Azure
-    (the request's ``model``, or the deployment in its URL): one Gate and one
-    client serve several models, each paced by its own answers' headers, none
-    waiting for another's quota. ``per_model=False`` keeps one quota per
-    upstream, for providers that meter a key across its models. A model no
-    answer has described yet is paced by nothing learnt until its first
-    answers come; with ``borrow`` it is paced meanwhile by copies of the
-    quota of the model read last (for keys whose models share one tier). The
-    caller's own budgets (``requests_per_minute``, ``tokens_per_minute``)
-    are the upstream's, spent by every model. ``gate.call(..., cost=Cost(...,
-    scope="gpt-4o"))`` names the scope directly.
+    OpenAI and Anthropic meter it, and per Azure deployment (the request's
+    ``model``, or the deployment in its URL): one Gate serves several models,
+    none waiting for another's quota (``False``: one quota per upstream). A
+    model no answer has described yet is paced by nothing learnt until its
+    first answers come; with ``borrow``, by copies of the quota of the model
+    read last. The caller's own budgets are the upstream's, spent by every
+    model. ``cost=Cost(..., scope="gpt-4o")`` names the scope directly.
     """
 
     learn: bool = True
@@ -305,6 +301,13 @@ class FleetPolicy:
     probes it and every other call of the fleet waits for its reading, at
     most ``first_reading_s`` (0: no wait; each member sends its first
     requests blind, as alone).
+
+    A Redis that refuses the fleet's credentials or commands (a wrong
+    password, an ACL user without ``EVALSHA``) is a configuration error, not an
+    outage: calls raise ``FleetConfigError``. With ``fail_open`` they go on
+    alone instead, as during an outage, a warning is logged again as the
+    back-off grows, and ``Fleet.statistics().config_error`` says why the fleet
+    is not shared.
     """
 
     inflight_cap: int | None = None
@@ -313,6 +316,7 @@ class FleetPolicy:
     prefix: str = "yieldgate"
     poll_s: float = 0.02
     first_reading_s: float = 5.0
+    fail_open: bool = False
 
     def __post_init__(self) -> None:
         if self.inflight_cap is not None and self.inflight_cap < 1:
