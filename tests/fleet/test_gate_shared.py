@@ -276,6 +276,28 @@ def test_a_policy_budget_is_settled_by_the_usage_a_response_reports() -> None:
     assert bucket.level_at(bucket.updated) == pytest.approx(6000 - 10, abs=1.0)
 
 
+def test_settled_by_the_estimate_a_policy_budget_keeps_what_the_door_charged() -> None:
+    import yieldgate
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        usage = {"prompt_tokens": 300, "completion_tokens": 7, "total_tokens": 307}
+        return httpx.Response(200, json={"usage": usage})
+
+    policy = QuotaPolicy(tokens_per_minute=6000, learn=False, settle="estimate")
+    gate = Gate(GatePolicy(quota=policy), name="estimate")
+    transport = yieldgate.gate_transport(
+        gate, sync=True, flavor="httpx", inner=httpx.MockTransport(handler)
+    )
+    with httpx.Client(transport=transport, base_url="http://provider") as client:
+        reply = client.post("/v1/completions", json={"prompt": "x" * 40, "max_tokens": 500})
+        reply.read()
+    bucket = gate._core.upstreams[0].quota.buckets["policy:tokens"]
+    # Estimated 10 + 500 = 510 at the door: neither the 493 unused nor the longer prompt count.
+    assert bucket.level_at(bucket.updated) == pytest.approx(6000 - 510, abs=1.0)
+    with pytest.raises(ValueError, match="settle"):
+        QuotaPolicy(settle="tokens")  # type: ignore[arg-type]
+
+
 def test_in_a_fleet_a_policy_budget_is_settled_there(redis_server: RedisServer) -> None:
     import yieldgate
 

@@ -128,6 +128,8 @@ class Attempt:
         claim, up = self.claim, self.up
         if claim is None or up is None:
             return
+        if core.policy.quota.settle != "usage":
+            return  # the caller's budgets keep what was estimated at the door
         with core.lock:
             if self.settled or self.epoch != core.epoch:
                 return

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Final, Literal
 
 __all__ = [
     "DEFAULT_INITIAL",
@@ -234,15 +234,14 @@ class QuotaPolicy:
     ``requests_per_minute`` and ``tokens_per_minute`` set budgets of the
     caller's own, for providers that say nothing (HF endpoints, a
     self-hosted vLLM), or to keep a share of a key; both apply, with the
-    headers, when given. Those budgets are settled against the tokens an
-    attempt really used (its ``usage``).
+    headers. They are settled against what an attempt really used (its
+    ``usage``); ``settle="estimate"`` keeps the door's estimate (OpenAI's).
 
     A request's token cost is estimated before it is sent from what the
     transport's dialect reads in its body: the prompt's tokens
     (``count_tokens`` of its text; by default about one per four characters)
     plus its output bound (``max_tokens`` and kin, else
-    ``default_output_tokens``). ``gate.call(..., cost=...)`` gives it
-    directly.
+    ``default_output_tokens``), or ``gate.call(..., cost=...)``.
 
     With ``per_model`` (the default) the learnt quota is kept per model, as
     OpenAI and Anthropic meter it, and per Azure deployment (the request's
@@ -251,7 +250,7 @@ class QuotaPolicy:
     model no answer has described yet is paced by nothing learnt until its
     first answers come; with ``borrow``, by copies of the quota of the model
     read last. The caller's own budgets are the upstream's, spent by every
-    model. ``cost=Cost(..., scope="gpt-4o")`` names the scope directly.
+    model. ``Cost(..., scope="gpt-4o")`` names the scope directly.
     """
 
     learn: bool = True
@@ -261,6 +260,7 @@ class QuotaPolicy:
     count_tokens: Callable[[str], int] | None = None
     per_model: bool = True
     borrow: bool = False
+    settle: Literal["usage", "estimate"] = "usage"
 
     def __post_init__(self) -> None:
         for name in ("requests_per_minute", "tokens_per_minute"):
@@ -271,6 +271,8 @@ class QuotaPolicy:
             raise ValueError("quota default_output_tokens must be >= 0")
         if self.count_tokens is not None and not callable(self.count_tokens):
             raise TypeError("quota count_tokens must be a callable taking a str")
+        if self.settle not in ("usage", "estimate"):
+            raise ValueError(f"quota settle must be 'usage' or 'estimate', got {self.settle!r}")
 
     @property
     def active(self) -> bool:

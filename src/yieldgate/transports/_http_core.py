@@ -169,7 +169,9 @@ class GatedCore:
         """A 2xx response as the client gets it: its body holds the window slot."""
         quota = self.gate.policy.quota
         # Budgets of the caller's own are settled against the usage the body reports.
-        own = quota.requests_per_minute is not None or quota.tokens_per_minute is not None
+        own = quota.settle == "usage" and (
+            quota.requests_per_minute is not None or quota.tokens_per_minute is not None
+        )
         if is_closed(response):
             # Already read and closed by the inner transport (a mock's
             # ``Response(content=...)`` is): nothing will close it again.
