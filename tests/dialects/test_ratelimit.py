@@ -212,3 +212,22 @@ def test_usage_from_the_end_of_a_body() -> None:
     assert usage_of(stream) == Cost.of(3, 4)
     assert usage_of(b'{"usage": {"input_tokens": 7, "output_tokens": 1}}') == Cost.of(7, 1)
     assert usage_of(b'{"no": "usage"}') is None
+
+
+def test_an_ietf_partition_key_is_a_bucket_of_its_own() -> None:
+    headers = httpx.Headers(
+        {
+            "ratelimit-policy": '"burst";q=100;w=60',
+            "ratelimit": '"burst";r=50;t=30;pk=:dXNlcjE=:',
+        }
+    )
+    (one,) = quota_readings(headers)
+    assert one.key == "ietf:burst:dXNlcjE=:"
+    assert (one.limit, one.remaining, one.window_s) == (100, 50, 60)
+    other = httpx.Headers({**headers, "ratelimit": '"burst";r=7;t=30;pk=:dXNlcjI=:'})
+    assert quota_readings(other)[0].key == "ietf:burst:dXNlcjI=:"
+
+
+def test_a_policy_name_cannot_pose_as_a_scope() -> None:
+    headers = httpx.Headers({"ratelimit-policy": '"a@b";q=100;w=60', "ratelimit": '"a@b";r=50'})
+    assert [r.key for r in quota_readings(headers)] == ["ietf:a_b"]

@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from tests.gate.test_quota import claim, gate_for, reading
-from yieldgate import DeadlineExceededError, QuotaPolicy
+from yieldgate import DeadlineExceededError, QuotaPolicy, RequestTooLargeError
 from yieldgate.dialects import OPENAI
 from yieldgate.dialects._cost import estimate_cost
 from yieldgate.dialects._ratelimit import quota_readings
@@ -154,3 +154,21 @@ def test_an_embeddings_request_is_charged_its_input_and_no_output() -> None:
     chat = estimate_cost(body.encode(), QuotaPolicy(), path="/v1/responses")
     assert chat is not None
     assert chat.output_tokens == QuotaPolicy().default_output_tokens
+
+
+async def test_a_providers_request_too_large_raises_request_too_large_at_once() -> None:
+    from tests.dialects.server_replies import REPLIES
+
+    reply = REPLIES["openai-request-too-large"]
+    gate = gate_for(anyio.current_time)
+    sent = 0
+
+    async def attempt() -> httpx.Response:
+        nonlocal sent
+        sent += 1
+        response: httpx.Response = reply.response()
+        return response
+
+    with pytest.raises(RequestTooLargeError, match="request_too_large"):
+        await gate.call(attempt, classify=OPENAI)
+    assert sent == 1  # not retried: no wait makes it fit

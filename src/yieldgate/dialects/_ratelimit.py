@@ -11,8 +11,9 @@ remains of it and how long until it is full again):
   {limit,remaining,reset}``, the resets as RFC 3339 times.
 - The IETF fields (draft-ietf-httpapi-ratelimit-headers): ``RateLimit-Policy``
   (``"name";q=100;w=60``, with a quota unit ``qu``) and ``RateLimit``
-  (``"name";r=50;t=30``), and the older ``RateLimit-Limit`` / ``-Remaining`` /
-  ``-Reset`` form (``RateLimit-Limit: 100, 100;w=60``).
+  (``"name";r=50;t=30``; a partition key ``pk`` makes a bucket of its own),
+  and the older ``RateLimit-Limit`` / ``-Remaining`` / ``-Reset`` form
+  (``RateLimit-Limit: 100, 100;w=60``).
 
 A value that cannot be read is ignored, never raised: a malformed header must
 not turn a good answer into a crash. A bucket needs at least its limit and
@@ -27,6 +28,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 
+from yieldgate.gate._cost import SCOPE_MARK
 from yieldgate.gate._quota import QuotaReading
 
 __all__ = ["go_duration_s", "quota_readings"]
@@ -149,7 +151,8 @@ def _anthropic(headers: Mapping[str, str], now: float) -> list[QuotaReading]:
 
 _ITEM = re.compile(r'\s*(?:"((?:[^"\\]|\\.)*)"|([A-Za-z*][A-Za-z0-9_.:/*-]*)|(-?\d+(?:\.\d+)?))')
 _PARAM = re.compile(
-    r'\s*;\s*([a-z*][a-z0-9_.*-]*)(?:=(?:"((?:[^"\\]|\\.)*)"|(-?\d+(?:\.\d+)?)|([A-Za-z*][^\s;,]*)))?'
+    r"\s*;\s*([a-z*][a-z0-9_.*-]*)"
+    r'(?:=(?:"((?:[^"\\]|\\.)*)"|(-?\d+(?:\.\d+)?)|([A-Za-z*][^\s;,]*)|(:[A-Za-z0-9+/=]*:)))?'
 )
 
 
@@ -168,8 +171,9 @@ def _sf_list(text: str) -> list[tuple[str, dict[str, str]]]:
         pos = match.end()
         params: dict[str, str] = {}
         while (param := _PARAM.match(text, pos)) is not None:
-            name, quoted, number, token = param.groups()
-            params[name] = next((v for v in (quoted, number, token) if v is not None), "?1")
+            name, quoted, number, token, octets = param.groups()
+            given = (quoted, number, token, octets)
+            params[name] = next((v for v in given if v is not None), "?1")
             pos = param.end()
         members.append((value, params))
         rest = text[pos:].lstrip()
@@ -194,8 +198,12 @@ def _ietf(headers: Mapping[str, str]) -> list[QuotaReading]:
             unit = _IETF_UNITS.get(policy.get("qu", "requests"))
             if unit is None:
                 continue
+            # A partition key (``pk``, a byte sequence) names one partition of the
+            # policy's quota (a user's, a key's): a bucket of its own.
+            partition = params.get("pk", "")
+            key = f"ietf:{name.replace(SCOPE_MARK, '_')}{partition}"
             reading = _reading(
-                f"ietf:{name}",
+                key,
                 unit,
                 _count(policy.get("q")),
                 _count(params.get("r")),

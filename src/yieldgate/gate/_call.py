@@ -184,7 +184,10 @@ class CallState:
             return outcome.value
         if self.stop_error is not None:
             raise self.stop_error from outcome.error
-        raise self.error(CallFailedError, f"call failed: {outcome.describe()}") from outcome.error
+        # A provider's "Request too large": more than its whole quota, as the Gate's own
+        # check says of a cost it knows (the provider's limit, its amount: not told).
+        cls = RequestTooLargeError if outcome.reason == "request_too_large" else CallFailedError
+        raise self.error(cls, f"call failed: {outcome.describe()}") from outcome.error
 
     def forget(self) -> None:
         """Drop the values the call carried, once it is over.
