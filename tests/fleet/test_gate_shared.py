@@ -196,6 +196,33 @@ async def test_no_wait_for_a_first_reading_when_it_is_off(gates: Any) -> None:
     assert peak > 1  # blind, as a Gate alone sends them
 
 
+async def test_a_model_new_to_a_member_paces_by_what_the_fleet_learnt_of_it(
+    gates: Any,
+) -> None:
+    first, second = gates(), gates()
+
+    async def answer(remaining: int) -> httpx.Response:
+        return openai_reply(remaining, limit=1000, reset="10s")
+
+    # The second member knows model a's quota from its own answer (plenty left) ...
+    await second.call(lambda: answer(900), cost=Cost(1, 10, scope="a"), classify=OPENAI)
+    # ... the first has spent model b's.
+    await first.call(lambda: answer(0), cost=Cost(1, 100, scope="b"), classify=OPENAI)
+    sent = 0
+
+    async def count() -> str:
+        nonlocal sent
+        sent += 1
+        return "ok"
+
+    # The second's first model-b call waits for b's refill instead of sending blind.
+    with anyio.move_on_after(1.0) as scope:
+        await second.call(count, cost=Cost(1, 500, scope="b"), classify=OPENAI)
+    assert scope.cancelled_caught
+    assert sent == 0
+    assert "openai:tokens@b" in second._core.upstreams[0].quota.buckets
+
+
 def test_calls_never_wait_on_a_slow_redis_past_the_budget(redis_server: RedisServer) -> None:
     with DelayProxy(redis_server.port, 3.0) as proxy:
         gate = Gate(

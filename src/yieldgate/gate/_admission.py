@@ -170,7 +170,7 @@ def _fleet_before(call: CallState, up: Upstream) -> Steps:
     if shared is None:
         return
     with core.lock:
-        ops = shared.before(up, core.clock())
+        ops = shared.before(up, core.clock(), call.cost.scope)
     for op in ops:
         got = yield from _fleet(call, op)
         with core.lock:

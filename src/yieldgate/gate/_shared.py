@@ -59,6 +59,8 @@ HEARTBEAT_EVERY_S = 1.0
 # A member counts in the fleet's shares while it admitted a call this recently.
 ACTIVE_S = 3.0
 REJOIN_EVERY_S = 1.0
+# The (upstream, scope) pairs whose next ask for shapes is remembered, at most.
+MAX_SHAPES_DUE = 1024
 PRIORITY_OF = {rank: priority for priority, rank in RANK.items()}
 log = logging.getLogger("yieldgate")
 
@@ -85,7 +87,7 @@ class Shared:
         self.available = True
         self.backlog: deque[FleetOp] = deque()
         self._holds_read: dict[str, float] = {}
-        self._shapes_due: dict[str, float] = {}
+        self._shapes_due: dict[tuple[str, str], float] = {}
         self._heartbeat_due: dict[str, float] = {}
         self.members: dict[str, int] = {}
         # The callers of this member waiting for a fleet lease (``_lease_line``).
@@ -117,9 +119,11 @@ class Shared:
 
     # -- before admission -----------------------------------------------------------
 
-    def before(self, up: Upstream, now: float) -> list[FleetOp]:
-        """What to ask the fleet before admitting to ``up``: a heartbeat when due (also
-        the probe that rejoins after an outage), and the holds when last read long ago."""
+    def before(self, up: Upstream, now: float, scope: str = "") -> list[FleetOp]:
+        """What to ask the fleet before admitting a call of ``scope`` to ``up``: a
+        heartbeat when due (also the probe that rejoins after an outage), the holds
+        when last read long ago, and the buckets' shapes while no answer has taught
+        this member the scope's quota."""
         ops = []
         if now >= self._heartbeat_due.get(up.name, -1.0):
             # Often enough that a member's share follows the fleet's size.
@@ -133,11 +137,13 @@ class Shared:
         if (
             self.available
             and up.quota.learn
-            and not up.quota.learnt
-            and now >= self._shapes_due.get(up.name, -1.0)
+            and not up.quota.learnt_for(scope)
+            and now >= self._shapes_due.get((up.name, scope), -1.0)
         ):
             # No answer has taught this member the quota yet: the fleet may know it.
-            self._shapes_due[up.name] = now + HEARTBEAT_EVERY_S
+            if len(self._shapes_due) >= MAX_SHAPES_DUE:
+                self._shapes_due.clear()  # bounded: at worst, asked again a little early
+            self._shapes_due[up.name, scope] = now + HEARTBEAT_EVERY_S
             ops.append(FleetOp("shapes", (up.name,)))
         if self.available and now - self._holds_read.get(up.name, -1.0) >= HOLDS_EVERY_S:
             self._holds_read[up.name] = now
