@@ -142,20 +142,25 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
             first_reading_s=args.first_reading_s,
         ),
     )
-    gate = Gate(policy, name=args.name, shared=args.redis)
-    client = yieldgate.openai_client(gate, base_url=f"{args.server}/v1", api_key="unused")
+    # Each Gate is a member of its own (its own fleet link, its own member id).
+    gates = [Gate(policy, name=args.name, shared=args.redis) for _ in range(args.gates)]
+    clients = [
+        yieldgate.openai_client(gate, base_url=f"{args.server}/v1", api_key="unused")
+        for gate in gates
+    ]
     done: list[float] = []
     errors: list[str] = []
-    shared = gate._core.shared
+    links = [gate._core.shared for gate in gates]
     if args.barrier:
-        if shared is not None:
-            await shared.fleet.heartbeat(gate.name)  # a member from the start: its share is right
+        for gate, link in zip(gates, links, strict=True):
+            if link is not None:  # a member from the start: its share is right
+                await link.fleet.heartbeat(gate.name)
         print("ready", flush=True)
         await asyncio.to_thread(sys.stdin.readline)  # "go"
     start = time.monotonic()
     started_at = time.time()
 
-    async def one(text: str, max_tokens: int) -> None:
+    async def one(client: Any, text: str, max_tokens: int) -> None:
         try:
             await client.chat.completions.create(
                 model="gpt-4o",
@@ -170,11 +175,19 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         else:
             done.append(time.monotonic() - start)
 
-    await asyncio.gather(*(one(*job) for job in jobs(args.requests, args.seed)))
-    stats = None if shared is None else shared.fleet.statistics()
-    gate_stats = gate.statistics()
-    await client.close()
-    await gate.aclose()
+    await asyncio.gather(
+        *(
+            one(client, *job)
+            for g, client in enumerate(clients)
+            for job in jobs(args.requests, args.seed * args.gates + g)
+        )
+    )
+    stats = [link.fleet.statistics() for link in links if link is not None]
+    attempts = sum(gate.statistics().attempts for gate in gates)
+    waited_s = sum(gate.statistics().waited_s for gate in gates)
+    for client, gate in zip(clients, gates, strict=True):
+        await client.close()
+        await gate.aclose()
     return {
         "ok": len(done),
         "errors": errors[:5],
@@ -183,10 +196,13 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         "makespan": time.monotonic() - start,
         "started_at": started_at,  # the wall clock, to compare members started apart
         "ended_at": time.time(),
-        "attempts": gate_stats.attempts,
-        "waited_s": gate_stats.waited_s,
-        "fleet": None if stats is None else {
-            "fallbacks": stats.fallbacks, "outages": stats.outages, "rejoins": stats.rejoins,
+        "attempts": attempts,
+        "waited_s": waited_s,
+        "fleet": None if not stats else {
+            "fallbacks": sum(st.fallbacks for st in stats),
+            "outages": sum(st.outages for st in stats),
+            "rejoins": sum(st.rejoins for st in stats),
+            "calls": sum(st.calls for st in stats),
         },
     }  # fmt: skip
 
@@ -207,6 +223,9 @@ if __name__ == "__main__":
     # Without a barrier: wait this long first (imports that take their time).
     parser.add_argument("--delay-s", type=float, default=0.0)
     parser.add_argument("--first-reading-s", type=float, default=5.0)
+    # Gates in this process, each a member with its own id (--requests each, seeds
+    # --seed * --gates + 0, 1, ...).
+    parser.add_argument("--gates", type=int, default=1)
     result = asyncio.run(main(parser.parse_args()))
     print(json.dumps(result))
     sys.exit(0)
