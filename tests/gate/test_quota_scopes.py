@@ -242,3 +242,31 @@ def test_alone_a_fleet_member_paces_its_share_of_the_callers_own_budgets() -> No
     # ... and it refills at its share of the rate: one request in two seconds.
     assert not quota.try_take(tokens(0), 1.9)
     assert quota.try_take(tokens(0), 2.1)
+
+
+# -- Anthropic's input and output buckets ----------------------------------------------
+
+
+def test_anthropic_input_and_output_buckets_are_charged_apart() -> None:
+    headers = httpx.Headers(
+        {
+            "anthropic-ratelimit-input-tokens-limit": "1000",
+            "anthropic-ratelimit-input-tokens-remaining": "1000",
+            "anthropic-ratelimit-output-tokens-limit": "200",
+            "anthropic-ratelimit-output-tokens-remaining": "200",
+        }
+    )
+    quota = Quota()
+    quota.observe(quota_readings(headers), None, 0.0)
+    assert {b.resource for b in quota.buckets.values()} == {"input_tokens", "output_tokens"}
+
+    def claim(prompt: int, output: int) -> Claim:
+        return Claim(Cost.of(prompt, output), Priority.NORMAL, 0.0)
+
+    # 900 in, 150 out: fits each bucket, though 1,050 is more than the output limit.
+    assert quota.try_take(claim(900, 150), 0.0)
+    # Another 100 in fits the input bucket; 100 out does not fit what is left of output.
+    assert not quota.try_take(claim(100, 100), 0.0)
+    assert quota.try_take(claim(100, 50), 0.0)
+    # An output bound past the whole output limit can never fit, whatever the input.
+    assert quota.too_large(Cost.of(1, 201)) is not None
