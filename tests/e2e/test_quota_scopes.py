@@ -201,4 +201,5 @@ def test_a_responses_api_burst_is_paced_as_chat_is(serve: Any) -> None:
     )
     assert charged == len(jobs)
     assert refused <= 0.02 * len(jobs), (refused, charged)
-    assert makespan <= 1.2 * bound_s, (makespan, bound_s)
+    # Paced, not merely correct: the Responses client's own CPU per call is the slack.
+    assert makespan <= 1.3 * bound_s, (makespan, bound_s)

@@ -90,7 +90,7 @@ def prompt_text(body: dict[str, Any]) -> str | None:
     if isinstance(given, str | list):
         instructions = body.get("instructions")
         text = given if isinstance(given, str) else "\n".join(_input_item(m) for m in given)
-        return f"{instructions}\n{text}" if isinstance(instructions, str) else text
+        return f"system: {instructions}\n{text}" if isinstance(instructions, str) else text
     return None
 
 
