@@ -113,7 +113,7 @@ def test_azure_headers_read_as_remaining_alone() -> None:
     assert quota_readings(httpx.Headers(bad)) == ()
 
 
-def test_the_limit_is_the_most_seen_remaining_plus_in_flight() -> None:
+def test_the_limit_is_the_most_seen_remaining_plus_in_flight_at_first() -> None:
     quota = Quota()
     inflight = [tokens(100, key=i) for i in range(3)]
     for c in inflight:
@@ -127,6 +127,13 @@ def test_the_limit_is_the_most_seen_remaining_plus_in_flight() -> None:
     quota.observe([read(100.0, limit=None)], inflight[1], 1.0)
     assert bucket.limit == 1100.0  # less remaining never lowers it
     quota.observe([read(1500.0, limit=None)], inflight[2], 2.0)
+    assert bucket.limit == 1500.0
+    # Later, what is in flight is not added: much of it was counted already.
+    later = [tokens(100, key=10 + i) for i in range(5)]
+    for c in later:
+        assert quota.try_take(c, 3.0)
+        quota.sent(c, 3.0)
+    quota.observe([read(1400.0, limit=None)], later[0], 3.0)
     assert bucket.limit == 1500.0
 
 

@@ -358,9 +358,13 @@ class Quota:
             limit = reading.limit
             if limit is None:
                 # What remains, alone (Azure): the limit is the most ever seen
-                # remaining plus in flight, the refill that limit over a minute.
+                # remaining (plus what was in flight at the first reading), the refill
+                # that limit over a minute; every answer sets the level again.
+                # (In flight counts once, at the first reading: later, much of what
+                # is in flight was counted already, and adding it again would feed
+                # itself: a higher limit, more in flight, a higher limit.)
                 known = bucket.limit if bucket is not None else 0.0
-                limit = max(known, reading.remaining + sent)
+                limit = max(known, reading.remaining + (sent if bucket is None else 0.0))
             if not (MIN_LIMIT <= limit < math.inf):
                 continue  # no bucket a request could ever fit
             rate = reading_rate(reading, limit, bucket)
