@@ -107,7 +107,8 @@ class QuotaReading:
     (a ``Cost`` field). ``reset_s`` is the time until it is full again,
     ``window_s`` the window its limit is for, when a header says (IETF's ``w``).
     ``limit`` is ``None`` when the provider says only what remains (Azure):
-    the limit is then learnt as the most ever seen remaining plus in flight.
+    the limit is then learnt as the most ever seen remaining (plus what was in
+    flight at the first reading).
     """
 
     key: str
