@@ -22,12 +22,24 @@ e.g. ``--members 64 --requests 25``: eight processes of eight. The quota
 table's ``redis/req`` is the fleet's Redis round trips per request, all
 members together.
 
-The quota table has a third row where ``.venv-tt`` exists (``make tt``):
-``token-throttle``, the same members' jobs through token-throttle's
-``RateLimiter`` instead of a Gate, one Redis budget (key prefix) for the
-fleet set to the quota's limits and window (``bench/tt_member.py``). Its
-``redis/req`` is the commands Redis processed per request (its ``INFO``), not
-round trips.
+The quota table has more rows where the other clients' environments exist,
+the same members' jobs through another client's limiter instead of a Gate,
+one budget in the fleet's Redis set to the quota, each member a process of
+that environment's Python:
+
+- ``token-throttle`` and ``token-throttle@estimate`` where ``.venv-tt``
+  exists (``make tt``): token-throttle's ``RateLimiter``, one key prefix for
+  the fleet, at the quota's limits and window (``bench/tt_member.py``),
+  settled from the response's usage as its README does, or with the
+  reservation itself (the quota's own charge, as ``gate+policy`` in
+  bench/quota.py);
+- ``litellm`` where ``.venv-compat`` has LiteLLM and ``redis`` (``make
+  compat``): a ``litellm.Router`` per member configured as bench/quota.py's
+  litellm row, its usage shared through Redis (``redis_host``/``redis_port``;
+  ``bench/litellm_member.py``), at the quota's rate per minute.
+
+Their ``redis/req`` is the commands Redis processed per request (its
+``INFO``), not round trips.
 
 Then the cost of sharing, in one process on loopback: a ``Gate.call`` of a
 no-op through a shared Gate against an unshared one (p50 and p99 of the added
@@ -74,8 +86,12 @@ from tests.fleet.member import fairness, jobs, results, start  # noqa: E402
 
 WINDOW_S = 12.0
 QUOTA_RPM = 1_000_000
-# token-throttle needs Python 3.12+: its members run in an environment of their own.
+# token-throttle needs Python 3.12+, LiteLLM the compat environment's openai 2.x: their
+# members run in environments of their own.
 TT_PYTHON = ROOT / ".venv-tt" / "bin" / "python"
+COMPAT_PYTHON = ROOT / ".venv-compat" / "bin" / "python"
+TT_ROWS = {"token-throttle": "usage", "token-throttle@estimate": "estimate"}
+LABEL_W = len("token-throttle@estimate")  # the quota table's first column
 
 
 # Members per process: one each up to this many processes; past it, Gates share processes.
@@ -96,16 +112,22 @@ def members(
     return results(start(server.http_url, redis_url, procs, *args), 600)
 
 
-def tt_members(
-    server: ServerProcess, redis_url: str, n: int, requests: int, tpm: int
+def other_members(
+    client: str, server: ServerProcess, redis_url: str, n: int, requests: int, tpm: int
 ) -> list[dict[str, Any]]:
-    """``n`` token-throttle members on one key prefix, started as ``start`` starts Gates'."""
+    """``n`` members on another client's limiter (a ``TT_ROWS`` row or ``litellm``), one
+    budget in Redis for them all, started as ``start`` starts Gates'."""
     gates = per_process(n)
-    prefix = f"fleet-tt-{uuid.uuid4().hex[:8]}"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join((str(ROOT / "src"), str(ROOT)))}
-    args = [
-        str(TT_PYTHON), str(ROOT / "bench" / "tt_member.py"),
-        "--server", server.http_url, "--redis", redis_url, "--name", prefix,
+    if client == "litellm":
+        # One budget: every member's deployment is the same, so are its counters' keys.
+        args = [str(COMPAT_PYTHON), str(ROOT / "bench" / "litellm_member.py")]
+    else:
+        prefix = f"fleet-tt-{uuid.uuid4().hex[:8]}"
+        args = [str(TT_PYTHON), str(ROOT / "bench" / "tt_member.py")]
+        args += ["--name", prefix, "--settle", TT_ROWS[client]]
+    args += [
+        "--server", server.http_url, "--redis", redis_url,
         "--requests", str(requests), "--gates", str(gates),
         "--tpm", str(tpm), "--rpm", str(QUOTA_RPM), "--window-s", str(WINDOW_S),
     ]  # fmt: skip
@@ -143,7 +165,18 @@ def redis_commands(redis_url: str) -> int:
         client.close()
 
 
-def quota(n: int, requests: int, redis_url: str | None, *, tt: bool = False) -> str:
+def has_litellm() -> bool:
+    """Whether the compat environment can run litellm_member.py: LiteLLM, and redis for its
+    Redis cache (not in compat/requirements.txt)."""
+    if not COMPAT_PYTHON.exists():
+        return False
+    check = [str(COMPAT_PYTHON), "-c", "import litellm, redis"]
+    env = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
+    return subprocess.run(check, capture_output=True, env=env, timeout=120).returncode == 0
+
+
+def quota(n: int, requests: int, redis_url: str | None, *, client: str | None = None) -> str:
+    """One row: Gates, unshared (no ``redis_url``) or shared, or ``client``'s members."""
     cost = sum(math.ceil(len(f"user: {t}") / 4) + m for i in range(n) for t, m in jobs(requests, i))
     tpm = math.ceil(cost / 1.5)
     bound = (cost - tpm) / (tpm / WINDOW_S)
@@ -152,9 +185,9 @@ def quota(n: int, requests: int, redis_url: str | None, *, tt: bool = False) -> 
         "--quota-tpm", str(tpm), "--quota-rpm", str(QUOTA_RPM), "--quota-window-s", str(WINDOW_S),
     )  # fmt: skip
     with spawn(*args, http=True) as server:
-        if tt and redis_url:
+        if client and redis_url:
             before = redis_commands(redis_url)
-            runs = tt_members(server, redis_url, n, requests, tpm)
+            runs = other_members(client, server, redis_url, n, requests, tpm)
             trips = (redis_commands(redis_url) - before) / (n * requests)
         else:
             runs = members(server, redis_url, n, requests)
@@ -163,9 +196,9 @@ def quota(n: int, requests: int, redis_url: str | None, *, tt: bool = False) -> 
     refused = counters["quota_refused_tokens_total"] + counters["quota_refused_requests_total"]
     ok = sum(run["ok"] for run in runs)
     makespan = max(run["makespan"] for run in runs)
-    label = "token-throttle" if tt else "shared" if redis_url else "unshared"
+    label = client or ("shared" if redis_url else "unshared")
     return (
-        f"{label:<14} {100 * ok / (n * requests):>7.1f}% "
+        f"{label:<{LABEL_W}} {100 * ok / (n * requests):>7.1f}% "
         f"{refused:>6} {refused / (n * requests):>8.2f} {makespan:>8.1f} "
         f"{makespan / bound:>7.2f} {fairness(runs):>9.2f} {trips:>9.2f}"
     )
@@ -253,15 +286,20 @@ def main(argv: Sequence[str] | None = None) -> int:
 def quota_table(n: int, requests: int, redis_url: str) -> None:
     print(f"quota (exceeded 1.5x, a {WINDOW_S:g} s window)")
     print(
-        f"{'gates':<14} {'success':>8} {'429s':>6} {'429/req':>8} {'makespan':>8} "
+        f"{'gates':<{LABEL_W}} {'success':>8} {'429s':>6} {'429/req':>8} {'makespan':>8} "
         f"{'/bound':>7} {'fairness':>9} {'redis/req':>9}"
     )
     for url in (None, redis_url):
         print(quota(n, requests, url), flush=True)
     if TT_PYTHON.exists():
-        print(quota(n, requests, redis_url, tt=True), flush=True)
+        for client in TT_ROWS:
+            print(quota(n, requests, redis_url, client=client), flush=True)
     else:
-        print("(token-throttle: no .venv-tt here, `make tt` builds it for its row)")
+        print("(token-throttle: no .venv-tt here, `make tt` builds it for its rows)")
+    if has_litellm():
+        print(quota(n, requests, redis_url, client="litellm"), flush=True)
+    else:
+        print("(litellm: no .venv-compat with litellm and redis here, `make compat` for its row)")
 
 
 def cap_table(n: int, requests: int, redis_url: str) -> None:

@@ -1,4 +1,4 @@
-"""Benchmark: a burst past a provider's token quota, five client strategies side by side.
+"""Benchmark: a burst past a provider's token quota, client strategies side by side.
 
 400 chat completions of mixed sizes fired at once through ``openai.AsyncOpenAI``
 at a fresh ``yieldgate serve --quota-tpm T --quota-rpm R`` per strategy, its
@@ -31,7 +31,10 @@ whose message says when to try again (no ``retry-after`` for tokens).
   charge and refunded from the response's ``usage`` after it, as its README
   does (``bench/tt_member.py``), through ``AsyncOpenAI`` with its default
   retries. Run when ``token_throttle`` imports: in ``.venv-tt`` (``make tt``,
-  Python 3.12+), which has yieldgate too.
+  Python 3.12+), which has yieldgate too;
+- ``token-throttle@estimate``: the same limiter, each call settled with an
+  actual usage equal to its reservation (the quota's own charge) instead of
+  the response's: its budget kept in the quota's unit, as ``gate+policy``'s.
 
 Per strategy: success, the server's 429s (quota refusals) per request,
 makespan and its ratio to the quota's bound (the burst's cost beyond the
@@ -45,6 +48,7 @@ Run it (from the repository root)::
 
     .venv-compat/bin/python bench/quota.py            # with LiteLLM
     .venv-tt/bin/python bench/quota.py                # with token-throttle
+    .venv-tt/bin/python bench/quota.py --only token-throttle token-throttle@estimate
     .venv/bin/python bench/quota.py                   # without it
     .venv/bin/python bench/quota.py --window-s 12 --requests 200   # quicker
 """
@@ -77,6 +81,7 @@ from yieldgate.server import ServerProcess, spawn
 
 MODEL = "gpt-4o"
 ROOT = Path(__file__).resolve().parents[1]
+NAME_W = len("token-throttle@estimate")  # the strategy column
 
 
 @dataclass(frozen=True)
@@ -123,7 +128,7 @@ class Result:
         rate = self.tpm / self.window_s
         refill = (self.tokens - self.tpm) / self.makespan_s / rate if self.makespan_s else 0.0
         return (
-            f"{self.name:<14} {100 * self.ok / self.requests:>7.1f}% {self.refused:>6} "
+            f"{self.name:<{NAME_W}} {100 * self.ok / self.requests:>7.1f}% {self.refused:>6} "
             f"{self.refused / self.requests:>8.2f} {self.makespan_s:>9.1f} "
             f"{self.makespan_s / self.bound_s:>7.2f} {refill:>7.2f}"
         )
@@ -220,7 +225,7 @@ async def litellm_strategy(url: str, burst: Burst) -> tuple[int, float]:
     return await run_burst(call, burst)
 
 
-async def token_throttle_strategy(url: str, burst: Burst) -> tuple[int, float]:
+async def token_throttle_strategy(url: str, burst: Burst, settle: str) -> tuple[int, float]:
     sys.path.insert(0, str(ROOT))  # Redis as the fleet tests start it
     from tests.fleet.conftest import RedisServer
     from tt_member import limiter, throttled
@@ -240,7 +245,7 @@ async def token_throttle_strategy(url: str, burst: Burst) -> tuple[int, float]:
             async with openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused") as client:
 
                 async def call(text: str, max_tokens: int) -> Any:
-                    return await throttled(limit, client, text, max_tokens)
+                    return await throttled(limit, client, text, max_tokens, settle=settle)
 
                 return await run_burst(call, burst)
         finally:
@@ -274,7 +279,8 @@ def measure(name: str, burst: Burst) -> Result:
             "openai": lambda: openai_strategy(url, burst),
             "tenacity": lambda: tenacity_strategy(url, burst),
             "litellm": lambda: litellm_strategy(url, burst),
-            "token-throttle": lambda: token_throttle_strategy(url, burst),
+            "token-throttle": lambda: token_throttle_strategy(url, burst, "usage"),
+            "token-throttle@estimate": lambda: token_throttle_strategy(url, burst, "estimate"),
         }
         ok, makespan = asyncio.run(runs[name]())
         counters = stats(server)
@@ -301,11 +307,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--only", nargs="*", help="strategies to run (default: all available)")
     args = parser.parse_args(argv)
     burst = make_burst(args.requests, args.excess, args.window_s, args.seed)
-    names = ["gate", "gate+policy", "gate+usage", "openai", "tenacity", "litellm", "token-throttle"]
+    names = ["gate", "gate+policy", "gate+usage", "openai", "tenacity", "litellm"]
+    names += ["token-throttle", "token-throttle@estimate"]
     if importlib.util.find_spec("litellm") is None:
         names.remove("litellm")
     if importlib.util.find_spec("token_throttle") is None:
         names.remove("token-throttle")
+        names.remove("token-throttle@estimate")
     if args.window_s != 60.0:
         names.remove("gate+policy")  # their budgets are per minute
         names.remove("gate+usage")
@@ -322,7 +330,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if "token-throttle" not in names and not args.only:
         print("(token-throttle not installed here: run in .venv-tt for its row)")
     print(
-        f"{'strategy':<14} {'success':>8} {'429s':>6} {'429/req':>8} {'makespan':>9} "
+        f"{'strategy':<{NAME_W}} {'success':>8} {'429s':>6} {'429/req':>8} {'makespan':>9} "
         f"{'/bound':>7} {'refill':>7}"
     )
     for name in names:

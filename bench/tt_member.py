@@ -6,7 +6,9 @@ answers from Redis, starts when its standard input says ``go``, fires
 retries, ``max_retries=2``), each reserved before the call on a token-throttle
 ``RateLimiter`` with a Redis backend (key prefix ``--name``: one budget for
 every member started with that name) and refunded from the response's usage
-after it, and prints one JSON line with the fields bench/fleet.py reads.
+after it (``--settle usage``, the default; ``--settle estimate`` refunds
+nothing instead, see ``throttled``), and prints one JSON line with the
+fields bench/fleet.py reads.
 
 Configured as token-throttle 14's README does it: ``RateLimiter(PerModelConfig(
 quotas=UsageQuotas([Quota("requests", ...), Quota("tokens", ...)]),
@@ -18,7 +20,7 @@ helper, ``create_openai_redis_rate_limiter``: it takes per-minute limits only
 (the fleet's quota window is 12 s) and counts with tiktoken, whose encoding
 it downloads; the counter here charges what the quota charges.
 
-bench/quota.py's token-throttle row uses ``limiter`` and ``throttled`` from here.
+bench/quota.py's token-throttle rows use ``limiter`` and ``throttled`` from here.
 
 Run it (token-throttle needs Python 3.12+: ``make tt`` builds ``.venv-tt``)::
 
@@ -93,10 +95,29 @@ def limiter(
     return RateLimiter(config, backend=backend), client
 
 
+SETTLES = ("usage", "estimate")
+
+
 async def throttled(
-    limit: RateLimiter, client: openai.AsyncOpenAI, text: str, max_tokens: int
+    limit: RateLimiter,
+    client: openai.AsyncOpenAI,
+    text: str,
+    max_tokens: int,
+    *,
+    settle: str = "usage",
 ) -> Any:
-    """One chat completion: reserved before, refunded from its usage after."""
+    """One chat completion: reserved before at the quota's charge, settled after.
+
+    ``settle="usage"`` refunds from the response's usage, as token-throttle's
+    README does: the reference server's usage counts its byte-level tokens,
+    about four times the quota's rule for the prompt, so the budget is spent
+    faster than the quota. ``settle="estimate"`` settles with an actual usage
+    equal to the reservation (the quota's own charge, in the quota's unit, as
+    ``QuotaPolicy(settle="estimate")`` keeps the door's charge): nothing
+    comes back. A failed call refunds its tokens either way.
+    """
+    if settle not in SETTLES:
+        raise ValueError(f"settle must be one of {SETTLES}, not {settle!r}")
     request: dict[str, Any] = {
         "model": MODEL,
         "messages": [{"role": "user", "content": text}],
@@ -108,7 +129,10 @@ async def throttled(
     except Exception:
         await limit.refund_capacity({"requests": 1, "tokens": 0}, reservation)
         raise
-    await limit.refund_capacity_from_response(reservation, response)
+    if settle == "estimate":
+        await limit.refund_capacity(dict(reservation.usage), reservation)
+    else:
+        await limit.refund_capacity_from_response(reservation, response)
     return response
 
 
@@ -137,7 +161,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
 
     async def one(limit: RateLimiter, client: openai.AsyncOpenAI, text: str, m: int) -> None:
         try:
-            await throttled(limit, client, text, m)
+            await throttled(limit, client, text, m, settle=args.settle)
         except Exception as exc:  # reported, not raised: the bench reads them
             errors.append(f"{type(exc).__name__}: {exc}")
         else:
@@ -178,6 +202,9 @@ if __name__ == "__main__":
     parser.add_argument("--rpm", type=int, required=True, help="the quota's requests per window")
     parser.add_argument("--window-s", type=float, default=60.0)
     parser.add_argument("--gates", type=int, default=1, help="limiters in this process")
+    parser.add_argument(
+        "--settle", choices=SETTLES, default="usage", help="refund from: see throttled"
+    )
     result = asyncio.run(main(parser.parse_args()))
     print(json.dumps(result))
     sys.exit(0)
