@@ -154,6 +154,45 @@ async def test_before_any_answer_one_members_request_probes_and_the_rest_wait(
         assert gate._core.audit() == []
 
 
+async def test_a_probes_answer_half_written_is_not_paced_by(
+    gates: Any, redis_server: RedisServer
+) -> None:
+    """While another member's probe is out, the fleet's shapes may hold some of its
+    answer's buckets only (each reading writes its own): a member must not pace by
+    the requests bucket alone and send the tokens' worth blind."""
+    member = gates(first_reading_s=60.0)
+    upstream = member._core.upstreams[0].name
+    shared = member._core.shared
+    assert shared is not None
+    from yieldgate.fleet import Fleet
+
+    async with Fleet(redis_server.url, gate=member.name, member="prober", budget_s=1.0) as other:
+        assert (await other.first(upstream, 60.0)).state == "mine"
+        await other.observe(upstream, "openai:requests", limit=100, rate=1.0, remaining=99,
+                            amount=0, seq=0, resource="requests")  # fmt: skip
+        sent = 0
+
+        async def count() -> str:
+            nonlocal sent
+            sent += 1
+            return "ok"
+
+        with anyio.move_on_after(1.0) as scope:
+            await member.call(count, cost=Cost(1, 500), classify=OPENAI)
+        assert scope.cancelled_caught
+        assert sent == 0
+        assert member._core.upstreams[0].quota.buckets == {}
+        # The probe's answer, all of it: the member paces by both buckets, and goes.
+        shapes = {
+            "openai:requests": ("requests", 100.0, 1.0),
+            "openai:tokens": ("tokens", 1000.0, 100.0),
+        }
+        assert await other.probed(upstream, shapes, 60.0)
+        await member.call(count, cost=Cost(1, 500), classify=OPENAI)
+        assert sent == 1
+        assert set(member._core.upstreams[0].quota.buckets) == set(shapes)
+
+
 async def test_a_probe_answered_with_no_quota_lets_every_member_go(gates: Any) -> None:
     first, second = gates(first_reading_s=60.0), gates(first_reading_s=60.0)
     probe_done = anyio.Event()

@@ -9,7 +9,7 @@ one, with the core's accounting of readings against sends not yet answered
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from yieldgate.fleet._driver import Drivers, Op, check_count, check_number, read_flag, read_text
@@ -89,7 +89,7 @@ class BucketOps(Drivers):
         amount: float,
         seq: int,
         resource: str | None,
-        age_s: float | None,
+        age_s: float | Callable[[], float] | None,
     ) -> Op[bool]:
         keys = (
             self.keys.seq(upstream),
@@ -106,7 +106,7 @@ class BucketOps(Drivers):
             check_count("seq", seq, least=0),
             bucket,
             resource or "",
-            "" if age_s is None else check_number("age_s", age_s),
+            "" if age_s is None else check_number("age_s", age_s() if callable(age_s) else age_s),
         )
         return Op("observe", keys, args, read_flag)
 
@@ -121,7 +121,7 @@ class BucketOps(Drivers):
         amount: float,
         seq: int,
         resource: str | None = None,
-        age_s: float | None = None,
+        age_s: float | Callable[[], float] | None = None,
     ) -> bool | None:
         """Apply a response's reading of ``bucket``, for the take numbered ``seq``
         that took ``amount`` of it.
@@ -131,7 +131,8 @@ class BucketOps(Drivers):
         is still unseen (``remaining - unseen``) is the level if the reading is
         the newest send's; an older send's reading (answered late) may only
         lower the level. Which send is newest: with ``age_s`` (the seconds since
-        the request was sent, as its member measured them), the one sent last,
+        the request was sent, as its member measures them; a callable is asked
+        when the operation goes, however long it waited), the one sent last,
         on Redis's clock; without it, the highest ``seq``. The send's time is
         what matters: a take's number is given before the member waits for a
         window slot, and a send taken early and sent late, answered before a
@@ -155,7 +156,7 @@ class BucketOps(Drivers):
         amount: float,
         seq: int,
         resource: str | None = None,
-        age_s: float | None = None,
+        age_s: float | Callable[[], float] | None = None,
     ) -> bool | None:
         """``observe``, blocking (within the budget)."""
         op = self._observe(upstream, bucket, limit, rate, remaining, amount, seq, resource, age_s)

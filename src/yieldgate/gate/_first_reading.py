@@ -93,6 +93,14 @@ class FirstReadings:
             return None, None  # the call cannot afford the wait: it goes as it would alone
         return None, until
 
+    def settled(self, up: Upstream) -> bool:
+        """Whether ``up``'s first reading is over (or off): until then, the fleet's
+        shapes come through ``first`` alone, all at once. (Read while a probe's
+        answer is being written, bucket by bucket, they could be some of them only:
+        a member pacing by the requests bucket alone would overrun the tokens.)"""
+        state = self._states.get(up.name)
+        return self.wait_s <= 0 or (state is not None and state.phase == _DONE)
+
     def told(self, up: Upstream, got: Any, now: float) -> dict[str, Any]:
         """What ``Fleet.first`` answered (``None``: Redis away): the shapes to seed."""
         state = self._states.get(up.name)

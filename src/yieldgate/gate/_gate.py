@@ -103,6 +103,7 @@ class Gate(AsyncCalls, SyncCalls):
             fleet = self._fleet(shared)
             core.shared = Shared(fleet, self.policy.fleet, self.name, self.policy.budget)
             core.shared.drain = core.drain_orphans
+            core.shared.clock = core.clock
         try:
             self._add_upstreams(upstreams)
         except BaseException:

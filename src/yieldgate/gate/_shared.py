@@ -35,6 +35,7 @@ cancelled attempt gave back after its driver could no longer await.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import threading
@@ -82,6 +83,7 @@ class Shared:
     ) -> None:
         self.fleet = fleet
         self.policy = policy
+        self.clock: Callable[[], float] = time.monotonic  # the Gate's (set by it)
         self.gate = gate
         self.budget_policy = budget
         self.available = True
@@ -138,6 +140,7 @@ class Shared:
             self.available
             and up.quota.learn
             and not up.quota.learnt_for(scope)
+            and self.first.settled(up)
             and now >= self._shapes_due.get((up.name, scope), -1.0)
         ):
             # No answer has taught this member the quota yet: the fleet may know it.
@@ -260,8 +263,9 @@ class Shared:
                 "amount": amount,
                 "seq": claim.seq,
                 "resource": bucket.resource,
-                # Which reading is newest is told by when its request was sent.
-                "age_s": max(0.0, now - claim.started),
+                # Which reading is newest is told by when its request was sent: its
+                # age when the operation goes (it may wait in the backlog a while).
+                "age_s": functools.partial(_age, self.clock, claim.started),
             }
             self.backlog.append(FleetOp("observe", (up.name, key), kwargs))
         if claim.seq:
@@ -470,3 +474,8 @@ class Shared:
 
 def _amounts(claim: Claim) -> list[tuple[str, float]]:
     return [(key, amount) for key, amount, _, _ in claim.wants]
+
+
+def _age(clock: Callable[[], float], sent: float) -> float:
+    """Seconds since ``sent``, on the Gate's clock."""
+    return max(0.0, clock() - sent)
