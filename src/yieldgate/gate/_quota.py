@@ -167,7 +167,8 @@ class Quota:
                 return bucket
         return None
 
-    def _shares(self, bucket: Bucket) -> tuple[float, float]:
+    def _shares(self) -> tuple[float, float]:
+        """This member's share of every bucket it paces here: of a full one, of its refill."""
         return (self.cap, self.pace)
 
     def _local(self, scope: str, claim_shared: bool) -> list[Bucket]:
@@ -183,7 +184,7 @@ class Quota:
         that bucket (``0.0, None``: it fits every one now)."""
         wait, binding = 0.0, None
         for b in self._local(cost.scope, self.shared):
-            need = b.wait_s(cost.amount(b.resource), now, *self._shares(b))
+            need = b.wait_s(cost.amount(b.resource), now, *self._shares())
             if need > wait:
                 wait, binding = need, b
         return wait, binding
@@ -205,7 +206,7 @@ class Quota:
 
     def _take(self, claim: Claim, now: float) -> None:
         for bucket in self._local(claim.scope, self.shared):
-            bucket.take(claim.cost.amount(bucket.resource), now, *self._shares(bucket))
+            bucket.take(claim.cost.amount(bucket.resource), now, *self._shares())
         claim.local = True
         claim.fleet = self.shared
         claim.started = now
@@ -302,7 +303,7 @@ class Quota:
         if claim.local:
             claim.local = False
             for bucket in self._local(claim.scope, claim.fleet):
-                bucket.give(claim.cost.amount(bucket.resource), now, *self._shares(bucket))
+                bucket.give(claim.cost.amount(bucket.resource), now, *self._shares())
         self._pending.discard(claim)
         self._wake_head(claim.scope)
 
@@ -318,10 +319,10 @@ class Quota:
                 continue
             over = claim.cost.amount(bucket.resource) - used.amount(bucket.resource)
             if over > 0:
-                bucket.give(over, now, *self._shares(bucket))
+                bucket.give(over, now, *self._shares())
                 changed = True
             elif over < 0:
-                bucket.take(-over, now, *self._shares(bucket))
+                bucket.take(-over, now, *self._shares())
         if changed:
             self._wake_head(claim.scope)
 
@@ -425,14 +426,9 @@ class Quota:
             return False
         latest = max(learnt, key=lambda b: b.updated).scope
         for b in learnt:
-            if b.scope != latest:
-                continue
             key = scoped_key(b.key.partition(SCOPE_MARK)[0], scope)
-            copy = Bucket(key, b.resource, b.limit, b.rate, now, learnt=True, scope=scope)
-            copy.level = b.limit * self.cap
-            copy.applied = -1  # borrowed: the scope's first reading replaces it
-            self._forget_stalest(now)
-            self.buckets[key] = copy
+            if b.scope == latest and self.seed(key, b.resource, b.limit, b.rate, now):
+                self.buckets[key].applied = -1  # borrowed: the scope's first reading replaces it
         return True
 
     def binding(self, cost: Cost, now: float) -> Bucket | None:
@@ -448,11 +444,12 @@ class Quota:
         if not (0 <= rate < math.inf):
             return False
         rate = max(rate, limit / MAX_WINDOW_S)
-        bucket = Bucket(key, resource, limit, rate, now, learnt=True, scope=scope_of(key))
+        scope = scope_of(key)
+        bucket = Bucket(key, resource, limit, rate, now, learnt=True, scope=scope)
         self._forget_stalest(now)
         bucket.level = limit * self.cap
         self.buckets[key] = bucket
-        self._wake_head(bucket.scope or "")
+        self._wake_head(scope)
         return True
 
     def finished(self, claim: Claim) -> None:
