@@ -82,7 +82,14 @@ sys.path.insert(0, str(ROOT))  # the members, their helpers and Redis are the fl
 
 from tests.conftest import http_stats  # noqa: E402
 from tests.fleet.conftest import RedisServer  # noqa: E402
-from tests.fleet.member import fairness, jobs, results, start  # noqa: E402
+from tests.fleet.member import (  # noqa: E402
+    fairness,
+    jobs,
+    member_env,
+    release,
+    results,
+    start,
+)
 
 WINDOW_S = 12.0
 QUOTA_RPM = 1_000_000
@@ -118,7 +125,7 @@ def other_members(
     """``n`` members on another client's limiter (a ``TT_ROWS`` row or ``litellm``), one
     budget in Redis for them all, started as ``start`` starts Gates'."""
     gates = per_process(n)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join((str(ROOT / "src"), str(ROOT)))}
+    env = member_env()
     if client == "litellm":
         # One budget: every member's deployment is the same, so are its counters' keys.
         args = [str(COMPAT_PYTHON), str(ROOT / "bench" / "litellm_member.py")]
@@ -141,19 +148,7 @@ def other_members(
         )
         for i in range(n // gates)
     ]
-    try:
-        for proc in procs:
-            assert proc.stdout is not None
-            assert proc.stdout.readline().strip() == "ready"
-        for proc in procs:
-            assert proc.stdin is not None
-            proc.stdin.write("go\n")
-            proc.stdin.flush()
-    except BaseException:
-        for proc in procs:
-            proc.kill()
-            proc.wait()
-        raise
+    release(procs)
     return results(procs, 600)
 
 

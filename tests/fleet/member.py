@@ -53,8 +53,7 @@ def start(
     for a minute or more) is not this one's.
     """
     name = name or f"fleet-e2e-{uuid.uuid4().hex[:8]}"
-    # The tree under test first (a worktree's, not the editable install's), then tests.
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join((str(ROOT / "src"), str(ROOT)))}
+    env = member_env()
     procs = []
     for i in range(members):
         args = [sys.executable, __file__, "--server", server_url, "--seed", str(i), *extra]
@@ -68,16 +67,33 @@ def start(
                 args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env
             )
         )
-    if not barrier:
-        return procs
-    for proc in procs:
-        assert proc.stdout is not None
-        assert proc.stdout.readline().strip() == "ready"
-    for proc in procs:
-        assert proc.stdin is not None
-        proc.stdin.write("go\n")
-        proc.stdin.flush()
+    if barrier:
+        release(procs)
     return procs
+
+
+def member_env() -> dict[str, str]:
+    """The environment of a member process: the tree under test first (a worktree's,
+    not the editable install's), then the tests."""
+    return {**os.environ, "PYTHONPATH": os.pathsep.join((str(ROOT / "src"), str(ROOT)))}
+
+
+def release(procs: Sequence[subprocess.Popen[str]]) -> None:
+    """Once every member has said ``ready``, tell them all to go; if one never does,
+    every member is killed before the error goes on."""
+    try:
+        for proc in procs:
+            assert proc.stdout is not None
+            assert proc.stdout.readline().strip() == "ready"
+        for proc in procs:
+            assert proc.stdin is not None
+            proc.stdin.write("go\n")
+            proc.stdin.flush()
+    except BaseException:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+        raise
 
 
 def results(procs: Sequence[subprocess.Popen[str]], timeout: float = 240.0) -> list[dict[str, Any]]:
