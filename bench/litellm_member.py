@@ -40,7 +40,7 @@ import asyncio
 import json
 import os
 import sys
-import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -54,7 +54,7 @@ litellm.suppress_debug_info = True
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # the members' jobs are the fleet tests'
 
-from tests.fleet.member import jobs  # noqa: E402
+from tests.fleet.member import fire, jobs  # noqa: E402
 
 MODEL = "gpt-4o"
 
@@ -96,46 +96,24 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         await r.cache.redis_cache.ping()
     print("ready", flush=True)
     await asyncio.to_thread(sys.stdin.readline)  # "go"
-    done: list[float] = []
-    errors: list[str] = []
-    start = time.monotonic()
-    started_at = time.time()
 
-    async def one(r: litellm.Router, text: str, max_tokens: int) -> None:
-        try:
-            await r.acompletion(
-                model=MODEL,
-                messages=[{"role": "user", "content": text}],
-                max_tokens=max_tokens,
-            )
-        except Exception as exc:  # reported, not raised: the bench reads them
-            errors.append(f"{type(exc).__name__}: {exc}"[:300])
-        else:
-            done.append(time.monotonic() - start)
+    def one(r: litellm.Router, text: str, max_tokens: int) -> Callable[[], Awaitable[Any]]:
+        return lambda: r.acompletion(
+            model=MODEL, messages=[{"role": "user", "content": text}], max_tokens=max_tokens
+        )
 
-    await asyncio.gather(
-        *(
+    report = await fire(
+        [
             one(r, *job)
             for g, r in enumerate(routers)
             for job in jobs(args.requests, args.seed * args.gates + g)
-        )
+        ]
     )
-    makespan = time.monotonic() - start
-    ended_at = time.time()
     for r in routers:
         r.discard()
         if r.cache.redis_cache is not None:
             await r.cache.redis_cache.disconnect()
-    return {
-        "ok": len(done),
-        "errors": errors[:5],
-        "failed": len(errors),
-        "done": sorted(done),
-        "makespan": makespan,
-        "started_at": started_at,
-        "ended_at": ended_at,
-        "fleet": None,
-    }
+    return {**report, "fleet": None}
 
 
 if __name__ == "__main__":

@@ -35,8 +35,8 @@ import json
 import logging
 import math
 import sys
-import time
 import warnings
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +47,7 @@ from token_throttle import PerModelConfig, Quota, RateLimiter, RedisBackendBuild
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # the members' jobs are the fleet tests'
 
-from tests.fleet.member import jobs  # noqa: E402
+from tests.fleet.member import fire, jobs  # noqa: E402
 
 MODEL = "gpt-4o"
 # Connections past the concurrent acquires: its locks, TIME and pipelines.
@@ -154,41 +154,24 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         await redis_client.ping()
     print("ready", flush=True)
     await asyncio.to_thread(sys.stdin.readline)  # "go"
-    done: list[float] = []
-    errors: list[str] = []
-    start = time.monotonic()
-    started_at = time.time()
 
-    async def one(limit: RateLimiter, client: openai.AsyncOpenAI, text: str, m: int) -> None:
-        try:
-            await throttled(limit, client, text, m, settle=args.settle)
-        except Exception as exc:  # reported, not raised: the bench reads them
-            errors.append(f"{type(exc).__name__}: {exc}")
-        else:
-            done.append(time.monotonic() - start)
+    def one(
+        limit: RateLimiter, client: openai.AsyncOpenAI, text: str, m: int
+    ) -> Callable[[], Awaitable[Any]]:
+        return lambda: throttled(limit, client, text, m, settle=args.settle)
 
-    await asyncio.gather(
-        *(
+    report = await fire(
+        [
             one(limit, client, *job)
             for g, ((limit, _), client) in enumerate(zip(made, clients, strict=True))
             for job in jobs(args.requests, args.seed * args.gates + g)
-        )
+        ]
     )
-    makespan = time.monotonic() - start
     for (limit, redis_client), client in zip(made, clients, strict=True):
         await client.close()
         await limit.aclose()
         await redis_client.aclose()
-    return {
-        "ok": len(done),
-        "errors": errors[:5],
-        "failed": len(errors),
-        "done": sorted(done),
-        "makespan": makespan,
-        "started_at": started_at,
-        "ended_at": time.time(),
-        "fleet": None,
-    }
+    return {**report, "fleet": None}
 
 
 if __name__ == "__main__":

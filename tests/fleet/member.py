@@ -26,7 +26,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -146,6 +146,35 @@ def jobs(requests: int, seed: int) -> list[tuple[str, int]]:
     return [("x" * rng.choice((20, 200, 800)), rng.choice((16, 64, 128))) for _ in range(requests)]
 
 
+async def fire(calls: Sequence[Callable[[], Awaitable[Any]]]) -> dict[str, Any]:
+    """Make every call at once: how many succeeded, the first errors, when each success
+    came (seconds after the start), the makespan, and the wall clock at the start and
+    the end (to compare members started apart). An error is reported, not raised."""
+    done: list[float] = []
+    errors: list[str] = []
+    start = time.monotonic()
+    started_at = time.time()
+
+    async def one(call: Callable[[], Awaitable[Any]]) -> None:
+        try:
+            await call()
+        except Exception as exc:
+            errors.append(f"{type(exc).__name__}: {exc}"[:300])
+        else:
+            done.append(time.monotonic() - start)
+
+    await asyncio.gather(*(one(call) for call in calls))
+    return {
+        "ok": len(done),
+        "errors": errors[:5],
+        "failed": len(errors),
+        "done": sorted(done),
+        "makespan": time.monotonic() - start,
+        "started_at": started_at,
+        "ended_at": time.time(),
+    }
+
+
 async def main(args: argparse.Namespace) -> dict[str, Any]:
     if args.delay_s:
         await asyncio.sleep(args.delay_s)
@@ -164,8 +193,6 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         yieldgate.openai_client(gate, base_url=f"{args.server}/v1", api_key="unused")
         for gate in gates
     ]
-    done: list[float] = []
-    errors: list[str] = []
     links = [gate._core.shared for gate in gates]
     if args.barrier:
         for gate, link in zip(gates, links, strict=True):
@@ -173,30 +200,22 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
                 await link.fleet.heartbeat(gate.name)
         print("ready", flush=True)
         await asyncio.to_thread(sys.stdin.readline)  # "go"
-    start = time.monotonic()
-    started_at = time.time()
+    extra_body = None if args.exec_ms is None else {"backend_params": {"exec_ms": args.exec_ms}}
 
-    async def one(client: Any, text: str, max_tokens: int) -> None:
-        try:
-            await client.chat.completions.create(
-                model="gpt-4o",
-                messages=[{"role": "user", "content": text}],
-                max_tokens=max_tokens,
-                extra_body={"backend_params": {"exec_ms": args.exec_ms}}
-                if args.exec_ms is not None
-                else None,
-            )
-        except Exception as exc:  # reported, not raised: the test reads them
-            errors.append(f"{type(exc).__name__}: {exc}")
-        else:
-            done.append(time.monotonic() - start)
+    def one(client: Any, text: str, max_tokens: int) -> Callable[[], Awaitable[Any]]:
+        return lambda: client.chat.completions.create(
+            model="gpt-4o",
+            messages=[{"role": "user", "content": text}],
+            max_tokens=max_tokens,
+            extra_body=extra_body,
+        )
 
-    await asyncio.gather(
-        *(
+    report = await fire(
+        [
             one(client, *job)
             for g, client in enumerate(clients)
             for job in jobs(args.requests, args.seed * args.gates + g)
-        )
+        ]
     )
     stats = [link.fleet.statistics() for link in links if link is not None]
     attempts = sum(gate.statistics().attempts for gate in gates)
@@ -205,13 +224,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         await client.close()
         await gate.aclose()
     return {
-        "ok": len(done),
-        "errors": errors[:5],
-        "failed": len(errors),
-        "done": sorted(done),
-        "makespan": time.monotonic() - start,
-        "started_at": started_at,  # the wall clock, to compare members started apart
-        "ended_at": time.time(),
+        **report,
         "attempts": attempts,
         "waited_s": waited_s,
         "fleet": None if not stats else {
