@@ -46,6 +46,25 @@ def openai_reply(remaining: int, limit: int = 1000, reset: str = "60s") -> httpx
     )
 
 
+async def _ok() -> str:
+    return "ok"
+
+
+async def waits_instead_of_sending(gate: Gate, cost: Cost, for_s: float = 1.0) -> bool:
+    """Whether a call of ``cost`` through ``gate`` is still waiting after ``for_s``,
+    never sent (it is cancelled then)."""
+    sent = 0
+
+    async def count() -> str:
+        nonlocal sent
+        sent += 1
+        return "ok"
+
+    with anyio.move_on_after(for_s) as scope:
+        await gate.call(count, cost=cost, classify=OPENAI)
+    return scope.cancelled_caught and sent == 0
+
+
 @pytest.fixture
 def gates(redis_server: RedisServer) -> Iterator[Any]:
     made: list[Gate] = []
@@ -100,19 +119,9 @@ async def test_a_member_with_no_answer_yet_paces_by_the_fleets_buckets(gates: An
         return openai_reply(0, limit=1000, reset="10s")
 
     await first.call(spent, cost=Cost(1, 100), classify=OPENAI)
-    sent = 0
-
-    async def count() -> str:
-        nonlocal sent
-        sent += 1
-        return "ok"
-
     # The second has had no answer: it knows the bucket from the fleet, not from a
     # response, and waits for the refill (500 tokens at 100 a second) instead of sending.
-    with anyio.move_on_after(1.0) as scope:
-        await second.call(count, cost=Cost(1, 500), classify=OPENAI)
-    assert scope.cancelled_caught
-    assert sent == 0
+    assert await waits_instead_of_sending(second, Cost(1, 500))
     bucket = second._core.upstreams[0].quota.buckets["openai:tokens"]
     assert (bucket.resource, bucket.limit, bucket.rate) == ("tokens", 1000, 100)
     window = second.statistics().window
@@ -170,17 +179,7 @@ async def test_a_probes_answer_half_written_is_not_paced_by(
         assert (await other.first(upstream, 60.0)).state == "mine"
         await other.observe(upstream, "openai:requests", limit=100, rate=1.0, remaining=99,
                             amount=0, seq=0, resource="requests")  # fmt: skip
-        sent = 0
-
-        async def count() -> str:
-            nonlocal sent
-            sent += 1
-            return "ok"
-
-        with anyio.move_on_after(1.0) as scope:
-            await member.call(count, cost=Cost(1, 500), classify=OPENAI)
-        assert scope.cancelled_caught
-        assert sent == 0
+        assert await waits_instead_of_sending(member, Cost(1, 500))
         assert member._core.upstreams[0].quota.buckets == {}
         # The probe's answer, all of it: the member paces by both buckets, and goes.
         shapes = {
@@ -188,8 +187,7 @@ async def test_a_probes_answer_half_written_is_not_paced_by(
             "openai:tokens": ("tokens", 1000.0, 100.0),
         }
         assert await other.probed(upstream, shapes, 60.0)
-        await member.call(count, cost=Cost(1, 500), classify=OPENAI)
-        assert sent == 1
+        assert await member.call(lambda: _ok(), cost=Cost(1, 500), classify=OPENAI) == "ok"
         assert set(member._core.upstreams[0].quota.buckets) == set(shapes)
 
 
@@ -247,18 +245,8 @@ async def test_a_model_new_to_a_member_paces_by_what_the_fleet_learnt_of_it(
     await second.call(lambda: answer(900), cost=Cost(1, 10, scope="a"), classify=OPENAI)
     # ... the first has spent model b's.
     await first.call(lambda: answer(0), cost=Cost(1, 100, scope="b"), classify=OPENAI)
-    sent = 0
-
-    async def count() -> str:
-        nonlocal sent
-        sent += 1
-        return "ok"
-
     # The second's first model-b call waits for b's refill instead of sending blind.
-    with anyio.move_on_after(1.0) as scope:
-        await second.call(count, cost=Cost(1, 500, scope="b"), classify=OPENAI)
-    assert scope.cancelled_caught
-    assert sent == 0
+    assert await waits_instead_of_sending(second, Cost(1, 500, scope="b"))
     assert "openai:tokens@b" in second._core.upstreams[0].quota.buckets
 
 

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import time
 
-import anyio
 import httpx
 import pytest
 
 from tests.fleet.conftest import Either, RedisServer
 from tests.fleet.test_fleet import OPERATIONS, UP
+from tests.fleet.test_gate_shared import waits_instead_of_sending
 from yieldgate import Cost, FleetPolicy, Gate, GatePolicy
 from yieldgate.dialects import OPENAI
 from yieldgate.fleet import Fleet
@@ -46,21 +46,11 @@ async def test_two_gates_pace_one_quota_on_valkey(valkey_server: RedisServer) ->
         }
         return httpx.Response(200, json={}, headers=headers)
 
-    sent = 0
-
-    async def count() -> str:
-        nonlocal sent
-        sent += 1
-        return "ok"
-
     try:
         await first.call(spent, cost=Cost(1, 100), classify=OPENAI)
         # The second has had no answer: it paces by the fleet's bucket, kept in Valkey,
         # and waits for the refill instead of sending.
-        with anyio.move_on_after(1.0) as scope:
-            await second.call(count, cost=Cost(1, 500), classify=OPENAI)
-        assert scope.cancelled_caught
-        assert sent == 0
+        assert await waits_instead_of_sending(second, Cost(1, 500))
     finally:
         await first.aclose()
         await second.aclose()
