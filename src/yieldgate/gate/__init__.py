@@ -23,13 +23,13 @@ from yieldgate.gate._policy import (
     USE_POLICY,
     FleetPolicy,
     GatePolicy,
-    GateStatistics,
     QuotaPolicy,
     UsePolicy,
 )
 from yieldgate.gate._quota import Cost, QuotaReading
 from yieldgate.gate._ratecap import RatePolicy
 from yieldgate.gate._retry import RetryPolicy, TimeoutPolicy
+from yieldgate.gate._statistics import GateStatistics
 from yieldgate.gate._telemetry import (
     AttemptDetails,
     BreakerChange,

@@ -36,15 +36,25 @@ class AttemptInfo:
     """
 
     gate: str
+    """The name of the Gate running the attempt."""
     number: int
+    """The attempt's number within its call, from 1."""
     priority: Priority
+    """The call's priority."""
     deadline: float | None
+    """When the attempt must end, on ``clock`` (its timeout or the call's); ``None``: never."""
     upstream: str | None = None
+    """The upstream it was sent to, by name; ``None`` for a Gate without upstreams."""
     target: Any = None
+    """What was registered for that upstream (a URL, a client); ``None`` without upstreams."""
     hedging: bool = False
+    """Whether the call may run several attempts at once (a ``HedgePolicy`` is set)."""
     call_deadline: float | None = None
+    """When the whole call must end, on ``clock``; ``None``: no total timeout."""
     clock: Callable[[], float] = field(default=time.monotonic, repr=False, compare=False)
+    """The Gate's clock, which the deadlines are read on (``time.monotonic`` by default)."""
     attempt: Attempt | None = field(default=None, repr=False, compare=False)
+    """The Gate's own record of the attempt, which the ``report_*`` methods reach."""
 
     def report_usage(self, used: Cost) -> None:
         """Report what this attempt really used (its response's ``usage``), so that

@@ -44,10 +44,11 @@ from typing import Any, Final
 from yieldgate.gate._breaker import Breaker, BreakerState
 from yieldgate.gate._budget import RetryBudget
 from yieldgate.gate._outcome import Classifier
-from yieldgate.gate._policy import Counters, GatePolicy, GateStatistics
+from yieldgate.gate._policy import GatePolicy
 from yieldgate.gate._quota import Quota
 from yieldgate.gate._ratecap import RateCap
 from yieldgate.gate._shared import Shared
+from yieldgate.gate._statistics import Counters, GateStatistics
 from yieldgate.gate._telemetry import BreakerChange, Instrumentation, WindowChange
 from yieldgate.gate._upstream import LatencyTracker, Upstream
 from yieldgate.gate._window import Permit, Signal, Window, WindowStatistics

@@ -34,8 +34,9 @@ from yieldgate.gate._gate_async import AsyncCalls
 from yieldgate.gate._gate_sync import SyncCalls
 from yieldgate.gate._lease import Lease
 from yieldgate.gate._outcome import Classifier, default_classify
-from yieldgate.gate._policy import USE_POLICY, GatePolicy, GateStatistics
+from yieldgate.gate._policy import USE_POLICY, GatePolicy
 from yieldgate.gate._shared import Shared
+from yieldgate.gate._statistics import GateStatistics
 from yieldgate.gate._telemetry import Instrumentation
 from yieldgate.gate._telemetry import OtelInstrumentation as _Otel
 from yieldgate.protocol import Priority

@@ -62,9 +62,14 @@ class Lease:
 
     @property
     def released(self) -> bool:
+        """Whether the slot has been given back (by ``release``, or as it lapsed)."""
         return self._held is None or self._held.released
 
     def release(self, outcome: Signal = Signal.SUCCESS) -> None:
+        """Give the slot back, telling the window how the work that followed went.
+
+        Only the first release counts; later ones do nothing.
+        """
         held = self._held
         if held is None:
             return

@@ -54,10 +54,15 @@ class Signal(StrEnum):
     """How an attempt ended, as far as the window cares."""
 
     SUCCESS = "success"
-    REFUSED = "refused"  # a yield: refused before any work was done
+    """The work went well: the window may grow."""
+    REFUSED = "refused"
+    """A yield, refused before any work was done: the limit sheds exactly one slot."""
     CONGESTION = "congestion"
+    """An overload or an attempt timeout: the limit is cut by ``decrease``, once a window."""
     FAILURE = "failure"
+    """A failure that says nothing about load: the limit stays."""
     CANCELLED = "cancelled"
+    """The attempt was cancelled (a hedge's loser, a caller gone): the limit stays."""
 
 
 class Limit:

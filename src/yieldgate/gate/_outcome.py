@@ -72,11 +72,18 @@ def sanitize_hint_s(value: object, *, unit_s: float = 1.0) -> float | None:
 
 
 class OutcomeKind(StrEnum):
+    """The five things an attempt can come to (the module docstring says what each does)."""
+
     OK = "ok"
+    """Done: the call returns the value."""
     YIELD = "yield"
+    """Declined before any work, with a hint: congestion, never a failure."""
     OVERLOADED = "overloaded"
+    """Shed (an HTTP 503 and kin): congestion that may have cost the upstream work."""
     RETRYABLE = "retryable"
+    """A failure that may pass on another attempt: counts against the breaker."""
     FATAL = "fatal"
+    """A failure another attempt will not fix (a 400, bad auth): raised at once."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,6 +196,7 @@ class OutcomeSignal(Exception):
     def __init__(self, outcome: Outcome) -> None:
         super().__init__(outcome.describe())
         self.outcome = outcome
+        """The inner call's Outcome, for the outer attempt's classifier."""
 
 
 Classifier = Callable[[Any, BaseException | None], Outcome]

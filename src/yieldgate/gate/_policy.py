@@ -1,4 +1,4 @@
-"""The policies: what a Gate is told to do, and what it reports.
+"""The policies: what a Gate is told to do (what it reports is in ``_statistics``).
 
 Every knob is a field of a frozen dataclass, checked when it is built, so a
 bad setting fails at start-up with a clear message, never mid-burst. One
@@ -19,20 +19,16 @@ __all__ = [
     "DEFAULT_INITIAL",
     "USE_POLICY",
     "BreakerPolicy",
-    "Counters",
     "FleetPolicy",
     "GatePolicy",
-    "GateStatistics",
     "HedgePolicy",
     "QuotaPolicy",
     "RatePolicy",
     "RetryBudgetPolicy",
     "RetryPolicy",
     "TimeoutPolicy",
-    "UpstreamStatistics",
     "UsePolicy",
     "WindowPolicy",
-    "WindowStatistics",
 ]
 
 
@@ -63,10 +59,15 @@ class WindowPolicy:
     """
 
     initial: int | None = None
+    """The limit slow start begins at (default: 8, or ``max`` if lower)."""
     min: int = 1
+    """The floor a decrease stops at (default: 1)."""
     max: int = 64
+    """The hard ceiling on attempts in flight; nothing passes it (default: 64)."""
     increase: float = 1.0
+    """Past slow start, each success adds ``increase / limit`` (default: 1.0)."""
     decrease: float = 0.7
+    """An overload or attempt timeout multiplies the limit by this, once a window (0.7)."""
 
     def __post_init__(self) -> None:
         if self.min < 1:
@@ -104,14 +105,23 @@ class RetryPolicy:
     """
 
     max_attempts: int = 4
+    """Attempts not ended by congestion; one more failure raises ``RetriesExhaustedError``."""
     max_yields: int = 64
+    """Waits on yields and overloads; one more raises ``YieldExhaustedError`` (default: 64)."""
     base_s: float = 0.1
+    """The first backoff step, in seconds, when there is no hint (default: 0.1)."""
     multiplier: float = 2.0
+    """Each backoff step is this times the one before (default: 2.0)."""
     max_backoff_s: float = 10.0
+    """The largest backoff step, in seconds (default: 10.0)."""
     hint_jitter: float = 0.5
+    """A hint ``h`` becomes a wait drawn from ``[h, h * (1 + hint_jitter)]`` (default: 0.5)."""
     max_hint_s: float = 120.0
+    """Hints above this many seconds are clamped to it (default: 120.0)."""
     honour_hints: bool = True
+    """Wait on the upstream's hint; ``False``: always back off exponentially."""
     share_hints: bool = True
+    """A hint holds back every attempt at that priority and below, not only its call's."""
 
     def __post_init__(self) -> None:
         if self.max_attempts < 1:
@@ -142,7 +152,9 @@ class TimeoutPolicy:
     """Per-attempt and total time limits in seconds (``None``: no limit)."""
 
     attempt_s: float | None = 60.0
+    """One attempt's limit in seconds, past which it is ``retryable`` (default: 60.0)."""
     total_s: float | None = 300.0
+    """The whole call's limit, waits included: ``DeadlineExceededError`` (default: 300.0)."""
 
     def __post_init__(self) -> None:
         for name in ("attempt_s", "total_s"):
@@ -156,8 +168,11 @@ class RetryBudgetPolicy:
     """Retries allowed per request over a sliding window."""
 
     ratio: float = 0.2
+    """Retries allowed per call that sent an attempt, over the window (default: 0.2)."""
     min_per_s: float = 1.0
+    """A floor of retries per second, so that a quiet client can still retry (default: 1.0)."""
     window_s: float = 10.0
+    """The sliding window, in seconds, kept in ten buckets (default: 10.0)."""
 
     def __post_init__(self) -> None:
         if not (self.ratio >= 0 and math.isfinite(self.ratio)):
@@ -182,9 +197,13 @@ class BreakerPolicy:
     """
 
     fail_max: int = 5
+    """Consecutive failures (attempt timeouts included) that open the breaker (default: 5)."""
     reset_timeout_s: float = 10.0
+    """Seconds it stays open before one half-open probe goes through (default: 10.0)."""
     success_threshold: int = 1
+    """Successful probes in a row that close it (default: 1)."""
     enabled: bool = True
+    """``False``: the breaker never opens."""
 
     def __post_init__(self) -> None:
         if self.fail_max < 1:
@@ -196,6 +215,7 @@ class BreakerPolicy:
 
     @classmethod
     def disabled(cls) -> BreakerPolicy:
+        """A breaker that never opens: for an upstream whose health is watched elsewhere."""
         return cls(enabled=False)
 
 
@@ -208,9 +228,13 @@ class RatePolicy:
     """
 
     per_s: float
+    """At most this many attempt starts per second, retries included (required)."""
     burst: int = 1
+    """Starts allowed back to back (default: 1)."""
     ramp_from_per_s: float | None = None
+    """The rate a ramp starts from; ``None``: ``min(1, per_s)``."""
     ramp_s: float = 0.0
+    """Seconds to ramp linearly up to ``per_s``; 0 (the default): no ramp."""
 
     def __post_init__(self) -> None:
         if not (self.per_s > 0 and math.isfinite(self.per_s)):
@@ -254,13 +278,21 @@ class QuotaPolicy:
     """
 
     learn: bool = True
+    """Read each upstream's quota from its rate-limit headers and pace by it (default)."""
     requests_per_minute: float | None = None
+    """A request budget of the caller's own, per upstream; ``None``: none."""
     tokens_per_minute: float | None = None
+    """A token budget of the caller's own, per upstream; ``None``: none."""
     default_output_tokens: int = 256
+    """The output charged to a request that sets no ``max_tokens`` (256)."""
     count_tokens: Callable[[str], int] | None = None
+    """``count_tokens(text) -> int`` for prompts; ``None``: one token per 4 characters."""
     per_model: bool = True
+    """Keep the learnt quota per model and Azure deployment; ``False``: per upstream."""
     borrow: bool = False
+    """Pace a model not yet described by a copy of the quota of the model read last."""
     settle: Literal["usage", "estimate"] = "usage"
+    """``"usage"``: budgets settle to each response's ``usage``; ``"estimate"``: not."""
 
     def __post_init__(self) -> None:
         for name in ("requests_per_minute", "tokens_per_minute"):
@@ -313,12 +345,19 @@ class FleetPolicy:
     """
 
     inflight_cap: int | None = None
+    """A fleet-wide cap on attempts in flight per upstream; ``None``: no cap."""
     budget_s: float = 0.05
+    """The longest a Redis operation may take, in seconds; past it, alone (0.05)."""
     lease_ttl_s: float = 60.0
+    """Seconds a lease (or membership) lives unrenewed; above your longest attempt."""
     prefix: str = "yieldgate"
+    """The first part of every Redis key, one per application (default: ``"yieldgate"``)."""
     poll_s: float = 0.02
+    """Mean pause, in seconds, before asking again for an in-flight slot (default: 0.02)."""
     first_reading_s: float = 5.0
+    """How long calls wait for one member's probe of the quota (default: 5.0)."""
     fail_open: bool = False
+    """On refused credentials or commands, go on alone instead of raising."""
 
     def __post_init__(self) -> None:
         if self.inflight_cap is not None and self.inflight_cap < 1:
@@ -346,12 +385,19 @@ class HedgePolicy:
     """
 
     max_hedges: int = 1
+    """Extra attempts at most per round of attempts (default: 1)."""
     delay_s: float | None = None
+    """A fixed delay before each hedge, in seconds; ``None``: by ``quantile``."""
     quantile: float = 0.95
+    """The delay's quantile of recent successful latencies (default: 0.95)."""
     initial_delay_s: float = 1.0
+    """The delay, in seconds, until ``min_samples`` have been seen (default: 1.0)."""
     min_delay_s: float = 0.01
+    """The least delay, in seconds, whatever the quantile says (default: 0.01)."""
     min_samples: int = 20
+    """Latencies needed before the quantile is used (default: 20)."""
     samples: int = 200
+    """How many recent latencies are kept (default: 200)."""
 
     def __post_init__(self) -> None:
         if self.max_hedges < 1:
@@ -386,14 +432,23 @@ class GatePolicy:
     """
 
     window: WindowPolicy = field(default_factory=WindowPolicy)
+    """The adaptive concurrency window."""
     retry: RetryPolicy = field(default_factory=RetryPolicy)
+    """Attempt caps and the waits between attempts."""
     budget: RetryBudgetPolicy = field(default_factory=RetryBudgetPolicy)
+    """Retries as a share of recent calls, for the whole Gate."""
     breaker: BreakerPolicy = field(default_factory=BreakerPolicy)
+    """The circuit breaker."""
     timeout: TimeoutPolicy = field(default_factory=TimeoutPolicy)
+    """The attempt timeout and the call's total time."""
     rate: RatePolicy | None = None
+    """A cap on attempt starts per second; ``None`` (the default): no cap."""
     hedge: HedgePolicy | None = None
+    """Extra attempts for a call slow to answer; ``None`` (the default): no hedging."""
     quota: QuotaPolicy = field(default_factory=QuotaPolicy)
+    """Pacing by a provider's request and token quota, learnt from its headers."""
     fleet: FleetPolicy = field(default_factory=FleetPolicy)
+    """How a Gate built with ``shared=`` uses Redis."""
 
     @classmethod
     def cold_start(cls, *, max_concurrency: int = 16, per_s: float | None = None) -> GatePolicy:
@@ -424,77 +479,3 @@ class GatePolicy:
             retry=RetryPolicy(max_attempts=6, max_yields=1000, max_backoff_s=30.0),
             timeout=TimeoutPolicy(attempt_s=300.0, total_s=3600.0),
         )
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class WindowStatistics:
-    """A snapshot of the window."""
-
-    limit: int
-    inflight: int
-    waiting: int
-    slow_start: bool
-    increases: int
-    decreases: int
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class UpstreamStatistics:
-    """A snapshot of one upstream of a Gate."""
-
-    name: str
-    window: WindowStatistics
-    breaker: str
-    attempts: int
-    successes: int
-    yields: int
-    failures: int
-    latency_ewma_s: float | None
-    hold_s: float
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class GateStatistics:
-    """A snapshot of one Gate."""
-
-    name: str
-    window: WindowStatistics
-    breaker: str
-    breaker_failures: int
-    retry_allowance: float
-    calls: int
-    calls_ok: int
-    calls_failed: int
-    attempts: int
-    yields: int
-    overloads: int
-    failures: int
-    retries: int
-    waited_s: float
-    rejected_open: int
-    rate_per_s: float | None
-    hedges: int = 0
-    hedge_wins: int = 0
-    hedges_denied: int = 0
-    losers_cancelled: int = 0
-    upstreams: tuple[UpstreamStatistics, ...] = ()
-
-
-@dataclass
-class Counters:
-    """The Gate's running totals (read by ``statistics``)."""
-
-    calls: int = 0
-    calls_ok: int = 0
-    calls_failed: int = 0
-    attempts: int = 0
-    yields: int = 0
-    overloads: int = 0
-    failures: int = 0
-    retries: int = 0
-    waited_s: float = 0.0
-    rejected_open: int = 0
-    hedges: int = 0
-    hedge_wins: int = 0
-    hedges_denied: int = 0
-    losers_cancelled: int = 0

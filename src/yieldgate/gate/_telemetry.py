@@ -54,11 +54,17 @@ class AttemptDetails:
     """One attempt, after it ended."""
 
     gate: str
+    """The Gate's name."""
     attempt: int
+    """The attempt's number within its call, from 1."""
     outcome: OutcomeKind
+    """What the attempt came to."""
     reason: str | None
+    """The outcome's reason (a yield's ``saturated``, ``cold_start``...), if it gave one."""
     hint_s: float | None
+    """The upstream's retry hint, in seconds, if it sent one."""
     duration_s: float
+    """Seconds from the attempt's start to its outcome."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -66,10 +72,15 @@ class WaitDetails:
     """A wait before the next attempt."""
 
     gate: str
+    """The Gate's name."""
     next_attempt: int
+    """The number of the attempt the wait comes before."""
     wait_s: float
+    """How long the Gate waits, in seconds (jitter included)."""
     cause: OutcomeKind
+    """The outcome that led to the wait: a yield, an overload or a retryable failure."""
     hint_s: float | None
+    """The hint the wait follows, in seconds; ``None``: an exponential backoff."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -77,24 +88,39 @@ class CallDetails:
     """A whole call, after it ended. ``outcome`` is ``ok`` or the error's class name."""
 
     gate: str
+    """The Gate's name."""
     priority: str
+    """The call's priority (``high``, ``normal`` or ``low``)."""
     attempts: int
+    """Attempts the call made, hedges included."""
     outcome: str
+    """``ok``, or the class name of the error the call raised."""
     duration_s: float
+    """Seconds from the call's start to its end, waits included."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class BreakerChange:
+    """A breaker's change of state (for a Gate over several upstreams, one upstream's)."""
+
     gate: str
+    """The Gate's name."""
     old: str
+    """The state before: ``closed``, ``open`` or ``half-open``."""
     new: str
+    """The state after."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class WindowChange:
+    """A change of the window's limit, after a success grew it or congestion shrank it."""
+
     gate: str
+    """The Gate's name."""
     old: int
+    """The limit before."""
     new: int
+    """The limit after."""
 
 
 @contextlib.contextmanager
@@ -141,11 +167,17 @@ class CallObserver(Protocol):
         """Entered around the call, e.g. to make its span current."""
         ...
 
-    def on_attempt(self, details: AttemptDetails) -> None: ...
+    def on_attempt(self, details: AttemptDetails) -> None:
+        """Called after each attempt ends, with what it came to."""
+        ...
 
-    def on_wait(self, details: WaitDetails) -> None: ...
+    def on_wait(self, details: WaitDetails) -> None:
+        """Called as the Gate starts waiting before another attempt."""
+        ...
 
-    def on_end(self, details: CallDetails) -> None: ...
+    def on_end(self, details: CallDetails) -> None:
+        """Called once, when the call returns or raises."""
+        ...
 
 
 class Instrumentation(Protocol):
@@ -158,11 +190,17 @@ class Instrumentation(Protocol):
     ``yieldgate``), and a ``start_call`` that raises leaves its call unobserved.
     """
 
-    def start_call(self, gate: str, priority: str) -> CallObserver: ...
+    def start_call(self, gate: str, priority: str) -> CallObserver:
+        """Called as a call starts; returns the observer that hears about that call."""
+        ...
 
-    def on_breaker_change(self, details: BreakerChange) -> None: ...
+    def on_breaker_change(self, details: BreakerChange) -> None:
+        """Called after a breaker changed state."""
+        ...
 
-    def on_window_change(self, details: WindowChange) -> None: ...
+    def on_window_change(self, details: WindowChange) -> None:
+        """Called after the window's limit changed."""
+        ...
 
 
 class _NullObserver:
@@ -189,13 +227,14 @@ class NullInstrumentation:
     """Reports nowhere."""
 
     def start_call(self, gate: str, priority: str) -> CallObserver:
+        """An observer that hears nothing: the Gate then builds no details at all."""
         return NULL_OBSERVER
 
     def on_breaker_change(self, details: BreakerChange) -> None:
-        pass
+        """Ignores the change."""
 
     def on_window_change(self, details: WindowChange) -> None:
-        pass
+        """Ignores the change."""
 
 
 class _OtelObserver:
@@ -298,18 +337,26 @@ class OtelInstrumentation:
         self._tracer = trace.get_tracer("yieldgate", __version__, tracer_provider=tracer_provider)
         meter = metrics.get_meter("yieldgate", __version__, meter_provider=meter_provider)
         self.attempts = meter.create_counter("yieldgate.attempts", "{attempt}", "Attempts made")
+        """The ``yieldgate.attempts`` counter: attempts, by ``outcome``."""
         self.yields = meter.create_counter("yieldgate.yields", "{yield}", "Yield outcomes")
+        """The ``yieldgate.yields`` counter: yield outcomes, by ``reason``."""
         self.retries = meter.create_counter(
             "yieldgate.retries", "{retry}", "Waits before another attempt"
         )
+        """The ``yieldgate.retries`` counter: waits before another attempt, by ``cause``."""
         self.waits = meter.create_histogram("yieldgate.wait.duration", "s", "Wait before retrying")
+        """The ``yieldgate.wait.duration`` histogram: seconds waited before retrying."""
         self.calls = meter.create_histogram("yieldgate.call.duration", "s", "Duration of calls")
+        """The ``yieldgate.call.duration`` histogram: seconds per call, by ``outcome``."""
         self.transitions = meter.create_counter(
             "yieldgate.breaker.transitions", "{transition}", "Circuit breaker state changes"
         )
+        """The ``yieldgate.breaker.transitions`` counter: breaker changes, by ``to``."""
         self.window = meter.create_gauge("yieldgate.window.limit", "{slot}", "Window limit")
+        """The ``yieldgate.window.limit`` gauge: the window's current limit."""
 
     def start_call(self, gate: str, priority: str) -> CallObserver:
+        """Opens the call's ``yieldgate.call`` span (when a tracing SDK records it)."""
         tracing, metering = self._liveness()
         if tracing:
             span = self._tracer.start_span(
@@ -352,7 +399,9 @@ class OtelInstrumentation:
         )
 
     def on_breaker_change(self, d: BreakerChange) -> None:
+        """Counts the change on ``yieldgate.breaker.transitions``."""
         self.transitions.add(1, {"yieldgate.gate": d.gate, "from": d.old, "to": d.new})
 
     def on_window_change(self, d: WindowChange) -> None:
+        """Sets the ``yieldgate.window.limit`` gauge."""
         self.window.set(d.new, {"yieldgate.gate": d.gate})

@@ -15,8 +15,8 @@ from typing import Any
 from yieldgate._exceptions import CircuitOpenError
 from yieldgate._stats import percentile
 from yieldgate.gate._breaker import Breaker
-from yieldgate.gate._policy import UpstreamStatistics
 from yieldgate.gate._quota import Quota
+from yieldgate.gate._statistics import UpstreamStatistics
 from yieldgate.gate._window import Window
 from yieldgate.protocol import Priority
 

@@ -40,7 +40,8 @@ from collections.abc import Callable
 from typing import Final, Protocol
 
 from yieldgate.gate._limit import Limit, Signal
-from yieldgate.gate._policy import WindowPolicy, WindowStatistics
+from yieldgate.gate._policy import WindowPolicy
+from yieldgate.gate._statistics import WindowStatistics
 from yieldgate.protocol import Priority
 
 __all__ = [
