@@ -6,18 +6,22 @@ PY := $(VENV)/bin/python
 TORCH := torch==2.13.0
 STAMP := $(VENV)/.installed
 
-.PHONY: venv demo test lint typecheck docs pytest compat tt bench clean
+.PHONY: venv demo test lint typecheck docs docs-serve pytest compat tt bench clean
 
 venv: $(STAMP)
 
+# Every published extra, and the development groups of pyproject.toml (pip 25.1
+# reads dependency groups; the venv's own pip may be older).
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --disable-pip-version-check "$(TORCH)" -e ".[dev,server,burst,harness,docs]"
+	$(PY) -m pip install --quiet --disable-pip-version-check "pip>=25.1"
+	$(PY) -m pip install --quiet --disable-pip-version-check "$(TORCH)" -e ".[server,burst,harness,fleet,httpx2]" --group dev --group docs
 	touch $(STAMP)
 
 # The burst comparison against the disaggregated harness; the seed scenario is
 # `.venv/bin/yieldgate demo --seed-scenario`.
 demo: $(STAMP)
+	mkdir -p build
 	$(VENV)/bin/yieldgate demo --plot build/demo-plot.png --json build/demo.json
 
 lint: $(STAMP)
@@ -32,6 +36,12 @@ typecheck: $(STAMP)
 # NO_MKDOCS_2_WARNING silences mkdocs-material's banner about its successor.
 docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir build/site
+
+# The site, live on http://127.0.0.1:8008 and rebuilt on every save. (The built
+# site in build/site wants a web server too: its links end in /, which a browser
+# opening the files from disk does not resolve to index.html.)
+docs-serve: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs serve --dev-addr 127.0.0.1:8008
 
 pytest: $(STAMP)
 	$(PY) -m pytest

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -102,16 +103,35 @@ def test_the_top_level_names_are_the_modules_own() -> None:
 
 
 def test_importing_yieldgate_pulls_in_no_extra() -> None:
+    # Every one of them is installed here (the dev environment has every extra), so
+    # each could be imported: redis and opentelemetry-sdk by pybreaker, as it once was.
+    heavy = [
+        "torch", "starlette", "uvicorn", "rich", "matplotlib", "prometheus_client", "httpx",
+        "httpx2", "openai", "huggingface_hub", "redis", "opentelemetry.sdk", "yieldgate.burst",
+    ]  # fmt: skip
+    assert all(importlib.util.find_spec(name) is not None for name in heavy)
     code = (
         "import sys, yieldgate, yieldgate.protocol, yieldgate.server; "
-        "heavy = {'torch', 'starlette', 'uvicorn', 'rich', 'matplotlib', 'prometheus_client', "
-        "'httpx', 'httpx2', 'openai', 'huggingface_hub', 'yieldgate.burst'}; "
-        "print(sorted(heavy & set(sys.modules)))"
+        "yieldgate.Gate(name='built').call_sync(lambda: 1); "
+        f"print(sorted(set({heavy!r}) & set(sys.modules)))"
     )
     result = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     )
     assert result.stdout.strip() == "[]"
+
+
+def test_a_callers_own_pybreaker_keeps_its_redis_support() -> None:
+    # The Gate's breaker imports pybreaker with redis refused; a caller importing
+    # pybreaker afterwards for its CircuitRedisStorage must still get the whole module.
+    code = (
+        "import yieldgate, yieldgate.gate, sys; yieldgate.Gate(); "
+        "import pybreaker; print(pybreaker.HAS_REDIS_SUPPORT, 'redis' in sys.modules)"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    )
+    assert result.stdout.split() == ["True", "True"]
 
 
 def test_the_protocol_module_needs_nothing_but_the_standard_library_and_its_errors() -> None:

@@ -17,8 +17,6 @@ starlette, uvicorn, rich) nor an HTTP library (httpx, httpx2) nor an official
 client: each is imported when first used.
 """
 
-from importlib import metadata as _metadata
-
 from yieldgate._exceptions import (
     AttemptTimeoutError,
     BlockingCallError,
@@ -37,6 +35,7 @@ from yieldgate._exceptions import (
     YieldExhaustedError,
     YieldgateError,
 )
+from yieldgate._version import __version__
 from yieldgate.gate import (
     BreakerPolicy,
     Cost,
@@ -63,11 +62,6 @@ from yieldgate.transports import (
     huggingface_clients,
     openai_client,
 )
-
-try:
-    __version__ = _metadata.version("yieldgate")
-except _metadata.PackageNotFoundError:  # pragma: no cover - running from a source tree
-    __version__ = "0.0.0"
 
 __all__ = [
     "AttemptTimeoutError",

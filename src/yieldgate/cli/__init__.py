@@ -10,6 +10,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+from yieldgate._version import __version__
 from yieldgate.cli._common import CliError
 
 __all__ = ["main"]
@@ -21,6 +22,9 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="yieldgate",
         description="Client-side backpressure for inference endpoints, and its reference server.",
+    )
+    parser.add_argument(
+        "--version", action="version", version=f"%(prog)s {__version__}", help="print the version"
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _serve.add_parser(sub)

@@ -27,8 +27,8 @@ and adds what asyncio needs:
   The breaker only keeps their ``wake`` callbacks; the drivers wait.
 
 Everything else is pybreaker's own: its state machine and listeners, its
-counters, and its storage (``state_storage``, shared by a fleet through
-``CircuitRedisStorage``). Failures reach it as the attempt's real exception
+counters, and its storage (``state_storage``; a fleet's is a record of its own,
+in Redis). Failures reach it as the attempt's real exception
 (``AttemptFailure`` when the attempt ended without one), through its own
 ``call``.
 """
@@ -38,12 +38,16 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable
 from enum import StrEnum
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
-import pybreaker
-
+from yieldgate import _pybreaker
 from yieldgate._exceptions import CircuitOpenError
 from yieldgate.gate._policy import BreakerPolicy
+
+if TYPE_CHECKING:
+    import pybreaker
+else:  # without the redis client pybreaker would import for nothing (see _pybreaker)
+    pybreaker = _pybreaker.load()
 
 __all__ = [
     "AttemptFailure",
@@ -56,9 +60,15 @@ __all__ = [
 
 
 class BreakerState(StrEnum):
+    """The states of a Gate's circuit breaker (as ``GateStatistics.breaker`` reports them)."""
+
     CLOSED = "closed"
+    """Attempts go through; consecutive failures are counted."""
     OPEN = "open"
+    """Calls fail at once with ``CircuitOpenError`` until ``reset_timeout_s`` has passed."""
     HALF_OPEN = "half-open"
+    """One probe at a time goes through: ``success_threshold`` successes close it, a failure
+    opens it again."""
 
 
 class Verdict(StrEnum):
