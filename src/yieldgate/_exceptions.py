@@ -100,9 +100,13 @@ class YieldgateError(Exception):
     ) -> None:
         super().__init__(message)
         self.message = message
+        """What went wrong, in words (also ``str(error)``)."""
         self.attempts = attempts
+        """How many attempts the call made (0 if none)."""
         self.last_hint_s = last_hint_s
+        """The last retry hint the upstream gave, in seconds (``None``: none)."""
         self.last_outcome = last_outcome
+        """The Outcome of the call's last attempt, when there was one."""
 
     def __reduce__(self) -> tuple[Any, ...]:
         # The default would call ``type(self)(*self.args)``, which subclasses
@@ -159,8 +163,11 @@ class RequestTooLargeError(CallFailedError):
     ) -> None:
         super().__init__(message, **kw)
         self.resource = resource
+        """What the request would overspend: ``tokens``, ``requests``..."""
         self.cost = cost
+        """The request's cost in that resource."""
         self.limit = limit
+        """The whole quota of that resource."""
 
 
 class GaveUpError(YieldgateError):
@@ -196,6 +203,7 @@ class CircuitOpenError(GaveUpError):
     def __init__(self, message: str, *, retry_after_s: float | None = None, **kw: Any) -> None:
         super().__init__(message, **kw)
         self.retry_after_s = retry_after_s
+        """Seconds until the breaker lets a probe through (``None``: a probe is out)."""
 
 
 class DeadlineExceededError(GaveUpError, TimeoutError):
@@ -231,6 +239,7 @@ class StreamInterruptedError(YieldgateError):
     def __init__(self, message: str, *, chunks: list[Any], **kw: Any) -> None:
         super().__init__(message, **kw)
         self.chunks = chunks
+        """What arrived before the failure: chunks' ``data``, or raw body bytes for HTTP."""
 
 
 class RemoteError(YieldgateError):
@@ -243,7 +252,9 @@ class RemoteError(YieldgateError):
     def __init__(self, message: str, *, code: str, retryable: bool, **kw: Any) -> None:
         super().__init__(message, **kw)
         self.code = code
+        """The error code the server sent (``http_<status>`` for an HTTP status)."""
         self.retryable = retryable
+        """Whether the server said that another attempt may succeed."""
 
 
 class ResponseFormatError(YieldgateError):
@@ -256,6 +267,7 @@ class ResponseFormatError(YieldgateError):
     def __init__(self, message: str, *, excerpt: str = "", **kwargs: Any) -> None:
         super().__init__(message, **kwargs)
         self.excerpt = excerpt
+        """The start of the body, at most 200 characters."""
 
 
 class ProtocolError(YieldgateError):
@@ -278,7 +290,9 @@ class FrameError(ProtocolError):
     def __init__(self, code: str, message: str, *, request_id: str | None = None) -> None:
         super().__init__(message)
         self.code = code
+        """The protocol's error code: ``bad_frame``, ``frame_too_large``..."""
         self.request_id = request_id
+        """The frame's ``id`` when one could be read, else ``None``."""
 
     def __repr__(self) -> str:
         return f"FrameError(code={self.code!r}, message={self.message!r}, id={self.request_id!r})"

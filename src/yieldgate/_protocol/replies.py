@@ -127,8 +127,11 @@ class OkReply:
     """``ok``: admitted and executed."""
 
     id: str
+    """The submit's ``id``."""
     result: Any
+    """What the backend returned (any JSON)."""
     exec_ms: float
+    """Milliseconds from admission to the end of execution."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -136,10 +139,15 @@ class YieldReply:
     """``yield``: not admitted, nothing queued; come back in about ``retry_hint_ms``."""
 
     id: str
+    """The submit's ``id``."""
     retry_hint_ms: int
+    """When to come back, in milliseconds (an integer, at least 0)."""
     inflight: int
+    """Submits executing on the whole server when it decided."""
     max_inflight: int
+    """The slots in force then: the cap, or less during a capacity ramp."""
     reason: str
+    """Why: ``saturated``, ``cold_start`` or ``slo`` (a ``YieldReason`` value)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -147,9 +155,13 @@ class ErrorReply:
     """``error``: the request failed; ``retryable`` says whether a resend may succeed."""
 
     id: str | None
+    """The request's ``id``; ``None`` when the frame had none that could be read."""
     code: str
+    """An ``ErrorCode`` value (``bad_frame``, ``backend_error``...)."""
     message: str
+    """For people to read; never parse it."""
     retryable: bool
+    """Whether sending the same request again may succeed."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -157,8 +169,11 @@ class ChunkReply:
     """``chunk``: one piece of a streamed result."""
 
     id: str
+    """The submit's ``id``."""
     seq: int
+    """The chunk's place in the stream: 0, 1, 2..."""
     data: Any
+    """The piece of output (any JSON)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -166,14 +181,18 @@ class StatsReply:
     """The reply to ``stats``; ``counters`` holds every field but ``id``, ``status`` and ``op``."""
 
     id: str
+    """The ``stats`` request's ``id``."""
     counters: Mapping[str, Any]
+    """The server's counters (docs/protocol.md lists them), by name."""
 
     @property
     def inflight(self) -> int:
+        """Submits executing now, on all connections."""
         return int(self.counters["inflight"])
 
     @property
     def max_inflight(self) -> int:
+        """The configured cap on submits executing at once."""
         return int(self.counters["max_inflight"])
 
 
@@ -182,9 +201,11 @@ class PongReply:
     """The reply to ``ping``."""
 
     id: str
+    """The ``ping`` request's ``id``."""
 
 
 Reply = OkReply | YieldReply | ErrorReply | ChunkReply | StatsReply | PongReply
+"""Any reply ``decode_reply`` returns."""
 
 _STATS_REQUIRED: Final = (
     "inflight",

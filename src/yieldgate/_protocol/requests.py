@@ -47,12 +47,19 @@ class SubmitRequest:
     """A validated ``submit``: its body matched its ``sha256``."""
 
     id: str
+    """The client's name for the request, unique among its submits in flight."""
     body: str
+    """The work, as text (a prompt; for the simulated backend, any text)."""
     sha256: str
+    """The SHA-256 of ``body`` encoded as UTF-8, in lowercase hex; checked on arrival."""
     priority: Priority = Priority.NORMAL
+    """Which slots it may use (default: normal)."""
     deadline_ms: int | None = None
+    """Milliseconds the client will wait; past them the server stops. ``None``: none."""
     stream: bool = False
+    """Whether to send ``chunk`` replies before the terminal reply."""
     params: Mapping[str, Any] = field(default_factory=dict)
+    """Backend parameters (the simulated backend's ``exec_ms``, ``chunks``...)."""
 
 
 @dataclass(slots=True, kw_only=True)
@@ -60,6 +67,7 @@ class CancelRequest:
     """A ``cancel`` (v1.1): stop the submit with this ``id`` on the same connection."""
 
     id: str
+    """The ``id`` of the submit to stop."""
 
 
 @dataclass(slots=True, kw_only=True)
@@ -67,6 +75,7 @@ class StatsRequest:
     """A ``stats`` request."""
 
     id: str
+    """The request's ``id``, which its reply carries."""
 
 
 @dataclass(slots=True, kw_only=True)
@@ -74,9 +83,11 @@ class PingRequest:
     """A ``ping`` request."""
 
     id: str
+    """The request's ``id``, which its reply carries."""
 
 
 Request = SubmitRequest | CancelRequest | StatsRequest | PingRequest
+"""Any request ``decode_request`` returns."""
 
 
 def decode_request(line: bytes | str, *, secret: str | None = None) -> Request:

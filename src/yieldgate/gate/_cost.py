@@ -65,10 +65,15 @@ class Cost(NamedTuple):
     """
 
     requests: int = 1
+    """Requests it spends (1 for an attempt; 0 for what a yield refused)."""
     tokens: int = 0
+    """The tokens a provider meters: the prompt plus the output it may produce."""
     input_tokens: int = 0
+    """The prompt's tokens, for providers that meter them apart (Anthropic)."""
     output_tokens: int = 0
+    """The output's tokens (at most), for providers that meter them apart."""
     scope: str = ""
+    """The quota it spends (a model, an Azure deployment); ``""``: the upstream's one."""
 
     @classmethod
     def of(cls, input_tokens: int, output_tokens: int, scope: str = "") -> Cost:
@@ -76,6 +81,7 @@ class Cost(NamedTuple):
         return cls(1, input_tokens + output_tokens, input_tokens, output_tokens, scope)
 
     def amount(self, resource: str) -> int:
+        """Its count of ``resource``, a field's name (``"tokens"``), as a quota's bucket meters."""
         value: int = getattr(self, resource)
         return value
 
@@ -112,11 +118,17 @@ class QuotaReading:
     """
 
     key: str
+    """The bucket's name, such as ``openai:tokens``."""
     resource: str
+    """What it meters: a ``Cost`` field (``requests``, ``tokens``...)."""
     limit: float | None
+    """The bucket's size; ``None`` when the provider says only what remains (Azure)."""
     remaining: float
+    """What is left of it now."""
     reset_s: float | None = None
+    """Seconds until it is full again, when a header says."""
     window_s: float | None = None
+    """The window its limit is for, in seconds, when a header says (IETF's ``w``)."""
 
 
 class Bucket:

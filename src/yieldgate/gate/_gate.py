@@ -85,11 +85,13 @@ class Gate(AsyncCalls, SyncCalls):
         shared: Any = None,
     ) -> None:
         self.policy = policy or GatePolicy()
+        """The policy the Gate follows, fixed when it is made."""
         if shared is not None and name is None:
             raise ValueError(
                 "a Gate that shares its state needs a name: it keys the fleet's state in Redis"
             )
         self.name = name if name is not None else unique_name()
+        """The Gate's name, in its telemetry, errors and fleet keys (default: a unique one)."""
         core = self._core = GateCore(
             self.policy,
             self.name,
@@ -229,6 +231,7 @@ class Gate(AsyncCalls, SyncCalls):
 
     @property
     def closed(self) -> bool:
+        """Whether the Gate has been closed: it then refuses new calls (``GateClosedError``)."""
         return self._core.closed
 
     def statistics(self) -> GateStatistics:

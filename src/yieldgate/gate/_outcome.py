@@ -98,10 +98,15 @@ class Outcome:
     """
 
     kind: OutcomeKind
+    """What the attempt came to."""
     value: Any = None
+    """The attempt's value, or for the other kinds the raw reply (an HTTP response)."""
     hint_s: float | None = None
+    """The upstream's retry hint, in seconds; ``None``: it gave none."""
     reason: str | None = None
+    """Why, in a word (a yield's ``saturated``, ``cold_start``, ``slo``), if known."""
     error: BaseException | None = None
+    """The exception behind a failure, if there was one."""
 
     def __post_init__(self) -> None:
         if self.hint_s is not None:
@@ -110,6 +115,7 @@ class Outcome:
 
     @classmethod
     def ok(cls, value: Any = None) -> Outcome:
+        """Done: the call returns ``value``."""
         # Built for every successful attempt: skip the dataclass __init__ and
         # its hint check (an ok carries no hint).
         outcome = object.__new__(cls)
@@ -124,6 +130,7 @@ class Outcome:
     def yielded(
         cls, hint_s: float | None, reason: str = "saturated", *, value: Any = None
     ) -> Outcome:
+        """Declined before any work; come back in about ``hint_s`` seconds."""
         return cls(OutcomeKind.YIELD, value, hint_s, reason)
 
     @classmethod
@@ -135,6 +142,7 @@ class Outcome:
         value: Any = None,
         error: BaseException | None = None,
     ) -> Outcome:
+        """Shed under load (an HTTP 503 and kin), perhaps with a hint."""
         return cls(OutcomeKind.OVERLOADED, value, hint_s, reason, error)
 
     @classmethod
@@ -146,12 +154,14 @@ class Outcome:
         reason: str | None = None,
         value: Any = None,
     ) -> Outcome:
+        """A failure that may pass on another attempt (a reset, a timeout, a 5xx)."""
         return cls(OutcomeKind.RETRYABLE, value, hint_s, reason, error)
 
     @classmethod
     def fatal(
         cls, error: BaseException | None = None, *, reason: str | None = None, value: Any = None
     ) -> Outcome:
+        """A failure another attempt will not fix: the call raises it at once."""
         return cls(OutcomeKind.FATAL, value, None, reason, error)
 
     @property
@@ -160,6 +170,7 @@ class Outcome:
         return self.kind is OutcomeKind.YIELD or self.kind is OutcomeKind.OVERLOADED
 
     def describe(self) -> str:
+        """The outcome in a few words, for messages and logs: ``yield, saturated, hint 250 ms``."""
         parts = [str(self.kind)]
         if self.reason:
             parts.append(self.reason)

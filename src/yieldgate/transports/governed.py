@@ -107,6 +107,7 @@ class GovernedClient:
             for name in self._pool.endpoints:
                 gate.add_upstream(name, name)
         self.gate = gate
+        """The Gate every submit runs through (one of its own unless one was given)."""
         self._auth = auth
         self._ids = itertools.count(1)
         self._exit: contextlib.AsyncExitStack | None = None
