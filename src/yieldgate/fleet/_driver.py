@@ -53,7 +53,9 @@ __all__ = [
 ]
 
 SyncClient: TypeAlias = "redis.Redis | redis.cluster.RedisCluster"
+"""A ready redis-py client, plain or cluster, for a ``Fleet``'s sync operations."""
 AsyncClient: TypeAlias = "redis.asyncio.Redis | redis.asyncio.cluster.RedisCluster"
+"""A ready redis-py asyncio client, plain or cluster, for a ``Fleet``'s async operations."""
 
 T = TypeVar("T")
 

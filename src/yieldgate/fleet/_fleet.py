@@ -80,13 +80,18 @@ class Fleet(BreakerOps, BudgetOps, MemberOps, LeaseOps, HoldOps, BucketOps):
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.keys = Keys(prefix, gate)
+        """Names the Redis keys of this Gate's shared state (``{prefix}:{gate}:...``)."""
         self.gate = gate
+        """The name of the Gate whose state this is, shared by every member."""
         self.budget_s = check_number("budget_s", budget_s, positive=True)
+        """The longest one operation may take, in seconds, before it answers ``None``."""
         self.lease_ttl_s = check_number("lease_ttl_s", lease_ttl_s, positive=True)
+        """Seconds a lease or a membership lasts without renewal."""
         check_number("backoff_s", backoff_s, positive=True)
         if not (check_number("max_backoff_s", max_backoff_s) >= backoff_s):
             raise ValueError("max_backoff_s must be >= backoff_s")
         self.member = _default_member() if member is None else check_name("member", member)
+        """This member's name (default: host, pid and a random tag)."""
         self._own_member = member is None
         self._health = Health(gate, backoff_s=backoff_s, max_backoff_s=max_backoff_s, clock=clock)
         self._leases = itertools.count(1)

@@ -20,8 +20,11 @@ class Take(NamedTuple):
     """
 
     ok: bool
+    """Whether every amount fitted and was taken."""
     seq: int
+    """The take's place in the upstream's send sequence (0 when nothing was taken)."""
     wait_s: float
+    """When nothing was taken: the longest refill a bucket needs, in seconds (``inf``: never)."""
 
 
 class BucketShape(NamedTuple):
@@ -29,8 +32,11 @@ class BucketShape(NamedTuple):
     ``"tokens"``...), its limit and its refill rate per second."""
 
     resource: str
+    """What the bucket counts: ``"requests"``, ``"tokens"``..."""
     limit: float
+    """Its size."""
     rate: float
+    """Its refill rate, per second."""
 
 
 class FirstReading(NamedTuple):
@@ -41,7 +47,9 @@ class FirstReading(NamedTuple):
     wait for its reading)."""
 
     state: str
+    """``"known"``, ``"none"``, ``"mine"`` or ``"other"``."""
     shapes: dict[str, BucketShape]
+    """The fleet's buckets by key, when ``state`` is ``"known"``."""
 
 
 class BreakerView(NamedTuple):
@@ -52,8 +60,11 @@ class BreakerView(NamedTuple):
     """
 
     state: BreakerState
+    """The breaker's state, as the fleet shares it."""
     retry_after_s: float
+    """While open, seconds until a probe may go (0 otherwise)."""
     probe_out: bool
+    """Whether a member holds the half-open probe."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,8 +80,14 @@ class FleetStatistics:
     """
 
     available: bool
+    """Whether Redis is answering now (``False`` during an outage)."""
     calls: int
+    """Operations asked for."""
     fallbacks: int
+    """Operations answered ``None``: Redis failed, was too slow, or was skipped."""
     outages: int
+    """Times Redis went away."""
     rejoins: int
+    """Times it came back."""
     config_error: str | None = None
+    """What Redis refused last, when it refused credentials or commands; else ``None``."""
