@@ -41,7 +41,9 @@ class PriorityPolicy:
     """
 
     reserved_for_high: int = 0
+    """Slots only high priority may use (default: 0)."""
     reserved_for_normal: int = 0
+    """Slots, beyond those, that low priority may not use (default: 0)."""
 
     def __post_init__(self) -> None:
         if self.reserved_for_high < 0 or self.reserved_for_normal < 0:
@@ -62,14 +64,20 @@ class GovernorConfig:
     """The Governor's policy. All times are in milliseconds."""
 
     max_inflight: int = 4
+    """The hard cap on submits executing at once (default: 4)."""
     priority: PriorityPolicy = field(default_factory=PriorityPolicy)
+    """Slots kept back from lower priorities."""
     initial_exec_ms: float = 100.0
+    """The execution time hints assume before any was measured (default: 100)."""
     ewma_alpha: float = 0.2
+    """The weight of each new measurement in the moving average (default: 0.2)."""
     min_hint_ms: int = 1
+    """The shortest ``retry_hint_ms`` sent (default: 1)."""
     max_hint_ms: int = 300_000
-    # How many submits may wait for a slot: 0 (the default) yields at once, None
-    # has no bound. Buffering hides overload; it is here to be measured.
+    """The longest ``retry_hint_ms`` sent (default: 300000, five minutes)."""
+    # Buffering hides overload; it is here to be measured.
     max_queued: int | None = 0
+    """Submits that may wait for a slot: 0 (the default) yields at once; ``None``: no bound."""
 
     def __post_init__(self) -> None:
         if self.max_queued is not None and self.max_queued < 0:
@@ -95,10 +103,15 @@ class AdmissionRequest:
     """What an admission hook sees of a submit that a free slot could take."""
 
     priority: Priority
+    """The submit's priority."""
     body: str
+    """The submit's body."""
     params: Mapping[str, Any]
+    """The submit's backend parameters."""
     inflight: int
+    """Submits executing now."""
     capacity: int
+    """Slots usable now: ``max_inflight``, or less during a capacity ramp."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -106,7 +119,9 @@ class Rejection:
     """An admission hook's refusal: the submit is yielded with this reason and hint."""
 
     retry_hint_ms: int
+    """When the client should come back, in milliseconds."""
     reason: YieldReason = YieldReason.SLO
+    """The yield's reason (default: ``slo``)."""
 
 
 AdmissionHook = Callable[[AdmissionRequest], Rejection | None]
@@ -122,9 +137,13 @@ class Yield:
     """
 
     retry_hint_ms: int
+    """When a slot this submit may use is expected to free, in milliseconds."""
     reason: YieldReason
+    """Why it was not admitted."""
     inflight: int
+    """Submits executing when it was decided."""
     max_inflight: int
+    """The slots in force then: the cap, or less during a capacity ramp."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -132,30 +151,52 @@ class GovernorStats:
     """A snapshot of the Governor's counters."""
 
     inflight: int
+    """Submits executing now; never above ``max_inflight``."""
     max_inflight: int
+    """The configured cap."""
     capacity: int
+    """Slots usable now: ``max_inflight``, or less during a capacity ramp."""
     inflight_peak: int
+    """The highest ``inflight`` since start."""
     admitted_total: int
+    """Submits admitted into a slot."""
     executed_total: int
+    """Admitted submits that ran to an ``ok``."""
     failed_total: int
+    """Admitted submits that ended in ``backend_error``."""
     cancelled_total: int
+    """Admitted submits stopped before the end (cancelled, deadline, shutdown...)."""
     yielded_total: int
+    """``yield`` replies, for any reason."""
     errors_total: int
+    """``error`` replies, of any code."""
     yielded_by_reason: Mapping[str, int]
+    """Yields per reason; a reason appears once it has been used."""
     errors_by_code: Mapping[str, int]
+    """Errors per code; a code appears once it has been used."""
     exec_ms_ewma: float | None
+    """The moving average of measured execution times, in ms; ``None`` until one."""
     exec_ms_total: float
+    """The sum of measured execution times, in ms."""
     cold: bool
+    """Whether the backend is still warming up (every submit yields ``cold_start``)."""
     shutting_down: bool
+    """Whether a graceful shutdown has begun."""
     max_queued: int | None = 0
+    """Submits that may wait for a slot (0: none; ``None``: no bound)."""
     queued: int = 0
+    """Submits waiting for a slot now."""
     queued_peak: int = 0
+    """The highest ``queued`` since start."""
     queued_total: int = 0
+    """Submits that waited for a slot."""
     queue_abandoned_total: int = 0
+    """Queued submits that left before a slot (deadline, cancel, shutdown)."""
     queue_wait_ms_total: float = 0.0
-    # Submits that left the queue (given a slot or abandoned), per bucket of
-    # QUEUE_WAIT_BUCKETS_MS and one past the last bound.
+    """Time spent queued, in ms, summed over the submits that left the queue."""
     queue_wait_buckets: tuple[int, ...] = (0,) * (len(QUEUE_WAIT_BUCKETS_MS) + 1)
+    """Submits that left the queue (given a slot or abandoned), per bucket of
+    ``QUEUE_WAIT_BUCKETS_MS`` and one past the last bound."""
 
     def as_dict(self) -> dict[str, Any]:
         """The counters as the ``stats`` op reports them."""

@@ -49,7 +49,7 @@ import sys
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Mapping
-from typing import Any, Final, Literal
+from typing import Any, Final
 
 from yieldgate.protocol import Priority, YieldReason
 from yieldgate.server._exec_estimate import ExecEstimate, cold_hint_ms
@@ -63,6 +63,7 @@ from yieldgate.server._governor_records import (
     Rejection,
     Yield,
 )
+from yieldgate.server._slot import Slot, SlotOutcome
 
 __all__ = [
     "AdmissionHook",
@@ -77,74 +78,11 @@ __all__ = [
 ]
 
 Clock = Callable[[], float]
-SlotOutcome = Literal["executed", "failed", "cancelled"]
 
 _BY_RANK: Final = (Priority.HIGH, Priority.NORMAL, Priority.LOW)
 # Looked up once: an enum member read through its class costs a lookup per refusal.
 _NORMAL: Final = Priority.NORMAL
 _SATURATED: Final = YieldReason.SATURATED
-
-
-class Slot:
-    """One admitted unit of work. Release it exactly once, however the work ends.
-
-    With a queue, a slot may be handed out *waiting* (``is_waiting``): it is
-    admitted once a slot frees (``on_granted`` says when), and releasing it
-    before that withdraws it from the queue.
-    """
-
-    __slots__ = (
-        "_governor",
-        "_released",
-        "_wake",
-        "expected_ms",
-        "is_waiting",
-        "priority",
-        "queued_at",
-        "started_at",
-    )
-
-    def __init__(
-        self,
-        governor: Governor,
-        priority: Priority,
-        started_at: float,
-        expected_ms: float | None,
-        *,
-        waiting: bool = False,
-    ) -> None:
-        self._governor = governor
-        self._released = False
-        self._wake: Callable[[], None] | None = None
-        self.priority = priority
-        self.started_at = started_at  # when admitted; while waiting, when queued
-        self.queued_at = started_at if waiting else None
-        self.expected_ms = expected_ms
-        self.is_waiting = waiting
-
-    @property
-    def released(self) -> bool:
-        return self._released
-
-    def on_granted(self, wake: Callable[[], None]) -> None:
-        """Call ``wake`` (once, synchronously) when this waiting slot is admitted."""
-        self._wake = wake
-
-    def elapsed_ms(self) -> float:
-        """Time since admission, on the Governor's clock."""
-        return (self._governor._clock() - self.started_at) * 1000.0
-
-    def release(self, outcome: SlotOutcome) -> float:
-        """Free the slot and return the elapsed time in ms.
-
-        ``executed`` and ``failed`` executions are measured into the moving
-        average; ``cancelled`` ones are not (they say nothing about how long
-        the work takes). A second release is a no-op that returns 0.
-        """
-        if self._released:
-            return 0.0
-        self._released = True
-        return self._governor._release(self, outcome)
 
 
 class Governor:
@@ -158,10 +96,12 @@ class Governor:
         clock: Clock = time.monotonic,
     ) -> None:
         self.config = config or GovernorConfig()
+        """The cap, the reserved slots and the bounds of the hints."""
         self._policy = self.config.priority
         self._min_hint = self.config.min_hint_ms
         self._max_hint = self.config.max_hint_ms
         self.admission_hook = admission_hook
+        """Asked about each submit a free slot could take; its ``Rejection`` yields it early."""
         self._clock = clock
         self._capacity = self.config.max_inflight
         self._saturated_total = 0
@@ -196,6 +136,7 @@ class Governor:
 
     @property
     def inflight(self) -> int:
+        """Submits executing now."""
         return len(self._slots)
 
     @property
@@ -210,10 +151,12 @@ class Governor:
 
     @property
     def is_cold(self) -> bool:
+        """Whether the backend is warming up: every submit yields ``cold_start``."""
         return self._cold_until is not None
 
     @property
     def shutting_down(self) -> bool:
+        """Whether ``begin_shutdown`` was called: new work is refused."""
         return self._shutting_down
 
     def set_capacity(self, capacity: int) -> None:
@@ -252,6 +195,7 @@ class Governor:
         self._cold_until = self._clock() + expected_s
 
     def mark_warm(self) -> None:
+        """End the cold start: submits are admitted again."""
         self._cold_until = None
 
     def begin_shutdown(self) -> None:
@@ -469,6 +413,7 @@ class Governor:
         return counts
 
     def stats(self) -> GovernorStats:
+        """A snapshot of the counters (what the ``stats`` op reports)."""
         return GovernorStats(
             inflight=len(self._slots),
             max_inflight=self.config.max_inflight,
