@@ -30,27 +30,31 @@ class HttpConfig:
     """
 
     host: str = "127.0.0.1"
+    """The address to bind (default: loopback)."""
     port: int = 8080
+    """The port to bind; 0: any free one (``Server.urls`` says which)."""
     max_body_bytes: int = DEFAULT_MAX_FRAME_BYTES
+    """The largest request body accepted, in bytes (default: 1 MiB); larger ones get 413."""
     model_name: str = "yieldgate-sim"
+    """The model ``GET /v1/models`` lists."""
     secret: str | None = None
-    # A request head (request line and headers) must arrive whole this long after
-    # the connection opens or the previous response ends, or the connection closes.
+    """The bearer token every route but ``GET /health`` requires; ``None``: no auth."""
     head_timeout_s: float = 10.0
-    # A request body must arrive whole this long after its head, or gets 408.
+    """Seconds for a request head to arrive whole, after the connection opens or the previous
+    response ends; past them the connection closes."""
     body_timeout_s: float = 30.0
-    # A connection whose peer takes no bytes of a response for this long is
-    # closed and its work cancelled: a reader that stopped cannot hold a slot.
+    """Seconds for a request body to arrive whole after its head; past them, 408."""
     write_timeout_s: float = 30.0
-    # Connections beyond this many are closed as soon as they are accepted.
+    """Seconds a peer may take no bytes of a response before its connection is closed and its
+    work cancelled: a reader that stopped cannot hold a slot."""
     max_connections: int = 10_000
-    # The request parser: "httptools" (C, in the server extra) or "h11" (pure
-    # Python, about 2.5x fewer replies per second); "auto" is httptools when it
-    # is installed. Every connection guard works with both.
+    """Connections beyond this many are closed as soon as they are accepted."""
     parser: Literal["auto", "httptools", "h11"] = "auto"
-    # A provider's quota to emulate on the inference routes (OpenAI's RPM and
-    # TPM, their headers and 429s), checked before the Governor; None: no quota.
+    """The request parser: ``"httptools"`` (C, in the server extra), ``"h11"`` (pure Python,
+    about 2.5x fewer replies per second) or ``"auto"``: httptools when it is installed."""
     quota: QuotaConfig | None = None
+    """A provider's quota to emulate on the inference routes (OpenAI's RPM and TPM, their
+    headers and 429s), checked before the Governor; ``None``: no quota."""
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:

@@ -53,8 +53,11 @@ class ServerStartError(YieldgateError):
     ) -> None:
         super().__init__(message)
         self.command = tuple(command)
+        """The command line that was run."""
         self.returncode = returncode
+        """The process's exit status; ``None``: it stayed silent and was killed."""
         self.stderr = stderr
+        """What it wrote to standard error (empty when that was not captured)."""
 
 
 class _Lines:
@@ -119,12 +122,16 @@ class ServerProcess:
         self._stdout = stdout
         self._stderr = stderr
         self.url = urls[0]
+        """Where the TCP front listens: ``tcp://HOST:PORT``."""
         self.host, self.port = _address(urls[0])
         self.http_url: str | None = urls[1] if len(urls) > 1 else None
+        """Where the HTTP front listens, ``http://HOST:PORT``; ``None`` without one."""
         self.http_address = None if self.http_url is None else _address(self.http_url)
+        """The HTTP front's ``(host, port)``; ``None`` without one."""
 
     @property
     def pid(self) -> int:
+        """The process's id."""
         return self._process.pid
 
     @property

@@ -21,17 +21,21 @@ class TcpConfig:
     """Where and how the TCP front listens."""
 
     host: str = "127.0.0.1"
+    """The address to bind (default: loopback)."""
     port: int = 7070
+    """The port to bind; 0: any free one (``Server.urls`` says which)."""
     max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
+    """The longest frame read, in bytes (default: 1 MiB); longer ones get ``frame_too_large``."""
     secret: str | None = None
-    # A connection with nothing in flight that completes no frame for this long
-    # is closed (idle clients, and slowloris lines that never end).
+    """The shared secret every frame's ``auth`` must carry; ``None``: no auth."""
     idle_timeout_s: float = 300.0
-    # Connections beyond this many are closed as soon as they are accepted.
+    """Seconds a connection with nothing in flight may go without completing a frame before
+    it is closed (idle clients, and slowloris lines that never end)."""
     max_connections: int = 10_000
-    # A connection whose peer takes no bytes of a pending reply for this long is
-    # closed and its work cancelled: a reader that stopped cannot hold a slot.
+    """Connections beyond this many are closed as soon as they are accepted."""
     write_timeout_s: float = 30.0
+    """Seconds a peer may take no bytes of a pending reply before its connection is closed and
+    its work cancelled: a reader that stopped cannot hold a slot."""
 
     def __post_init__(self) -> None:
         if not (self.idle_timeout_s > 0 and math.isfinite(self.idle_timeout_s)):

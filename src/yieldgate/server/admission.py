@@ -106,7 +106,9 @@ class Admission:
 
     def __init__(self, governor: Governor, backend: Backend) -> None:
         self.governor = governor
+        """The Governor that admits or yields each submit."""
         self.backend = backend
+        """The backend that executes what it admits."""
 
     def admit(
         self,

@@ -57,10 +57,14 @@ class Server:
         if not (grace_s >= 0 and math.isfinite(grace_s)):
             raise ValueError(f"grace_s must be a finite number >= 0, got {grace_s}")
         self.governor = governor
+        """The Governor every front admits through."""
         self.backend = backend
+        """The backend that executes admitted work."""
         admission = Admission(governor, backend)
         self.tcp = TcpFront(governor, backend, tcp, admission=admission, stats=self.stats)
+        """The governed TCP front."""
         self.http: HttpFront | None = None
+        """The HTTP fronts (OpenAI, HuggingFace, TGI dialects); ``None`` without ``http``."""
         if http is not None:
             self.http = HttpFront(
                 governor,
@@ -71,7 +75,9 @@ class Server:
                 connections=self.connection_stats,
             )
         self.urls: tuple[str, ...] = ()
+        """Where the fronts listen (TCP first), once ``run`` has bound them; empty before."""
         self.grace_s = grace_s
+        """Seconds admitted work may take to finish on shutdown before it is cancelled."""
         self._stop_requested = False
         self._hard_requested = False
         # anyio events need a running loop: made in run().

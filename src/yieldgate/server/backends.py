@@ -76,7 +76,9 @@ class BackendError(Exception):
     def __init__(self, message: str, *, retryable: bool = True) -> None:
         super().__init__(message)
         self.message = message
+        """What failed, sent to the client as the error's ``message``."""
         self.retryable = retryable
+        """Sent to the client as is: whether a resend may succeed (default: true)."""
 
 
 @dataclass(slots=True, kw_only=True)
@@ -84,16 +86,22 @@ class Work:
     """One submit, as a backend sees it (built per submit: slotted, treat as read-only)."""
 
     id: str
+    """The submit's ``id``, unique among the connection's submits in flight."""
     body: str
+    """The submit's body: the prompt."""
     params: Mapping[str, Any] = field(default_factory=dict)
+    """The submit's backend parameters (``max_tokens``, ``stop``, ``exec_ms``...)."""
     priority: Priority = Priority.NORMAL
+    """The submit's priority."""
     stream: bool = False
+    """Whether the client asked for ``chunk`` replies (``execute`` then gets ``emit``)."""
 
 
 class Backend(Protocol):
     """What the server needs from a backend."""
 
     name: str
+    """A short name for the backend, in logs and metrics (``sleep``, ``harness``)."""
 
     async def start(self, governor: Governor) -> None:
         """Warm up. Runs beside the fronts, which already answer (``cold_start``)."""
@@ -117,7 +125,9 @@ class Backend(Protocol):
         """
         ...
 
-    async def aclose(self) -> None: ...
+    async def aclose(self) -> None:
+        """Release what the backend holds (threads, a model), once the fronts have stopped."""
+        ...
 
 
 def stop_sequences(params: Mapping[str, Any]) -> tuple[str, ...]:
@@ -228,13 +238,21 @@ class SimulatedConfig:
     """
 
     exec_ms: float = 500.0
+    """How long each execution sleeps, in ms (default: 500)."""
     mix: Sequence[tuple[float, float]] = ()
+    """``(ms, weight)`` pairs to draw each duration from; overrides ``exec_ms`` when given."""
     fail_rate: float = 0.0
+    """The share of executions that raise a retryable ``BackendError`` (default: 0)."""
     cold_start_s: float = 0.0
+    """Seconds after start during which every submit yields ``cold_start``."""
     ramp_s: float = 0.0
+    """Seconds over which capacity then ramps from 1 to ``max_inflight`` (0: none)."""
     stream_chunks: int = 4
+    """How many chunks a stream is cut into, unless ``params`` say (default: 4)."""
     seed: int = 0
+    """Seeds the draws (durations, failures), so that a run repeats."""
     max_param_exec_ms: float = 600_000.0
+    """The longest ``exec_ms`` a request's ``params`` may ask for, in ms."""
 
     def __post_init__(self) -> None:
         if not (self.exec_ms >= 0 and math.isfinite(self.exec_ms)):
@@ -270,15 +288,18 @@ class SimulatedBackend:
     """
 
     name = "sleep"
+    """``sleep``: it sleeps instead of computing."""
 
     def __init__(self, config: SimulatedConfig | None = None) -> None:
         self.config = config or SimulatedConfig()
+        """The simulated model's timings, failures and warm-up."""
         # One seeded generator for every draw, so a run with the same arrivals repeats.
         self._rng = random.Random(self.config.seed)  # noqa: S311 - simulation, not security
         self._durations = [ms for ms, _ in self.config.mix]
         self._weights = [w for _, w in self.config.mix]
 
     async def start(self, governor: Governor) -> None:
+        """Yield ``cold_start`` for ``cold_start_s``, then ramp capacity over ``ramp_s``."""
         cfg = self.config
         if cfg.cold_start_s > 0:
             governor.begin_cold_start(cfg.cold_start_s)
@@ -313,6 +334,7 @@ class SimulatedBackend:
         return chunks
 
     def estimate_ms(self, work: Work) -> float | None:
+        """Check ``params`` (``BackendError``, before admission); their ``exec_ms`` or ``None``."""
         stop_sequences(work.params)
         _max_tokens(work.params)
         if work.stream:
@@ -328,6 +350,7 @@ class SimulatedBackend:
         return self.config.exec_ms
 
     async def execute(self, work: Work, emit: Emit | None) -> Any:
+        """Sleep for the drawn duration (streaming the echo through ``emit``), then answer."""
         duration_s = self._duration_ms(work) / 1000.0
         fails = work.params.get("fail") is True or (
             self.config.fail_rate > 0 and self._rng.random() < self.config.fail_rate
@@ -355,6 +378,7 @@ class SimulatedBackend:
         return result
 
     async def aclose(self) -> None:
+        """Nothing to release."""
         return None
 
 

@@ -111,13 +111,21 @@ class QuotaConfig:
     """
 
     rpm: int | None = None
+    """Requests per window; ``None``: not limited, and no requests headers."""
     tpm: int | None = None
+    """Tokens per window (prompt plus output bound); ``None``: not limited."""
     window_s: float = 60.0
+    """The window the limits are for, in seconds (default: 60, a minute)."""
     default_max_tokens: int = 16
+    """The output a request naming no ``max_tokens`` is charged (default: 16)."""
     organization: str = "org-yieldgate"
+    """The account the 429 messages name, as OpenAI's do."""
     per_model: bool = False
+    """Give each model its own buckets of ``rpm`` and ``tpm``."""
     models: Mapping[str, tuple[int | None, int | None]] = field(default_factory=dict, hash=False)
+    """Limits of their own for some models, ``{model: (rpm, tpm)}``; implies ``per_model``."""
     headers: QuotaHeaders = "openai"
+    """The header style: ``"openai"``, or ``"azure"`` (what remains, alone)."""
 
     def __post_init__(self) -> None:
         for name in ("rpm", "tpm"):
@@ -154,6 +162,7 @@ class QuotaConfig:
         return self.per_model or bool(self.models)
 
     def limit(self, resource: QuotaResource, model: str = "") -> int | None:
+        """The limit of ``resource`` (``"requests"`` or ``"tokens"``) for ``model``."""
         rpm, tpm = self.models.get(model, (self.rpm, self.tpm))
         return rpm if resource == "requests" else tpm
 
@@ -206,10 +215,15 @@ class QuotaStatistics:
     """
 
     requests_charged: int
+    """Requests charged against the quota."""
     tokens_charged: int
+    """Tokens charged against the quota."""
     refused_requests: int
+    """Requests refused with a 429 because the requests bucket was empty."""
     refused_tokens: int
+    """Token-limit refusals that a wait lets through."""
     too_large: int
+    """Requests refused because they cost more tokens than the whole limit."""
 
     def as_dict(self) -> dict[str, int]:
         """The counters as ``/stats`` and ``/metrics`` name them."""
@@ -260,6 +274,7 @@ class ProviderQuota:
 
     def __init__(self, config: QuotaConfig, *, clock: Callable[[], float] = time.monotonic) -> None:
         self.config = config
+        """The quota it emulates."""
         self._clock = clock
         self._scopes: dict[str, dict[QuotaResource, _Bucket]] = {}
         self._scope("", clock())
@@ -371,6 +386,7 @@ class ProviderQuota:
         return tuple(headers)
 
     def statistics(self) -> QuotaStatistics:
+        """What the quota has charged and refused so far."""
         return QuotaStatistics(
             requests_charged=self._requests_charged,
             tokens_charged=self._tokens_charged,

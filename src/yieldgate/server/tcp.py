@@ -73,10 +73,15 @@ class TcpFront(ServesConnections):
         stats: Callable[[], dict[str, Any]] | None = None,
     ) -> None:
         self.governor = governor
+        """The Governor that admits or yields each submit."""
         self.backend = backend
+        """The backend that executes what is admitted."""
         self.admission = admission or Admission(governor, backend)
+        """The admission it shares with the other fronts of its server."""
         self.config = config or TcpConfig()
+        """Where and how it listens."""
         self.address: tuple[str, int] | None = None
+        """The ``(host, port)`` it listens on, once serving; ``None`` before."""
         self._accept_scope: anyio.CancelScope | None = None
         self._accepting = True
         self._conns_scope: anyio.CancelScope | None = None
@@ -139,6 +144,7 @@ class TcpFront(ServesConnections):
             conns.start_soon(self._handle, stream)
 
     def stop_accepting(self) -> None:
+        """Close the listening socket; open connections are still served."""
         self._accepting = False
         if self._accept_scope is not None:
             self._accept_scope.cancel()
@@ -155,6 +161,7 @@ class TcpFront(ServesConnections):
             self._conns_scope.cancel()
 
     def connection_stats(self) -> dict[str, int]:
+        """The TCP connection counters (``connections_open``...), part of the server's stats."""
         return {
             "connections_open": self._open,
             "connections_total": self._connections_total,
