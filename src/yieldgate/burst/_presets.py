@@ -80,7 +80,6 @@ def _buffering(*, queue: str | None) -> dict[str, Any]:
     }
 
 
-#: ``BurstConfig`` keyword arguments per scenario; command-line flags override them.
 PRESETS: Mapping[str, Mapping[str, Any]] = {
     # Seed 001: a backend that answers 503 "loading" for 2 s, then ramps its
     # capacity from 1 to 8 slots over 5 s; the HuggingFace route says so with
@@ -141,13 +140,14 @@ PRESETS: Mapping[str, Mapping[str, Any]] = {
     "buffering": _buffering(queue="unbounded"),
     "buffering-governed": _buffering(queue=None),
 }
+"""``BurstConfig`` keyword arguments per scenario (``--preset NAME``); flags override them."""
 
 
-#: Presets run one after the other into one report (``--preset NAME``), each
-#: result labelled ``PART: strategy``: ``(part label, preset name)`` pairs.
 COMPARISONS: Mapping[str, tuple[tuple[str, str], ...]] = {
     "buffering-vs-governed": (("buffering", "buffering"), ("governed", "buffering-governed")),
 }
+"""Presets run one after the other into one report (``--preset NAME``), each result
+labelled ``PART: strategy``: ``(part label, preset name)`` pairs."""
 
 
 def demo_settings(*, requests: int = 160, max_inflight: int = 8) -> dict[str, Any]:

@@ -35,6 +35,7 @@ __all__ = ["STRATEGY_NAMES", "Strategy", "StrategyName", "load_policy"]
 
 StrategyName = Literal["yieldgate", "naive", "tenacity", "openai-default"]
 STRATEGY_NAMES: tuple[StrategyName, ...] = ("yieldgate", "naive", "tenacity", "openai-default")
+"""The client strategies a burst can compare: a Gate, and what people use today."""
 
 _PRESETS: dict[str, Callable[..., yieldgate.GatePolicy]] = {
     "default": yieldgate.GatePolicy,

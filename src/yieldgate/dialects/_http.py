@@ -223,19 +223,27 @@ def _is_response(value: Any) -> bool:
 
 
 OPENAI = HttpDialect("openai", (_openai_429,), idempotency_header=IDEMPOTENCY_KEY_HEADER)
+"""OpenAI and Azure OpenAI: a spent quota or a request too large is ``fatal``; hints from
+429 messages too."""
 ANTHROPIC = HttpDialect("anthropic", (_anthropic,))
+"""Anthropic: ``overloaded_error`` (529) and ``rate_limit_error`` (429) are yields."""
 HUGGINGFACE = HttpDialect("huggingface", (_hf_loading,))
+"""HuggingFace endpoints: a 503 for a model still loading is a ``cold_start`` yield."""
 TGI = HttpDialect("tgi", (_tgi,))
+"""Text Generation Inference: its overloaded 429 is a yield (no hint), a 424 ``retryable``."""
 GOVERNED_HTTP = HttpDialect(
     "governed-http",
     (_governed_yield, _hf_loading, _tgi),
     propagate_deadline=True,
     idempotency_header=IDEMPOTENCY_KEY_HEADER,
 )
+"""yieldgate's reference server over HTTP: its ``yield`` bodies, then HuggingFace's and
+TGI's rules; it sends the attempt's remaining time upstream."""
 
 DIALECTS: Mapping[str, HttpDialect] = {
     d.name: d for d in (OPENAI, ANTHROPIC, HUGGINGFACE, TGI, GOVERNED_HTTP)
 }
+"""Every dialect by its name, as ``get_dialect`` and ``dialect="..."`` arguments take it."""
 
 
 def get_dialect(dialect: str | HttpDialect) -> HttpDialect:

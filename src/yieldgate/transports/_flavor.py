@@ -21,6 +21,7 @@ from typing import Any, Literal, get_args
 __all__ = ["Flavor", "detect_flavor", "flavor_of_distribution", "library"]
 
 Flavor = Literal["httpx", "httpx2"]
+"""Which HTTP library a transport is built for: ``httpx``, or ``httpx2`` (openai 3.x's)."""
 # Preferred first: the library the official clients now build on.
 _FLAVORS: tuple[Flavor, ...] = ("httpx2", "httpx")
 # The clients whose library decides a flavor no one named, in this order.
