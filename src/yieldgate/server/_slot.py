@@ -3,16 +3,21 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Literal
+from typing import Literal, Protocol
 
 from yieldgate.protocol import Priority
-
-if TYPE_CHECKING:
-    from yieldgate.server.governor import Governor
 
 __all__ = ["Slot", "SlotOutcome"]
 
 SlotOutcome = Literal["executed", "failed", "cancelled"]
+
+
+class _Owner(Protocol):
+    """What a slot needs of the Governor that handed it out (which imports this module)."""
+
+    _clock: Callable[[], float]
+
+    def _release(self, slot: Slot, outcome: SlotOutcome) -> float: ...
 
 
 class Slot:
@@ -36,7 +41,7 @@ class Slot:
 
     def __init__(
         self,
-        governor: Governor,
+        governor: _Owner,
         priority: Priority,
         started_at: float,
         expected_ms: float | None,
