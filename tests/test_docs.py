@@ -1,4 +1,4 @@
-"""The docs site: every page in the nav, every nav entry a page, the reference complete.
+"""The docs site: every page in the nav and linked from home, every nav entry a page.
 
 ``make docs`` (mkdocs --strict) catches the same orphans; these checks also run
 when pytest runs alone, and need neither mkdocs nor a build.
@@ -78,6 +78,8 @@ def test_the_site_is_strict_and_offline() -> None:
     assert config["strict"] is True
     assert config["theme"]["name"] == "material"
     assert config["theme"]["font"] is False
+    # page.html, not page/: the built site's links work when it is opened from disk.
+    assert config["use_directory_urls"] is False
 
 
 def test_every_page_is_in_the_nav_and_every_nav_entry_exists() -> None:
@@ -103,6 +105,29 @@ def test_the_nav_check_catches_a_stray_page_and_a_dead_entry(tmp_path: Path) -> 
         "  - GitHub: https://example.com/\n"
     )
     assert orphans_and_missing(tmp_path) == ({"recipes/stray.md"}, {"recipes/gone.md"})
+
+
+def unlinked_from_home(root: Path) -> list[str]:
+    """The nav's pages that the home page (the nav's first) does not link to."""
+    config = load_config(root / "mkdocs.yml")
+    docs = root / config.get("docs_dir", "docs")
+    home, *pages = nav_pages(config["nav"])
+    text = (docs / home).read_text(encoding="utf-8")
+    linked = {m.split("#", 1)[0] for m in re.findall(r"\]\(([^)\s]+)\)", text)}
+    return [p for p in pages if p not in linked]
+
+
+def test_the_home_page_links_every_page_of_the_nav() -> None:
+    assert unlinked_from_home(ROOT) == []
+
+
+def test_the_home_page_check_catches_a_guide_left_out(tmp_path: Path) -> None:
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "index.md").write_text("# Home\n\n[Fleets](fleet.md#top)\n")
+    (tmp_path / "mkdocs.yml").write_text(
+        "site_name: t\nnav:\n  - Home: index.md\n  - Fleets: fleet.md\n  - Quotas: quotas.md\n"
+    )
+    assert unlinked_from_home(tmp_path) == ["quotas.md"]
 
 
 def _section(text: str, heading: str) -> str:
