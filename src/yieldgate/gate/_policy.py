@@ -67,7 +67,7 @@ class WindowPolicy:
     increase: float = 1.0
     """Past slow start, each success adds ``increase / limit`` (default: 1.0)."""
     decrease: float = 0.7
-    """An overload or attempt timeout multiplies the limit by this, once a window (0.7)."""
+    """An overload or attempt timeout multiplies the limit by this, once a window (default: 0.7)."""
 
     def __post_init__(self) -> None:
         if self.min < 1:
@@ -105,9 +105,9 @@ class RetryPolicy:
     """
 
     max_attempts: int = 4
-    """Attempts not ended by congestion; one more failure raises ``RetriesExhaustedError``."""
+    """Attempts not ended by congestion, at most (4); past them, ``RetriesExhaustedError``."""
     max_yields: int = 64
-    """Waits on yields and overloads; one more raises ``YieldExhaustedError`` (default: 64)."""
+    """Waits on yields and overloads, at most (64); past them, ``YieldExhaustedError``."""
     base_s: float = 0.1
     """The first backoff step, in seconds, when there is no hint (default: 0.1)."""
     multiplier: float = 2.0
@@ -154,7 +154,7 @@ class TimeoutPolicy:
     attempt_s: float | None = 60.0
     """One attempt's limit in seconds, past which it is ``retryable`` (default: 60.0)."""
     total_s: float | None = 300.0
-    """The whole call's limit, waits included: ``DeadlineExceededError`` (default: 300.0)."""
+    """The whole call's limit in seconds, waits included (300.0); ``DeadlineExceededError``."""
 
     def __post_init__(self) -> None:
         for name in ("attempt_s", "total_s"):
@@ -292,7 +292,7 @@ class QuotaPolicy:
     borrow: bool = False
     """Pace a model not yet described by a copy of the quota of the model read last."""
     settle: Literal["usage", "estimate"] = "usage"
-    """``"usage"``: budgets settle to each response's ``usage``; ``"estimate"``: not."""
+    """What the caller's budgets are charged: each response's ``usage``, or the ``"estimate"``."""
 
     def __post_init__(self) -> None:
         for name in ("requests_per_minute", "tokens_per_minute"):
@@ -347,7 +347,7 @@ class FleetPolicy:
     inflight_cap: int | None = None
     """A fleet-wide cap on attempts in flight per upstream; ``None``: no cap."""
     budget_s: float = 0.05
-    """The longest a Redis operation may take, in seconds; past it, alone (0.05)."""
+    """The longest a Redis operation may take, in seconds (0.05); past it the Gate goes on alone."""
     lease_ttl_s: float = 60.0
     """Seconds a lease (or membership) lives unrenewed; above your longest attempt."""
     prefix: str = "yieldgate"
@@ -357,7 +357,7 @@ class FleetPolicy:
     first_reading_s: float = 5.0
     """How long calls wait for one member's probe of the quota (default: 5.0)."""
     fail_open: bool = False
-    """On refused credentials or commands, go on alone instead of raising."""
+    """On refused credentials or commands, go on alone instead of raising ``FleetConfigError``."""
 
     def __post_init__(self) -> None:
         if self.inflight_cap is not None and self.inflight_cap < 1:
