@@ -33,8 +33,8 @@ from yieldgate.burst._html_plots import (
     latency_plot,
     pareto_plot,
     plot_colors,
-    timeline_plot,
 )
+from yieldgate.burst._html_timeline import timeline_plot
 from yieldgate.burst._report import _rows, _slo_text, _title
 from yieldgate.burst._results import BurstReport
 from yieldgate.burst._sweep import SweepReport
@@ -69,6 +69,8 @@ _RESULT_KEYS = frozenset(
         "makespan_s",
         "lower_bound_s",
         "makespan_ratio",
+        "offered_s",
+        "window_s",
         "latency_s",
         "streaming",
         "throughput_per_s",
@@ -149,7 +151,10 @@ def _more_rows(report: BurstReport) -> list[tuple[str, list[str]]]:
                 ["-" if r.server is None else _counts(r.server.yielded_by_reason) for r in results],
             )
         )
-    rows.append(("throughput, successes/s", [f"{r.throughput_per_s:.2f}" for r in results]))
+    rows.append(("offered window s (last arrival)", [f"{r.offered_s:.2f}" for r in results]))
+    rows.append(
+        ("throughput, successes/s of window", [f"{r.throughput_per_s:.2f}" for r in results])
+    )
     if any(r.output_tokens is not None for r in results):
         rows.append(("output tokens", [_fmt(r.output_tokens) for r in results]))
         rows.append(("tokens/s", [_fmt(r.tokens_per_s) for r in results]))
@@ -257,22 +262,24 @@ def _page(title: str, lead: Sequence[str], body: Sequence[str], created: str) ->
 
 def _burst_page(report: BurstReport) -> str:
     colors = plot_colors(r.label for r in report.results)
-    pareto, front = pareto_plot(report, colors)
+    pareto, pareto_notes = pareto_plot(report, colors)
+    timeline, timeline_notes = timeline_plot(report, colors, "plot-timeline")
     body = [
         "<section>\n<h2>Results</h2>",
         _strategy_table(report),
         "</section>",
         "<section>\n<h2>Plots</h2>",
         _plot_figure(
-            "plot-timeline",
-            "Timeline: in flight, yields and completions, one line per strategy",
-            timeline_plot(report, colors, "plot-timeline"),
+            "plot-pareto",
+            "Goodput against p99 latency, per strategy; the Pareto front ringed",
+            pareto,
+            pareto_notes,
         ),
         _plot_figure(
-            "plot-pareto",
-            "Throughput against p99 latency, per strategy; the Pareto front ringed",
-            pareto,
-            ["On the front: " + "; ".join(front) + "."] if front else ["No run succeeded."],
+            "plot-timeline",
+            "Timeline: in flight, yields, completions and failures, one line per strategy",
+            timeline,
+            timeline_notes,
         ),
         "</section>",
         "<section>\n<h2>Configuration</h2>",
@@ -289,7 +296,7 @@ def _burst_page(report: BurstReport) -> str:
 
 def _sweep_page(report: SweepReport) -> str:
     colors = plot_colors(r.label for _, r in report.rows())
-    pareto, front = pareto_plot(report, colors)
+    pareto, pareto_notes = pareto_plot(report, colors)
     sweep = report.sweep
     body = [
         "<section>\n<h2>Results</h2>",
@@ -308,10 +315,10 @@ def _sweep_page(report: SweepReport) -> str:
         ),
         _plot_figure(
             "plot-pareto",
-            f"Throughput against p99 latency, every strategy at every {sweep.axis} "
+            f"Goodput against p99 latency, every strategy at every {sweep.axis} "
             "(labelled); the Pareto front ringed",
             pareto,
-            ["On the front: " + "; ".join(front) + "."] if front else ["No run succeeded."],
+            pareto_notes,
         ),
         "</section>",
         "<section>\n<h2>Points</h2>",
@@ -325,11 +332,13 @@ def _sweep_page(report: SweepReport) -> str:
         body.append(_strategy_table(point))
         if shown is None or n in shown:
             fig_id = f"plot-timeline-{n + 1}"
+            timeline, notes = timeline_plot(point, colors, fig_id)
             body.append(
                 _plot_figure(
                     fig_id,
                     f"Timeline at {name}: in flight, yields and completions",
-                    timeline_plot(point, colors, fig_id),
+                    timeline,
+                    notes,
                 )
             )
         body.append("</details>")

@@ -1,8 +1,9 @@
 """The HTML report's plots: matplotlib figures drawn as inline SVG.
 
-Latency and goodput against a sweep's axis, throughput against p99 latency
-with its Pareto front, and a run's timeline (with a panel for each numeric
-series beyond the core ones, such as one scraped from the server). matplotlib
+Latency and goodput against a sweep's axis, and goodput against p99 latency
+with its Pareto front (``_pareto`` says which runs are on it); a run's
+timeline is ``_html_timeline``. One colour, dash pattern and marker per
+strategy (``plot_styles``), the same in every plot of a page. matplotlib
 is imported only when a plot is drawn. Its text is escaped by matplotlib, and
 ``$`` here, so mathtext cannot read it; each SVG's ids are prefixed so that
 several share one page. ``flatten`` turns a result's dict form into dotted
@@ -21,6 +22,7 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from yieldgate.burst._pareto import Candidate, candidates, pareto_front
 from yieldgate.burst._results import BurstReport, StrategyResult
 from yieldgate.burst._sweep import SweepReport
 
@@ -31,35 +33,8 @@ __all__ = [
     "pareto_front",
     "pareto_plot",
     "plot_colors",
-    "timeline_plot",
+    "plot_styles",
 ]
-
-
-# Panels for series beyond the core ones, at most.
-_MAX_EXTRA_SERIES = 6
-
-_POINT_KEYS = frozenset(
-    {
-        "t_s",
-        "client_inflight",
-        "client_attempts",
-        "client_yields",
-        "completed",
-        "failed",
-        "server_inflight",
-        "server_executed",
-        "server_yielded",
-    }
-)
-
-# Timeline series the burst records beyond the core ones: their titles, and a unit scale.
-_SERIES_TITLES = {
-    "scraped_queue": "queue (scraped)",
-    "scraped_running": "running (scraped)",
-    "scraped_kv_cache": "KV cache use (scraped)",
-    "server_rss_bytes": "server memory (RSS), MiB",
-}
-_SERIES_SCALE = {"server_rss_bytes": 1 / 2**20}
 
 
 def _mpl(text: str) -> str:
@@ -131,6 +106,29 @@ def plot_colors(labels: Iterable[str]) -> dict[str, str]:
     return {label: f"C{i % 10}" for i, label in enumerate(dict.fromkeys(labels))}
 
 
+# Per strategy, in the report's order, a dash pattern and a marker of its own.
+_DASHES: tuple[tuple[Any, str], ...] = (
+    ("-", "o"),
+    ("--", "s"),
+    ("-.", "^"),
+    (":", "D"),
+    ((0, (6, 2, 1, 2, 1, 2)), "v"),
+    ((0, (1, 1)), "P"),
+)
+
+
+def plot_styles(colors: Mapping[str, str]) -> dict[str, dict[str, Any]]:
+    """Each strategy's line, in the report's order: its colour, a dash pattern and a marker
+    of its own, and a width that narrows with the order, drawn later and higher, so a line
+    that lies on another leaves the other's edges showing."""
+    out = {}
+    for i, (label, color) in enumerate(colors.items()):
+        ls, marker = _DASHES[i % len(_DASHES)]
+        width = max(3.4 - 0.7 * i, 1.2)
+        out[label] = {"color": color, "ls": ls, "marker": marker, "lw": width, "zorder": 3 + i}
+    return out
+
+
 def _or_nan(value: float | None, scale: float = 1.0) -> float:
     return math.nan if value is None else value * scale
 
@@ -154,17 +152,19 @@ def _series(report: SweepReport) -> dict[str, list[tuple[float, StrategyResult]]
 def latency_plot(report: SweepReport, colors: Mapping[str, str]) -> str:
     stream = any(r.streaming for _, r in report.rows())
     fig, axes = _figure(2 if stream else 1, 5.6 if stream else 3.4)
+    styles = plot_styles(colors)
     for label, points in _series(report).items():
         xs = [v for v, _ in points]
-        c = colors[label]
+        st = styles[label]
+        m, c = st["marker"], {"c": st["color"], "lw": st["lw"] * 0.6, "zorder": st["zorder"]}
         axes[0].plot(
-            xs, [_or_nan(r.latency_s.p50) for _, r in points], "o-", c=c, label=_mpl(label)
+            xs, [_or_nan(r.latency_s.p50) for _, r in points], f"{m}-", **c, label=_mpl(label)
         )
-        axes[0].plot(xs, [_or_nan(r.latency_s.p99) for _, r in points], "o--", c=c)
+        axes[0].plot(xs, [_or_nan(r.latency_s.p99) for _, r in points], f"{m}--", **c)
         if stream:
             ttft = [(r.streaming or {}).get("ttft_ms") for _, r in points]
-            axes[1].plot(xs, [_or_nan(p.p50 if p else None) for p in ttft], "o-", c=c)
-            axes[1].plot(xs, [_or_nan(p.p99 if p else None) for p in ttft], "o--", c=c)
+            axes[1].plot(xs, [_or_nan(p.p50 if p else None) for p in ttft], f"{m}-", **c)
+            axes[1].plot(xs, [_or_nan(p.p99 if p else None) for p in ttft], f"{m}--", **c)
     axes[0].set_ylabel("end-to-end latency, s")
     axes[0].set_title("end-to-end latency of successes (solid p50, dashed p99)", loc="left")
     if stream:
@@ -177,14 +177,17 @@ def latency_plot(report: SweepReport, colors: Mapping[str, str]) -> str:
 
 def goodput_plot(report: SweepReport, colors: Mapping[str, str]) -> str:
     fig, axes = _figure(2, 5.2)
+    styles = plot_styles(colors)
     for label, points in _series(report).items():
         xs = [v for v, _ in points]
-        c = colors[label]
-        axes[0].plot(xs, [r.goodput_per_s for _, r in points], "o-", c=c, label=_mpl(label))
-        axes[0].plot(xs, [r.throughput_per_s for _, r in points], ":", c=c)
-        axes[1].plot(xs, [100 * r.goodput_ratio for _, r in points], "o-", c=c)
-        axes[1].plot(xs, [100 * r.success_rate for _, r in points], ":", c=c)
-    axes[0].set_ylabel("requests/s")
+        st = styles[label]
+        m, c = st["marker"], {"c": st["color"], "lw": st["lw"] * 0.6, "zorder": st["zorder"]}
+        axes[0].plot(xs, [r.goodput_per_s for _, r in points], f"{m}-", **c, label=_mpl(label))
+        axes[0].plot(xs, [r.throughput_per_s for _, r in points], ":", **c)
+        axes[1].plot(xs, [100 * r.goodput_ratio for _, r in points], f"{m}-", **c)
+        axes[1].plot(xs, [100 * r.success_rate for _, r in points], ":", **c)
+    axes[0].set_ylabel("requests/s of the window")
+    axes[0].set_ylim(bottom=0)
     axes[0].set_title("goodput per second (solid; dotted: all successes)", loc="left")
     axes[1].set_ylabel("% of requests")
     axes[1].set_title("goodput share of requests (solid; dotted: success rate)", loc="left")
@@ -194,127 +197,99 @@ def goodput_plot(report: SweepReport, colors: Mapping[str, str]) -> str:
     return _render(fig, "plot-goodput")
 
 
-def pareto_front(points: Sequence[tuple[float, float]]) -> list[int]:
-    """Indices of the ``(latency, throughput)`` points no other point beats: none has
-    latency as low and throughput as high, and one of them strictly. By latency."""
-    front = []
-    for i, (lat, thr) in enumerate(points):
-        beaten = any(
-            (lo <= lat and hi >= thr) and (lo < lat or hi > thr)
-            for j, (lo, hi) in enumerate(points)
-            if j != i
-        )
-        if not beaten:
-            front.append(i)
-    return sorted(front, key=lambda i: points[i])
-
-
-def _pareto_candidates(
-    report: BurstReport | SweepReport,
-) -> list[tuple[str, float | None, float, float, float]]:
-    """``(label, value, latency p99 s, throughput/s, success rate)`` of every run with
-    a success."""
-    rows: list[tuple[float | None, StrategyResult]] = (
-        [(v, r) for v, r in report.rows()]
-        if isinstance(report, SweepReport)
-        else [(None, r) for r in report.results]
-    )
-    return [
-        (r.label, v, r.latency_s.p99, r.throughput_per_s, r.success_rate)
-        for v, r in rows
-        if r.latency_s.p99 is not None
-    ]
-
-
 def pareto_plot(
     report: BurstReport | SweepReport, colors: Mapping[str, str]
 ) -> tuple[str, list[str]]:
-    candidates = _pareto_candidates(report)
-    front = pareto_front([(lat, thr) for _, _, lat, thr, _ in candidates])
-    success = [c[4] for c in candidates]
+    """Goodput against p99 latency, the front (``_pareto``) ringed; and the notes under it:
+    the runs on the front, and those kept off it for failing more than 1% of the burst."""
+    found, front = candidates(report)
+    styles = plot_styles(colors)
     fig, axes = _figure(1, 4.2)
     ax = axes[0]
     for label in colors:
-        mine = [(v, lat, thr) for lbl, v, lat, thr, _ in candidates if lbl == label]
-        if not mine:
-            continue
+        st = styles[label]
+        for on_time in (True, False):
+            mine = [c for c in found if c.label == label and c.on_time is on_time]
+            if not mine:
+                continue
+            # Hollow: more than 1% failed, so its burst p99 is infinite (see _pareto).
+            fill = {} if on_time else {"mfc": "white", "mew": 1.8}
+            shown = not any(c.label == label and c.on_time for c in found) or on_time
+            ax.plot(
+                [c.result.latency_s.p99 for c in mine],
+                [c.goodput_per_s for c in mine],
+                st["marker"],
+                c=st["color"],
+                ms=8,
+                ls="none",
+                zorder=st["zorder"],
+                label=_mpl(label) if shown else None,
+                **fill,
+            )
+            for c in mine:
+                notes = [] if c.value is None else [f"{c.value:g}"]
+                if not on_time:
+                    notes.append(f"{c.result.failed / c.result.requests:.0%} failed")
+                ax.annotate(
+                    ", ".join(notes), (c.result.latency_s.p99, c.goodput_per_s),
+                    textcoords="offset points", xytext=(6, 4), fontsize=8,
+                )  # fmt: skip
+    timely = [found[i] for i in front if found[i].on_time]
+    if timely:
+        ax.step(
+            [c.latency_s for c in timely],
+            [c.goodput_per_s for c in timely],
+            where="post", c="black", lw=2, alpha=0.35,
+        )  # fmt: skip
+    ringed = [found[i] for i in front]
+    if ringed:
         ax.plot(
-            [lat for _, lat, _ in mine],
-            [thr for _, _, thr in mine],
-            "o",
-            c=colors[label],
-            label=_mpl(label),
-            ms=7,
-        )
-        for v, lat, thr in mine:
-            if v is not None:
-                ax.annotate(f"{v:g}", (lat, thr), textcoords="offset points", xytext=(5, 4))
-    if front:
-        fx = [candidates[i][2] for i in front]
-        fy = [candidates[i][3] for i in front]
-        ax.step(fx, fy, where="post", c="black", lw=2, alpha=0.35, label="Pareto front")
-        ax.plot(fx, fy, "o", mfc="none", mec="black", ms=13, mew=1.5)
-    ax.set_xlabel("end-to-end latency p99, s (lower is better)")
-    ax.set_ylabel("throughput, successes/s (higher is better)")
-    if not candidates:
+            [c.result.latency_s.p99 for c in ringed],
+            [c.goodput_per_s for c in ringed],
+            "o", mfc="none", mec="black", ms=15, mew=1.5, label="Pareto front",
+        )  # fmt: skip
+    ax.set_xlabel("end-to-end latency p99 of successes, s (lower is better)")
+    ax.set_ylabel("goodput, good requests/s\nof the window (higher is better)")
+    ax.set_ylim(bottom=0)
+    ax.set_xlim(left=0)
+    if not found:
         ax.text(0.5, 0.5, "no run succeeded", transform=ax.transAxes, ha="center", va="center")
     _legend(ax, "best")
+    return _render(fig, "plot-pareto"), _pareto_notes(report, found, front)
+
+
+def _pareto_notes(
+    report: BurstReport | SweepReport, found: Sequence[Candidate], front: Sequence[int]
+) -> list[str]:
+    if not found:
+        return ["No run succeeded."]
     axis = report.sweep.axis if isinstance(report, SweepReport) else ""
-    names = []
-    for i in front:
-        label, value, lat, thr, _ = candidates[i]
-        at = "" if value is None else f" at {axis}={value:g}"
-        names.append(f"{label}{at}: {thr:.1f}/s ({success[i]:.1%} success), p99 {lat:.3g} s")
-    return _render(fig, "plot-pareto"), names
 
+    def name(c: Candidate) -> str:
+        at = "" if c.value is None else f" at {axis}={c.value:g}"
+        return f"{c.label}{at}"
 
-def _point_dicts(r: StrategyResult) -> list[dict[str, Any]]:
-    return [flatten(p.as_dict()) for p in r.timeline]
+    def latency(c: Candidate) -> str:
+        if c.on_time:
+            return f"p99 {c.latency_s:.3g} s"
+        return f"p99 of the burst never ({c.result.failed / c.result.requests:.1%} failed)"
 
-
-def _extra_series(results: Sequence[StrategyResult]) -> list[str]:
-    """Numeric timeline fields beyond the known ones (a scraped series, say), in order."""
-    seen: dict[str, None] = {}
-    for r in results:
-        for point in _point_dicts(r):
-            for key, value in point.items():
-                if key not in _POINT_KEYS and _num(value):
-                    seen.setdefault(key)
-    return list(seen)
-
-
-def timeline_plot(report: BurstReport, colors: Mapping[str, str], prefix: str) -> str:
-    results = report.results
-    server = bool(results) and all(
-        r.timeline and r.timeline[0].server_inflight is not None for r in results
+    on = [
+        f"{name(c)}: {c.goodput_per_s:.1f}/s ({c.result.success_rate:.1%} success), {latency(c)}"
+        for c in (found[i] for i in front)
+    ]
+    notes = ["On the front: " + "; ".join(on) + "."]
+    off = [c for i, c in enumerate(found) if i not in front and not c.on_time]
+    if off:
+        listed = "; ".join(f"{name(c)} ({c.result.success_rate:.1%} success)" for c in off)
+        notes.append(
+            "Hollow: a run that failed more than 1% of its requests. Its 99th-percentile "
+            "caller never got an answer, so the p99 of its successes is not what its callers "
+            "saw: it can be on the front only by out-doing every run's goodput. Kept off the "
+            f"front so: {listed}."
+        )
+    notes.append(
+        "Goodput: requests that succeeded and met every objective, per second of the "
+        "rates' window (the offered window, the makespan or the lower bound, the longest)."
     )
-    extras = _extra_series(results)[:_MAX_EXTRA_SERIES]
-    fig, axes = _figure(3 + len(extras), 2.1 * (3 + len(extras)) + 0.4)
-    where = "server" if server else "client"
-    for r in results:
-        points = _point_dicts(r)
-        if not points:
-            continue
-        c, label = colors[r.label], _mpl(r.label)
-        t = [p["t_s"] for p in points]
-        inflight = [p["server_inflight" if server else "client_inflight"] for p in points]
-        yields = [p["server_yielded" if server else "client_yields"] for p in points]
-        axes[0].step(t, [_or_nan(v) for v in inflight], where="post", c=c, label=label)
-        axes[1].plot(t, [_or_nan(v) for v in yields], c=c)
-        axes[2].plot(t, [p["completed"] for p in points], c=c)
-        axes[2].plot(t, [p["failed"] for p in points], "--", c=c)
-        for ax, key in zip(axes[3:], extras, strict=False):
-            ys: list[Any] = [p.get(key) for p in points]
-            scale = _SERIES_SCALE.get(key, 1.0)
-            ax.plot(t, [y * scale if _num(y) else math.nan for y in ys], c=c)
-    caps = {r.server.max_inflight for r in results if r.server is not None}
-    if server and len(caps) == 1:
-        axes[0].axhline(caps.pop(), color="grey", ls="--", lw=1, label="max_inflight")
-    axes[0].set_title(f"in flight ({where})", loc="left")
-    axes[1].set_title(f"yields, cumulative ({where})", loc="left")
-    axes[2].set_title("requests completed (solid) and failed (dashed), cumulative", loc="left")
-    for ax, key in zip(axes[3:], extras, strict=False):
-        ax.set_title(_mpl(_SERIES_TITLES.get(key, key)), loc="left")
-    _legend(axes[0], "best")
-    axes[-1].set_xlabel("seconds since the first arrival")
-    return _render(fig, prefix)
+    return notes

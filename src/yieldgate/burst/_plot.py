@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from yieldgate.burst._html_plots import plot_colors, plot_styles
 from yieldgate.burst._results import BurstReport
 from yieldgate.burst._sweep import SweepReport
 
@@ -34,7 +35,10 @@ def write_plot(report: BurstReport | SweepReport, path: str | Path) -> Path:
         f"yields, cumulative ({where})",
         "completed requests, cumulative",
     )
+    styles = plot_styles(plot_colors(r.label for r in report.results))
     for r in report.results:
+        st = styles[r.label]
+        line = {"c": st["color"], "ls": st["ls"], "lw": st["lw"], "zorder": st["zorder"]}
         t = [p.t_s for p in r.timeline]
         if server:
             inflight = [p.server_inflight or 0 for p in r.timeline]
@@ -43,12 +47,13 @@ def write_plot(report: BurstReport | SweepReport, path: str | Path) -> Path:
             inflight = [p.client_inflight for p in r.timeline]
             yields = [p.client_yields for p in r.timeline]
         done = [p.completed for p in r.timeline]
-        axes[0].step(t, inflight, where="post", label=r.label)
-        axes[1].plot(t, yields, label=r.label)
-        axes[2].plot(t, done, label=r.label)
+        axes[0].step(t, inflight, where="post", label=r.label, **line)
+        axes[1].plot(t, yields, label=r.label, **line)
+        axes[2].plot(t, done, label=r.label, **line)
     for ax, title in zip(axes, titles, strict=True):
         ax.set_title(title, loc="left", fontsize=10)
         ax.grid(alpha=0.3)
+        ax.set_ylim(bottom=0)
     if server and report.results and report.results[0].server is not None:
         cap = report.results[0].server.max_inflight
         axes[0].axhline(cap, color="grey", linestyle="--", linewidth=1, label="max_inflight")

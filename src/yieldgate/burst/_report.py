@@ -66,6 +66,7 @@ def _rows(report: BurstReport, sep: str) -> list[tuple[str, Callable[[StrategyRe
         ("makespan s", lambda r: _f(r.makespan_s)),
         ("lower bound s", lambda r: _f(r.lower_bound_s)),
         ("makespan / bound", _ratio),
+        ("rates' window s", lambda r: _f(r.window_s)),
         ("latency p50/p95/p99 s", lambda r: _pcts(r.latency_s, 2)),
     ]
     if any(r.streaming for r in report.results):

@@ -24,6 +24,7 @@ from yieldgate.burst._metrics import (
     priority_fairness,
     recovery,
 )
+from yieldgate.burst._rates import makespan_lower_bound, per_window, rate_window_s
 from yieldgate.burst._targets import Request
 
 __all__ = [
@@ -245,6 +246,8 @@ class StrategyResult:
     priorities: tuple[PriorityClass, ...] = ()
     # The most resident memory sampled of a server the tool started (None otherwise).
     server_rss_peak_bytes: int | None = None
+    # The offered window: the last arrival, from the first (0 when all arrive at once).
+    offered_s: float = 0.0
 
     @property
     def timeouts(self) -> int:
@@ -274,20 +277,24 @@ class StrategyResult:
         return self.goodput_good / self.requests if self.requests else 0.0
 
     @property
+    def window_s(self) -> float:
+        """What the rates are per second of: the offered window, the makespan or the lower
+        bound, the longest (``yieldgate.burst._rates``), so failing fast never looks fast."""
+        return rate_window_s(self.offered_s, self.makespan_s, self.lower_bound_s)
+
+    @property
     def goodput_per_s(self) -> float:
-        return self.goodput_good / self.makespan_s if self.makespan_s > 0 else 0.0
+        return per_window(self.goodput_good, self.window_s)
 
     @property
     def throughput_per_s(self) -> float:
-        """Successes per second of makespan."""
-        return self.succeeded / self.makespan_s if self.makespan_s > 0 else 0.0
+        """Successes per second of the window (``window_s``)."""
+        return per_window(self.succeeded, self.window_s)
 
     @property
     def tokens_per_s(self) -> float | None:
-        """Streamed output tokens per second of makespan; ``None`` when not streaming."""
-        if self.output_tokens is None:
-            return None
-        return self.output_tokens / self.makespan_s if self.makespan_s > 0 else 0.0
+        """Streamed output tokens per second of the window; ``None`` when not streaming."""
+        return None if self.output_tokens is None else per_window(self.output_tokens, self.window_s)
 
     def as_dict(self, *, timeline: bool = True) -> dict[str, Any]:
         return {
@@ -304,6 +311,8 @@ class StrategyResult:
             "makespan_s": self.makespan_s,
             "lower_bound_s": self.lower_bound_s,
             "makespan_ratio": self.makespan_ratio,
+            "offered_s": self.offered_s,
+            "window_s": self.window_s,
             "latency_s": self.latency_s.as_dict(),
             "streaming": None
             if self.streaming is None
@@ -357,35 +366,6 @@ class BurstReport:
             "goal": None if self.goal is None else self.goal.as_dict(),
             "results": [r.as_dict(timeline=timeline) for r in self.results],
         }
-
-
-def makespan_lower_bound(
-    requests: int,
-    exec_s: float,
-    max_inflight: int,
-    *,
-    cold_start_s: float = 0.0,
-    ramp_s: float = 0.0,
-    last_arrival_s: float = 0.0,
-) -> float:
-    """The least time ``requests`` executions of ``exec_s`` could take on ``max_inflight``
-    slots, when capacity is 0 for ``cold_start_s`` and then rises one slot at a time
-    from 1 to ``max_inflight`` over ``ramp_s`` (as the reference server ramps), and
-    the last request arrives at ``last_arrival_s``."""
-    if requests <= 0 or exec_s <= 0 or max_inflight < 1:
-        return 0.0
-    step = ramp_s / (max_inflight - 1) if ramp_s > 0 and max_inflight > 1 else 0.0
-    opens = [cold_start_s + k * step for k in range(max_inflight)]
-    work = requests * exec_s
-
-    def slot_seconds(t: float) -> float:
-        return sum(max(0.0, t - o) for o in opens)
-
-    lo, hi = 0.0, cold_start_s + ramp_s + work + exec_s
-    for _ in range(100):
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if slot_seconds(mid) < work else (lo, mid)
-    return max(hi, cold_start_s + exec_s, last_arrival_s + exec_s)
 
 
 def summarise(
@@ -450,7 +430,7 @@ def summarise(
             stream and slo.tpot_ms is not None and tpot.get(r.index, 0.0) * 1000 > slo.tpot_ms
         )
 
-    bound = None
+    bound, last_arrival = None, max((r.arrival_s for r in requests), default=0.0)
     # The run's mean execution time; the moving average leans to the last few
     # executions (on a batching backend, the fast ones at the end of a burst).
     exec_ms = None if server is None else server.exec_ms_mean or server.exec_ms_ewma
@@ -461,7 +441,7 @@ def summarise(
             server.max_inflight,
             cold_start_s=cold_start_s,
             ramp_s=ramp_s,
-            last_arrival_s=max((r.arrival_s for r in requests), default=0.0),
+            last_arrival_s=last_arrival,
         )
     return StrategyResult(
         strategy=strategy,
@@ -481,12 +461,11 @@ def summarise(
         timeline=tuple(timeline),
         output_tokens=sum(len(r.chunk_s) for r in oks) if stream else None,
         hint_accuracy=None if attempt_log is None else hint_accuracy(attempt_log),
-        recovery=None
-        if attempt_log is None
-        else recovery(attempt_log, max((r.arrival_s for r in requests), default=0.0), probes),
+        recovery=None if attempt_log is None else recovery(attempt_log, last_arrival, probes),
         priorities=() if not priorities else priority_fairness(requests, priorities),
         server_rss_peak_bytes=max(
             (p.server_rss_bytes for p in timeline if p.server_rss_bytes is not None),
             default=None,
         ),
+        offered_s=last_arrival,
     )

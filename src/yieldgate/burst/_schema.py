@@ -117,6 +117,8 @@ _RESULT = _obj(
         "makespan_s": _NUM,
         "lower_bound_s": _NUM_OR_NULL,
         "makespan_ratio": _NUM_OR_NULL,
+        "offered_s": _NUM,
+        "window_s": _NUM,
         "latency_s": _PCT,
         "streaming": _obj({"ttft_ms": _PCT, "tpot_ms": _PCT, "itl_ms": _PCT}, nullable=True),
         "throughput_per_s": _NUM,
