@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 TORCH := torch==2.13.0
 STAMP := $(VENV)/.installed
 
-.PHONY: venv demo test lint typecheck docs docs-serve pytest compat tt bench clean
+.PHONY: venv demo test test-pythons lint typecheck docs docs-serve pytest compat tt bench clean
 
 venv: $(STAMP)
 
@@ -50,6 +50,38 @@ pytest: $(STAMP)
 # its tests) to the five of the rest on 2 cores.
 test: lint typecheck docs pytest compat
 
+# The SDK's tests (gate, dialects, transports, fleet) on every supported Python
+# found here, each in its own .venv-3.X with the SDK's extras and the test-sdk group
+# (no torch: the harness, the burst tool and the docs stay on the default python3,
+# which `make test` covers). A version that is not installed is skipped and said so;
+# one that is found and fails fails the target. python3.X on PATH is used when it
+# runs, else pyenv's newest 3.X.
+PYTHONS ?= 3.11 3.12 3.13
+SDK_TESTS := tests/gate tests/dialects tests/transports tests/fleet
+
+test-pythons:
+	@set -e; passed=""; failed=""; \
+	for v in $(PYTHONS); do \
+	  py=$$(command -v python$$v 2>/dev/null || true); \
+	  if [ -n "$$py" ] && ! "$$py" -c pass 2>/dev/null; then py=""; fi; \
+	  if [ -z "$$py" ] && command -v pyenv >/dev/null; then \
+	    py=$$(ls -d "$$(pyenv root)"/versions/$$v.*/bin/python$$v 2>/dev/null | sort -V | tail -n 1); \
+	  fi; \
+	  if [ -z "$$py" ]; then echo "test-pythons: no Python $$v here, skipped"; continue; fi; \
+	  venv=.venv-$$v; \
+	  if [ ! -f $$venv/.installed ] || [ pyproject.toml -nt $$venv/.installed ]; then \
+	    "$$py" -m venv $$venv; \
+	    $$venv/bin/python -m pip install --quiet --disable-pip-version-check "pip>=25.1"; \
+	    $$venv/bin/python -m pip install --quiet --disable-pip-version-check -e ".[server,fleet,httpx2]" --group test-sdk; \
+	    touch $$venv/.installed; \
+	  fi; \
+	  echo "test-pythons: $$($$venv/bin/python --version) ($$py)"; \
+	  if $$venv/bin/python -m pytest -q -p no:cacheprovider $(SDK_TESTS); \
+	  then passed="$$passed $$v"; else failed="$$failed $$v"; fi; \
+	done; \
+	echo "test-pythons: passed on:$${passed:- none}; failed on:$${failed:- none}"; \
+	test -z "$$failed"
+
 # Benchmarks are not part of `make test`: they measure, they do not assert.
 bench: $(STAMP)
 	$(PY) bench/governor.py
@@ -92,4 +124,4 @@ $(TT_STAMP): pyproject.toml
 tt: $(TT_STAMP)
 
 clean:
-	rm -rf $(VENV) $(COMPAT_VENV) $(TT_VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) $(COMPAT_VENV) $(TT_VENV) .venv-3.* .pytest_cache .mypy_cache .ruff_cache .hypothesis
