@@ -61,6 +61,7 @@ yieldgate`` never imports it.
 
 from __future__ import annotations
 
+from yieldgate.fleet import _extra  # noqa: F401 - first: without redis, a clear error
 from yieldgate.fleet._fleet import AsyncClient, Fleet, SyncClient
 from yieldgate.fleet._records import (
     BreakerView,

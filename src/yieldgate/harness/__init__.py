@@ -15,6 +15,7 @@ package unless asked: ``yieldgate serve --backend harness`` does, lazily.
   ``planner_driver`` applies its decisions to a running backend.
 """
 
+from yieldgate.harness import _extra  # noqa: F401 - first: without torch, a clear error
 from yieldgate.harness.backend import HarnessBackend, HarnessConfig
 from yieldgate.harness.block_manager import BlockManager
 from yieldgate.harness.degrade import DegradeConfig, DegradeLevel

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import anyio.abc
 
+from yieldgate._extras import require
 from yieldgate.protocol import ErrorCode
 from yieldgate.server._http_config import HttpConfig
 from yieldgate.server.admission import Admission, Admitted, Failure, Finish, Outstanding, R
@@ -50,6 +51,9 @@ if TYPE_CHECKING:
 __all__ = ["HttpConfig", "HttpFront"]
 
 log = logging.getLogger("yieldgate.server")
+
+# What the front imports when it serves (the server extra); httptools is optional.
+_NEEDS = ("starlette", "uvicorn", "prometheus_client")
 
 # Once close() has cancelled the remaining work, how long uvicorn may take to
 # close the connections (a client that stopped reading holds one open).
@@ -106,6 +110,8 @@ class HttpFront:
         stats: Callable[[], dict[str, Any]] | None = None,
         connections: Callable[[], dict[str, int]] | None = None,
     ) -> None:
+        for module in _NEEDS:  # here, not when serving: the error must not hide in a task group
+            require(module, "yieldgate.server's HTTP front (HttpConfig)")
         self.governor = governor
         self.backend = backend
         self.admission = admission or Admission(governor, backend)
