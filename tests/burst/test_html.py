@@ -131,7 +131,7 @@ def test_a_burst_report_embeds_its_plots_and_tables() -> None:
     for needle in (
         "attempts / request",
         "1.67 (5)",  # the terminal table's figures
-        "YieldExhausted 2",
+        "YieldExhaustedError 2",
         "TTFT p50/p95/p99 ms",
         "server yields by reason",
         "saturated 2",

@@ -110,7 +110,7 @@ def test_rich_table_has_a_column_per_strategy_and_every_figure() -> None:
         "success",
         "attempts / request",
         "1.67 (5)",
-        "YieldExhausted 2",
+        "YieldExhaustedError 2",
         "makespan / bound",
         "TTFT p50/p95/p99 ms",
         "TPOT p50/p95/p99 ms",
@@ -176,3 +176,37 @@ def test_the_bound_uses_the_runs_mean_execution_not_the_moving_average() -> None
     assert result.lower_bound_s == pytest.approx(8 * 0.2 / 2)
     # A server that reports no total: the moving average, as before.
     assert ServerCounters.between(COUNTERS, {**COUNTERS, "executed_total": 1}).exec_ms_mean is None
+
+
+def test_each_error_kind_is_spelt_one_way_in_every_report() -> None:
+    from yieldgate.burst._csv import csv_rows
+    from yieldgate.burst._html import html_report
+
+    report = _report(with_server=False)
+    naive = report.results[1]
+    failed = [Request(index=i, arrival_s=0.0, end_s=0.1, error="CircuitOpenError") for i in (0, 1)]
+    cut = Request(index=2, arrival_s=0.0, end_s=0.1, error="unreachable")
+    cut.unreachable = "connection refused to 127.0.0.1:1"
+    broken = summarise(
+        strategy="naive",
+        label="naive",
+        requests=[*failed, cut],
+        attempts=1,
+        yields=0,
+        slo=Slo(),
+        stream=False,
+        server=None,
+        timeline=[],
+    )
+    assert naive.errors_by_kind == {"YieldExhaustedError": 2}
+    assert naive.as_dict()["errors_by_kind"] == {"YieldExhaustedError": 2}
+    assert csv_rows(report)[1]["errors_by_kind"] == "YieldExhaustedError=2"
+    assert "YieldExhaustedError 2" in markdown_table(report)
+    assert "YieldExhaustedError 2" in html_report(report)
+    # An unreachable target comes first, with why, before the breaker it opened.
+    assert broken.unreachable == "connection refused to 127.0.0.1:1"
+    assert broken.as_dict()["unreachable"] == "connection refused to 127.0.0.1:1"
+    one = BurstReport(config=report.config, machine={}, created=report.created, results=(broken,))
+    (row,) = [line for line in markdown_table(one).splitlines() if line.startswith("| naive")]
+    assert "unreachable 1: connection refused to 127.0.0.1:1; CircuitOpenError 2" in row
+    assert csv_rows(one)[0]["unreachable"] == "connection refused to 127.0.0.1:1"

@@ -63,6 +63,7 @@ CSV_COLUMNS: tuple[str, ...] = (
     "scraped_running_peak",
     "scraped_kv_cache_peak",
     "server_rss_peak_mb",
+    "unreachable",
 )
 
 
@@ -133,6 +134,7 @@ def _new_figures(r: StrategyResult) -> dict[str, Any]:
         "server_rss_peak_mb": _cell(
             None if r.server_rss_peak_bytes is None else r.server_rss_peak_bytes / 2**20
         ),
+        "unreachable": r.unreachable or "",
     }
     classes = {c.priority: c for c in r.priorities}
     for name in _PRIORITIES:

@@ -56,6 +56,7 @@ _RESULT_KEYS = frozenset(
         "recovery",
         "priorities",
         "server_rss_peak_bytes",
+        "unreachable",  # in the errors' row
         "strategy",
         "label",
         "requests",

@@ -21,10 +21,14 @@ def _pcts(p: Percentiles | None, digits: int) -> str:
 
 
 def _errors(r: StrategyResult, sep: str) -> str:
+    """Each kind as the JSON and the CSV spell it (an exception's class name is what a
+    user catches), an unreachable target first and why: a breaker it opened comes after."""
     if not r.errors_by_kind:
         return "-"
+    kinds = sorted(r.errors_by_kind.items(), key=lambda item: (item[0] != "unreachable", item[0]))
     return sep.join(
-        f"{kind.removesuffix('Error')} {n}" for kind, n in sorted(r.errors_by_kind.items())
+        f"{kind} {n}: {r.unreachable}" if kind == "unreachable" and r.unreachable else f"{kind} {n}"
+        for kind, n in kinds
     )
 
 

@@ -246,6 +246,7 @@ class StrategyResult:
     priorities: tuple[PriorityClass, ...] = ()
     # The most resident memory sampled of a server the tool started (None otherwise).
     server_rss_peak_bytes: int | None = None
+    unreachable: str | None = None  # "connection refused to HOST:PORT": why, if any could not
     # The offered window: the last arrival, from the first (0 when all arrive at once).
     offered_s: float = 0.0
 
@@ -332,6 +333,7 @@ class StrategyResult:
             "recovery": None if self.recovery is None else self.recovery.as_dict(),
             "priorities": [c.as_dict() for c in self.priorities],
             "server_rss_peak_bytes": self.server_rss_peak_bytes,
+            "unreachable": self.unreachable,
             "timeline": [p.as_dict() for p in self.timeline] if timeline else [],
         }
 
@@ -467,5 +469,6 @@ def summarise(
             (p.server_rss_bytes for p in timeline if p.server_rss_bytes is not None),
             default=None,
         ),
+        unreachable=next((r.unreachable for r in requests if r.unreachable), None),
         offered_s=last_arrival,
     )

@@ -131,6 +131,7 @@ _RESULT = _obj(
         "recovery": _RECOVERY,
         "priorities": {"type": "array", "items": _PRIORITY},
         "server_rss_peak_bytes": _INT_OR_NULL,
+        "unreachable": {"type": ["string", "null"]},
         "timeline": {"type": "array", "items": _POINT},
     }
 )

@@ -24,6 +24,7 @@ from typing import Any, Literal
 from urllib.parse import urlsplit
 
 import yieldgate
+from yieldgate.burst._unreachable import UNREACHABLE, unreachable_reason
 from yieldgate.gate import USE_POLICY
 from yieldgate.protocol import PRIORITY_HEADER
 
@@ -170,6 +171,7 @@ class Request:
     origin: float = 0.0  # time.monotonic() at the start of the run
     max_tokens: int | None = None  # a trace's own; None: the workload's
     priority: str | None = None  # --priority-mix: high, normal or low; None: not sent
+    unreachable: str | None = None  # why it could not reach the target, and where
 
     def restart(self) -> None:
         """A new attempt of the whole request (a baseline's retry): forget its chunks."""
@@ -210,8 +212,11 @@ def _find_yieldgate_error(exc: BaseException) -> yieldgate.YieldgateError | None
 
 
 def error_kind(exc: BaseException) -> str:
-    """A short name for why a request failed: the Gate's error class, else the
-    HTTP status, else the exception's class."""
+    """A short name for why a request failed: ``unreachable`` when it could not connect
+    (``_unreachable``), else the Gate's error class, else the HTTP status, else the
+    exception's class. The same name in every report: table, JSON, CSV and HTML."""
+    if unreachable_reason(exc) is not None:
+        return UNREACHABLE
     found = _find_yieldgate_error(exc)
     if found is not None:
         return type(found).__name__
