@@ -3,7 +3,11 @@ distinguishable, and the two counts of work in flight explained."""
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from typing import Any
+
+import pytest
 
 from tests.burst.test_rates import counters
 from yieldgate.burst import BurstReport, Slo, TimelinePoint
@@ -132,3 +136,25 @@ def test_the_clients_in_flight_and_the_servers_running_are_explained() -> None:
     assert "In flight minus running is what waits in the server's queue" in text
     page = html_report(_report(server=False))
     assert "In flight minus running is what waits in the server&#x27;s queue" in page
+
+
+def test_a_gauge_breaks_where_no_sample_was_taken() -> None:
+    report = _report(server=True)
+    gappy = []
+    for r in report.results:
+        # Samples at 0.0 and 0.1 s, then none until 0.8 s (a busy loop), then 0.9 s.
+        points = [p for p in r.timeline if not 0.15 < p.t_s < 0.75]
+        gappy.append(dataclasses.replace(r, timeline=tuple(points)))
+    report = dataclasses.replace(
+        report, results=tuple(gappy), config={**report.config, "sample_interval_s": 0.1}
+    )
+    panels, notes = _panels(report)
+    inflight = [line for line in panels["in flight (server)"].get_lines() if line.get_marker()]
+    xs = list(inflight[0].get_xdata())
+    ys = list(inflight[0].get_ydata())
+    gap = next(i for i, y in enumerate(ys) if math.isnan(y))
+    assert xs[gap - 1] == pytest.approx(0.1)  # the last reading before the gap
+    assert xs[gap] == pytest.approx(0.2)  # held for one interval, then no line
+    completed = panels["requests completed, cumulative"].get_lines()[0]
+    assert not any(math.isnan(y) for y in completed.get_ydata())  # a count is not a gauge
+    assert any("no sample for more than 3 sampling intervals" in n for n in notes)

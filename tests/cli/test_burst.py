@@ -151,12 +151,12 @@ def test_print_schema() -> None:
         (["--serve", "", "--sweep", "rate=1,2", "--profile", "ramp:1:2:3"], "rate sweep needs"),
         (["--serve", "", "--burstiness", "0.5"], "--burstiness needs Poisson arrivals"),
         (["--serve", "", "--slo", "ttft=5"], "--slo: bad entry 'ttft=5'"),
-        (["--serve", "", "--slo", "e2e_ms=-1"], "slo e2e_ms must be"),
-        (["--serve", "", "--concurrency", "0"], "concurrency must be >= 1"),
-        (["--serve", "", "--workers", "0"], "workers must be >= 1"),
-        (["--serve", "", "--workers", "3", "--concurrency", "2"], "concurrency must be >= workers"),
+        (["--serve", "", "--slo", "e2e_ms=-1"], "--slo e2e_ms must be"),
+        (["--serve", "", "--concurrency", "0"], "--concurrency must be >= 1"),
+        (["--serve", "", "--workers", "0"], "--workers must be >= 1"),
+        (["--serve", "", "--workers", "3", "--concurrency", "2"], "--concurrency must be >= w"),
         (["--serve", "", "--profile", "trace:/nonexistent.jsonl"], "cannot read it"),
-        (["--serve", "", "--timeout-s", "0"], "timeout_s must be a finite number > 0"),
+        (["--serve", "", "--timeout-s", "0"], "--timeout-s must be a finite number > 0"),
         (["--serve", "", "--priority-mix", "urgent=1"], "unknown priority 'urgent'"),
         (
             ["--serve", "", "--target", "hf+http://", "--priority-mix", "high=1"],
@@ -205,6 +205,7 @@ def test_the_preset_choices_are_the_presets() -> None:
 @pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="needs the harness extra")
 def test_a_sweep_against_the_harness_writes_json_csv_and_html(tmp_path: Path) -> None:
     out, table, page = tmp_path / "s.json", tmp_path / "s.csv", tmp_path / "r" / "s.html"
+    page.parent.mkdir()  # the tool makes no directories
     result = run_cli(
         *("--serve", "--backend harness --max-inflight 2", "--wait-ready"),
         *("--sweep", "rate=100,200", "--requests", "6"),
@@ -242,8 +243,9 @@ def test_the_comparison_preset_builds_one_config_per_part(monkeypatch: pytest.Mo
     parser = burst_parser()
     seen: dict[str, Any] = {}
 
-    def fake_execute(config: Any, **kwargs: Any) -> None:
+    def fake_execute(config: Any, **kwargs: Any) -> Any:
         seen["config"], seen["kwargs"] = config, kwargs
+        return argparse.Namespace(results=())  # a report with no result: nothing unreached
 
     monkeypatch.setattr(_burst, "execute", fake_execute)
     args = parser.parse_args(

@@ -79,6 +79,6 @@ async def test_a_small_pool_pages_out_and_answers_as_a_large_one() -> None:
 
 
 def test_the_cli_refuses_a_negative_host_tier() -> None:
-    with pytest.raises(ServerStartError, match="host_kv_blocks") as caught:
+    with pytest.raises(ServerStartError, match="--host-kv-blocks") as caught:
         spawn("--backend", "harness", "--host-kv-blocks", "-1", ready_timeout=30)
     assert caught.value.returncode == 2

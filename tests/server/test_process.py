@@ -79,12 +79,12 @@ def test_stop_is_graceful_and_can_be_repeated() -> None:
 
 @pytest.mark.e2e
 def test_a_bad_flag_is_a_typed_error_carrying_stderr() -> None:
-    with pytest.raises(ServerStartError, match="max_inflight must be >= 1") as caught:
+    with pytest.raises(ServerStartError, match="--max-inflight must be >= 1") as caught:
         spawn("--max-inflight", "0")
     error = caught.value
     assert isinstance(error, YieldgateError)
     assert error.returncode == 2
-    assert "yieldgate serve: error: max_inflight must be >= 1" in error.stderr
+    assert "yieldgate serve: error: --max-inflight must be >= 1" in error.stderr
     assert error.command[-2:] == ("--max-inflight", "0")
     assert "exited with status 2" in str(error)
 
@@ -93,7 +93,11 @@ def test_a_bad_flag_is_a_typed_error_carrying_stderr() -> None:
 def test_an_unknown_flag_is_a_typed_error_carrying_argparse_usage() -> None:
     with pytest.raises(ServerStartError, match="unrecognized arguments") as caught:
         spawn("--no-such-flag")
-    assert "usage:" in caught.value.stderr
+    # One line, the command's own, with where to look: not argparse's usage block.
+    assert caught.value.stderr == (
+        "yieldgate serve: error: unrecognized arguments: --no-such-flag "
+        "(see 'yieldgate serve --help')\n"
+    )
 
 
 def test_a_program_that_exits_before_listening() -> None:

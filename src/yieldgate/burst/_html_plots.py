@@ -34,6 +34,7 @@ __all__ = [
     "pareto_plot",
     "plot_colors",
     "plot_styles",
+    "zero_based",
 ]
 
 
@@ -98,8 +99,18 @@ def _render(fig: Any, prefix: str) -> str:
 
 
 def _legend(ax: Any, loc: str) -> None:
+    """A legend; ``outside``: beside the axes, on the right, where it hides no line."""
     if ax.get_legend_handles_labels()[0]:
-        ax.legend(fontsize=8, loc=loc)
+        if loc == "outside":
+            ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
+        else:
+            ax.legend(fontsize=8, loc=loc)
+
+
+def zero_based(ax: Any, top: float) -> None:
+    """The y axis from 0 to a tenth above ``top`` (the data's highest), so a flat series
+    far from zero shows flat, and the highest point does not sit on the frame."""
+    ax.set_ylim(0, top * 1.1 if top > 0 else 1.0)
 
 
 def plot_colors(labels: Iterable[str]) -> dict[str, str]:
@@ -170,7 +181,7 @@ def latency_plot(report: SweepReport, colors: Mapping[str, str]) -> str:
     if stream:
         axes[1].set_ylabel("TTFT, ms")
         axes[1].set_title("time to first token (solid p50, dashed p99)", loc="left")
-    _legend(axes[0], "upper left")
+    _legend(axes[0], "outside")
     _sweep_axis(axes[-1], report)
     return _render(fig, "plot-latency")
 
@@ -192,7 +203,7 @@ def goodput_plot(report: SweepReport, colors: Mapping[str, str]) -> str:
     axes[1].set_ylabel("% of requests")
     axes[1].set_title("goodput share of requests (solid; dotted: success rate)", loc="left")
     axes[1].set_ylim(-3, 103)
-    _legend(axes[0], "upper left")
+    _legend(axes[0], "outside")
     _sweep_axis(axes[-1], report)
     return _render(fig, "plot-goodput")
 
@@ -227,8 +238,9 @@ def pareto_plot(
                 **fill,
             )
             for c in mine:
-                notes = [] if c.value is None else [f"{c.value:g}"]
-                if not on_time:
+                # A sweep's points say their value (the notes give their success rates).
+                notes = [f"{c.value:g}"] if c.value is not None else []
+                if not on_time and c.value is None:
                     notes.append(f"{c.result.failed / c.result.requests:.0%} failed")
                 ax.annotate(
                     ", ".join(notes), (c.result.latency_s.p99, c.goodput_per_s),
@@ -250,11 +262,11 @@ def pareto_plot(
         )  # fmt: skip
     ax.set_xlabel("end-to-end latency p99 of successes, s (lower is better)")
     ax.set_ylabel("goodput, good requests/s\nof the window (higher is better)")
-    ax.set_ylim(bottom=0)
-    ax.set_xlim(left=0)
+    zero_based(ax, max((c.goodput_per_s for c in found), default=0.0))
+    ax.set_xlim(0, 1.1 * max((c.result.latency_s.p99 or 0.0 for c in found), default=0.0) or 1.0)
     if not found:
         ax.text(0.5, 0.5, "no run succeeded", transform=ax.transAxes, ha="center", va="center")
-    _legend(ax, "best")
+    _legend(ax, "outside")
     return _render(fig, "plot-pareto"), _pareto_notes(report, found, front)
 
 

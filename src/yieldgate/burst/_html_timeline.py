@@ -12,8 +12,11 @@ What it draws, and what it leaves out so that nothing misleads at a glance:
   drawn: a note under the plot says so (an empty queue is "no queueing
   observed", not a flat line on a +-0.04 axis);
 - the scraped "running" of the server the tool started itself is the same
-  gauge (``yieldgate_inflight``) as the server's in flight, read by a second
-  request a moment later: it is not drawn twice, and the note says why;
+  gauge (``yieldgate_inflight``) as the server's in flight, read at the same
+  moment from its metrics: it is not drawn twice, and the note says why;
+- a gauge (in flight, queue, running, memory) breaks where no sample was taken
+  for more than three sampling intervals, rather than holding its last value
+  across a time nobody looked;
 - every axis starts at zero (counts and memory alike), so noise in a flat
   series never looks like growth;
 - each strategy keeps its colour, dash pattern and marker (``plot_styles``)
@@ -34,6 +37,7 @@ from yieldgate.burst._html_plots import (
     _render,
     flatten,
     plot_styles,
+    zero_based,
 )
 from yieldgate.burst._results import BurstReport, StrategyResult
 
@@ -91,12 +95,33 @@ def _values(points: Sequence[Mapping[str, Any]], key: str, scale: float) -> list
     return [v * scale if _num(v) else math.nan for v in values]
 
 
+# Series that count since the start (the rest are gauges, read at each sample).
+_CUMULATIVE = frozenset({"client_yields", "server_yielded", "completed", "failed"})
+# A gauge's line breaks where no sample was taken for this many sampling intervals.
+_GAP_INTERVALS = 3
+
+
+def _broken(t: list[float], ys: list[float], gap_s: float) -> tuple[list[float], list[float]]:
+    """``(t, ys)`` with a break (``nan``) one interval after any sample followed by none for
+    more than ``gap_s``: a gauge's value is known when read, not until the next reading."""
+    bt: list[float] = []
+    bys: list[float] = []
+    for i, (x, y) in enumerate(zip(t, ys, strict=True)):
+        bt.append(x)
+        bys.append(y)
+        if i + 1 < len(t) and t[i + 1] - x > gap_s:
+            bt.append(x + gap_s / _GAP_INTERVALS)
+            bys.append(math.nan)
+    return bt, bys
+
+
 class _Panel:
     """One panel: its title, and per strategy label its ``(t, values)``."""
 
     def __init__(self, key: str, title: str) -> None:
         self.key, self.title = key, title
         self.lines: dict[str, tuple[list[float], list[float]]] = {}
+        self.gaps = False
 
     @property
     def empty(self) -> bool:
@@ -114,13 +139,19 @@ def _panels(report: BurstReport, server: bool) -> list[_Panel]:
     ]
     extras = _extra_series(list(points.values()))[:_MAX_EXTRA_SERIES]
     keys += [(key, _SERIES_TITLES.get(key, key)) for key in extras]
+    interval: Any = report.config.get("sample_interval_s")
+    gap_s = _GAP_INTERVALS * (interval if _num(interval) and interval > 0 else 0.1)
     panels = []
     for key, title in keys:
         panel = _Panel(key, title)
         for label, mine in points.items():
             if mine:
                 scale = _SERIES_SCALE.get(key, 1.0)
-                panel.lines[label] = ([p["t_s"] for p in mine], _values(mine, key, scale))
+                t, ys = [p["t_s"] for p in mine], _values(mine, key, scale)
+                if key not in _CUMULATIVE:
+                    t, ys = _broken(t, ys, gap_s)
+                    panel.gaps = panel.gaps or len(t) > len(mine)
+                panel.lines[label] = (t, ys)
         panels.append(panel)
     return panels
 
@@ -132,7 +163,7 @@ def _same_gauge(report: BurstReport, server: bool) -> bool:
     return server and report.config.get("scrape") is None
 
 
-def _caption(report: BurstReport, server: bool, dropped: Sequence[str]) -> list[str]:
+def _caption(report: BurstReport, server: bool, dropped: Sequence[str], gaps: bool) -> list[str]:
     if server:
         notes = [
             "In flight (server): the requests the server was executing at each sample, from "
@@ -152,6 +183,12 @@ def _caption(report: BurstReport, server: bool, dropped: Sequence[str]) -> list[
             )
     if dropped:
         notes.append("Not drawn: " + "; ".join(dropped) + ".")
+    if gaps:
+        notes.append(
+            f"A gap in a line of the in flight, queue, running or memory panels: no sample for "
+            f"more than {_GAP_INTERVALS} sampling intervals (the sampler shares the client's "
+            "event loop, which the burst kept busy); what the count was meanwhile is unknown."
+        )
     notes.append(
         "Each strategy keeps its colour, dash pattern and marker in every panel; "
         "every axis starts at zero."
@@ -179,8 +216,8 @@ def timeline_figure(report: BurstReport, colors: Mapping[str, str]) -> tuple[Any
         if panel.key == "scraped_running" and _same_gauge(report, server) and not panel.empty:
             dropped.append(
                 "running (scraped): the server's yieldgate_inflight, the count that in flight "
-                "(server) shows, read by a second request just after it; it differed from in "
-                "flight only where the count changed between the two reads"
+                "(server) shows, read from its metrics at the same moment as its stats (any "
+                "difference is the count changing between the two replies)"
             )
         elif i in (0, 2) or not panel.empty:
             drawn.append(panel)
@@ -207,11 +244,14 @@ def timeline_figure(report: BurstReport, colors: Mapping[str, str]) -> tuple[Any
             else:
                 ax.plot(t, ys, **kwargs)
         ax.set_title(_mpl(panel.title), loc="left")
-        if all(v >= 0 for _, ys in panel.lines.values() for v in ys if not math.isnan(v)):
-            ax.set_ylim(bottom=0)
+        values = [v for _, ys in panel.lines.values() for v in ys if not math.isnan(v)]
+        if all(v >= 0 for v in values):
+            zero_based(ax, max(values, default=0.0))
     caps = {r.server.max_inflight for r in results if r.server is not None}
     if server and len(caps) == 1:
-        axes[0].axhline(caps.pop(), color="grey", ls="--", lw=1, label="max_inflight")
-    _legend(axes[0], "best")
+        cap = caps.pop()
+        axes[0].axhline(cap, color="grey", ls="--", lw=1, label="max_inflight")
+        zero_based(axes[0], max(cap, axes[0].get_ylim()[1] / 1.1))
+    _legend(axes[0], "outside")
     axes[-1].set_xlabel("seconds since the first arrival")
-    return fig, _caption(report, server, dropped)
+    return fig, _caption(report, server, dropped, any(p.gaps for p in drawn))

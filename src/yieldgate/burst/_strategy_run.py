@@ -29,7 +29,6 @@ from yieldgate.burst._results import ServerCounters, TimelinePoint, summarise
 from yieldgate.burst._scrape import common_series, parse_exposition, process_rss_bytes
 from yieldgate.burst._strategies import Strategy
 from yieldgate.burst._targets import Request, StatsSource, Target, error_kind, open_target
-from yieldgate.burst._unreachable import UNREACHABLE, unreachable_line
 
 __all__ = ["Live", "Share", "live_server", "run_async", "run_one", "wait_ready"]
 
@@ -181,18 +180,32 @@ async def run_one(
             probes.extend(Probe(sent_s=a - t0, end_s=b - t0, clean=ok) for a, b, ok in baseline)
 
         async def sample() -> None:
-            counters = await stats() if before is not None else None
-            series = await scrape() if scrape is not None else None
-            rss = None if live.pid is None else process_rss_bytes(live.pid)
+            # A point is stamped when it is taken: the client's figures are read then, and
+            # the server's stats and metrics are asked for together at once, so a busy loop
+            # delays their replies but neither shifts the point nor splits its two reads.
+            t_s = time.monotonic() - t0
             g = gate.statistics()
+            ok, failed = finished["ok"], finished["failed"]
+            rss = None if live.pid is None else process_rss_bytes(live.pid)
+            reads: dict[str, Any] = {}
+
+            async def read(name: str, source: Callable[[], Awaitable[Any]]) -> None:
+                reads[name] = await source()
+
+            async with anyio.create_task_group() as tg:
+                if before is not None:
+                    tg.start_soon(read, "counters", stats)
+                if scrape is not None:
+                    tg.start_soon(read, "series", scrape)
+            counters, series = reads.get("counters"), reads.get("series")
             timeline.append(
                 TimelinePoint(
-                    t_s=time.monotonic() - t0,
+                    t_s=t_s,
                     client_inflight=g.window.inflight,
                     client_attempts=g.attempts,
                     client_yields=g.yields + g.overloads,
-                    completed=finished["ok"],
-                    failed=finished["failed"],
+                    completed=ok,
+                    failed=failed,
                     server_inflight=None if counters is None else counters["inflight"],
                     server_executed=None
                     if counters is None or before is None
@@ -247,8 +260,6 @@ async def run_one(
                     cancelled = scope.cancelled_caught
             except Exception as exc:
                 request.error = error_kind(exc)
-                if request.error == UNREACHABLE:
-                    request.unreachable = unreachable_line(exc, target.host, target.port)
                 if request.error == "DeadlineExceededError" and time.monotonic() >= deadline:
                     # The client's time-out, given to the Gate as its deadline too: the
                     # Gate's timer fired first (the same instant, on a busy loop).

@@ -9,13 +9,42 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
-import time
 from pathlib import Path
 from typing import Any
 
-from yieldgate.cli._common import CliError
+from yieldgate._extras import MissingExtraError, require
+from yieldgate.cli._common import (
+    CliError,
+    CliFailure,
+    add_log_level,
+    check_outputs,
+    flag_error,
+)
+from yieldgate.cli._progress import RichProgress
 
 STRATEGIES = ("yieldgate", "naive", "tenacity", "openai-default")
+
+# The names BurstConfig's errors use, as the flags that set them (phrases where the
+# bare word also appears in other messages).
+FLAGS = {
+    "target": "--target",
+    "requests must": "--requests must",
+    "concurrency must": "--concurrency must",
+    "workers must": "--workers must",
+    "workers > 1": "--workers > 1",
+    "sample_interval_s": "--sample-ms",
+    "timeout_s": "--timeout-s",
+    "recovery_probe_s": "--recovery-probe-ms",
+    "priority_mix": "--priority-mix",
+    "priority mix": "--priority-mix",
+    "scrape": "--scrape",
+    "prompt_tokens": "--prompt-tokens",
+    "max_tokens": "--max-tokens",
+    "policy": "--policy",
+    "policy file": "--policy file",
+    "slo": "--slo",
+    "profile": "--profile",
+}
 
 
 def add_parser(sub: Any) -> None:
@@ -102,7 +131,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument(
         "--policy",
         help="the yieldgate strategy's Gate policy: default, cold_start, interactive, batch, "
-        "or a JSON file",
+        "or a JSON file (default: default)",
     )
     p.add_argument("--stream", action="store_true", default=None, help="stream the replies")
     p.add_argument(
@@ -184,6 +213,7 @@ def add_parser(sub: Any) -> None:
         choices=["burst", "sweep"],
         help="print the JSON schema of --json (of one burst, or of a sweep) and exit",
     )
+    add_log_level(p)
     p.set_defaults(run=run)
 
 
@@ -319,56 +349,8 @@ def build_config(args: argparse.Namespace, sweep: Any = None) -> Any:
         for value in sweep.values if sweep is not None else ():
             sweep.point(config, value)  # a sweep the profile cannot take fails before firing
     except ValueError as exc:
-        raise CliError(str(exc)) from None
+        raise flag_error(exc, FLAGS) from None
     return config
-
-
-class _RichProgress:
-    """A rich progress bar on stderr: one line per strategy."""
-
-    def __init__(self) -> None:
-        from rich.console import Console
-        from rich.progress import (
-            BarColumn,
-            MofNCompleteColumn,
-            Progress,
-            TextColumn,
-            TimeElapsedColumn,
-        )
-
-        self.bar = Progress(
-            TextColumn("{task.description:<16}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            console=Console(stderr=True),
-        )
-        self.task: Any = None
-        self.done = 0
-        self.next_update = 0.0
-
-    def __enter__(self) -> _RichProgress:
-        self.bar.start()
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.bar.stop()
-
-    def start(self, label: str, total: int) -> None:
-        self.task = self.bar.add_task(label, total=total)
-        self.done = 0
-        self.next_update = 0.0
-
-    def advance(self) -> None:
-        # Counted here, shown at most every 50 ms: rich's update costs more than a request.
-        self.done += 1
-        now = time.monotonic()
-        if now >= self.next_update:
-            self.next_update = now + 0.05
-            self.bar.update(self.task, completed=self.done)
-
-    def finish(self, result: Any) -> None:
-        self.bar.update(self.task, completed=result.requests)
 
 
 def execute(
@@ -407,10 +389,12 @@ def execute(
 
     try:
         if progress:
-            with _RichProgress() as bar:
+            with RichProgress() as bar:
                 report = go(bar)
         else:
             report = go(None)
+    except MissingExtraError:
+        raise
     except (RuntimeError, ImportError, TimeoutError, ServerStartError) as exc:
         raise CliError(str(exc)) from None
     if isinstance(report, SweepReport):
@@ -421,7 +405,6 @@ def execute(
     if csv_path is not None:
         print(f"CSV written to {write_csv(report, csv_path)}")
     if json_path is not None:
-        json_path.parent.mkdir(parents=True, exist_ok=True)
         json_path.write_text(json.dumps(report.as_dict(), indent=1) + "\n", encoding="utf-8")
         print(f"results written to {json_path}")
     if plot_path is not None:
@@ -433,14 +416,19 @@ def execute(
     return report
 
 
-def _check_extra() -> None:
-    try:
-        import matplotlib  # noqa: F401
-        import rich  # noqa: F401
-    except ImportError as exc:
-        raise CliError(
-            f"yieldgate burst needs the 'burst' extra ({exc}): pip install 'yieldgate[burst]'"
-        ) from None
+def check_extra(command: str) -> None:
+    """The ``burst`` extra, or ``MissingExtraError`` naming it, before anything runs."""
+    for module in ("rich", "matplotlib"):
+        require(module, command)
+
+
+def check_reached(report: Any) -> None:
+    """``CliFailure`` when not one request of the whole run reached its target."""
+    from yieldgate.burst._unreachable import unreached
+
+    reason = unreached(report)
+    if reason is not None:
+        raise CliFailure(f"{reason}: no request reached the target")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -449,7 +437,10 @@ def run(args: argparse.Namespace) -> int:
 
         print(json.dumps(SWEEP_SCHEMA if args.print_schema == "sweep" else SCHEMA, indent=1))
         return 0
-    _check_extra()
+    check_extra("the burst tool")
+    check_outputs(
+        [("--json", args.json), ("--csv", args.csv), ("--plot", args.plot), ("--html", args.html)]
+    )
     sweep = build_sweep(args)
     from yieldgate.burst._presets import COMPARISONS
 
@@ -463,7 +454,7 @@ def run(args: argparse.Namespace) -> int:
         ]
     else:
         config = build_config(args, sweep)
-    execute(
+    report = execute(
         config,
         comparison=comparison,
         progress=not args.no_progress,
@@ -473,4 +464,5 @@ def run(args: argparse.Namespace) -> int:
         sweep=sweep,
         html_path=args.html,
     )
+    check_reached(report)
     return 0

@@ -25,7 +25,8 @@ import anyio
 import anyio.abc
 from anyio.streams.buffered import BufferedByteReceiveStream
 
-from yieldgate.cli._common import CliError, run_async
+from yieldgate._extras import require
+from yieldgate.cli._common import CliError, add_log_level, check_outputs, run_async
 from yieldgate.protocol import encode_frame, stats_frame, submit_frame
 
 
@@ -42,10 +43,8 @@ def add_parser(sub: Any) -> None:
     )
     burst = p.add_argument_group("the burst comparison (default)")
     burst.add_argument("--requests", type=int, default=160, help="requests per strategy")
-    burst.add_argument("--max-inflight", type=int, default=8, help="the server's slots (default 8)")
-    burst.add_argument(
-        "--plot", type=Path, default=Path("demo-plot.png"), help="PNG to write (demo-plot.png)"
-    )
+    burst.add_argument("--max-inflight", type=int, default=8, help="the server's slots")
+    burst.add_argument("--plot", type=Path, default=Path("demo-plot.png"), help="PNG to write")
     burst.add_argument("--json", type=Path, help="also write the results as JSON")
     burst.add_argument("--no-progress", action="store_true", help="no progress bar")
     seed = p.add_argument_group("the seed scenario (--seed-scenario)")
@@ -56,18 +55,21 @@ def add_parser(sub: Any) -> None:
     seed.add_argument(
         "--exec-ms", type=float, default=10_000.0, help="backend execution time (default 10 s)"
     )
+    add_log_level(p)
     p.set_defaults(run=run)
 
 
 def _burst_demo(args: argparse.Namespace) -> int:
     from yieldgate.cli import _burst
 
-    try:
-        from yieldgate.burst import BurstConfig, demo_settings
-    except ImportError as exc:  # pragma: no cover - the burst extra is missing
-        raise CliError(f"the demo needs the 'burst' extra ({exc})") from None
-    if args.requests < 1 or args.max_inflight < 1:
-        raise CliError("--requests and --max-inflight must be at least 1")
+    _burst.check_extra("the demo")
+    require("torch", "the demo's server (--backend harness)")
+    from yieldgate.burst import BurstConfig, demo_settings
+
+    for flag, value in (("--requests", args.requests), ("--max-inflight", args.max_inflight)):
+        if value < 1:
+            raise CliError(f"{flag} must be at least 1, got {value}")
+    check_outputs([("--plot", args.plot), ("--json", args.json)])
     config = BurstConfig(**demo_settings(requests=args.requests, max_inflight=args.max_inflight))
     print(
         f"demo: {args.requests} streamed requests at once against `yieldgate serve "

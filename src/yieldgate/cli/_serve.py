@@ -16,8 +16,9 @@ from typing import Any
 
 import anyio
 
-from yieldgate.cli._common import CliError, run_async
-from yieldgate.cli._serve_flags import add_arguments
+from yieldgate._extras import require
+from yieldgate.cli._common import CliError, CliFailure, check_input, flag_error, run_async
+from yieldgate.cli._serve_flags import FLAGS, add_arguments
 
 
 def add_parser(sub: Any) -> None:
@@ -63,7 +64,7 @@ def _quota(args: argparse.Namespace) -> Any:
             headers=args.quota_headers,
         )
     except ValueError as exc:
-        raise CliError(str(exc)) from None
+        raise flag_error(exc, FLAGS) from None
 
 
 def _quota_model(text: str) -> tuple[str, tuple[int | None, int | None]]:
@@ -107,23 +108,28 @@ def _http_host(args: argparse.Namespace) -> str:
 
 
 def _harness_backend(args: argparse.Namespace) -> Any:
-    try:
-        from yieldgate.harness import (
-            DegradeConfig,
-            EngineConfig,
-            HarnessBackend,
-            HarnessConfig,
-            ModelConfig,
-            SchedulerConfig,
-        )
-        from yieldgate.harness.qos import SloConfig
-        from yieldgate.harness.router import RouterConfig, RouterConfigFile
-        from yieldgate.harness.speculative import SpeculativeConfig
-    except ImportError as exc:
-        raise CliError(
-            f"--backend harness needs torch ({exc}); install the extra: "
-            "pip install 'yieldgate[harness]'"
-        ) from None
+    require("torch", "--backend harness")
+    from yieldgate.harness import (
+        DegradeConfig,
+        EngineConfig,
+        HarnessBackend,
+        HarnessConfig,
+        ModelConfig,
+        SchedulerConfig,
+    )
+    from yieldgate.harness.qos import SloConfig
+    from yieldgate.harness.router import RouterConfig, RouterConfigFile
+    from yieldgate.harness.speculative import SpeculativeConfig
+
+    check_input("--checkpoint", args.checkpoint)
+    check_input("--router-config", args.router_config)
+    if args.checkpoint is not None:
+        from yieldgate.harness import load_checkpoint
+
+        try:
+            load_checkpoint(args.checkpoint)  # here, not once serving: a bad file is one line
+        except ValueError as exc:
+            raise CliError(f"--checkpoint: {exc}") from None
     engine = EngineConfig(
         model=ModelConfig(seed=args.model_seed),
         checkpoint=args.checkpoint,
@@ -213,6 +219,9 @@ def build_server(args: argparse.Namespace) -> Any:
     from yieldgate.server.backends import parse_mix
     from yieldgate.server.governor import Governor
 
+    if args.http_port is not None:
+        for module in ("starlette", "uvicorn", "prometheus_client"):
+            require(module, "--http-port")
     try:
         mix = parse_mix(args.exec_mix) if args.exec_mix else ()
         sim = SimulatedConfig(
@@ -271,7 +280,7 @@ def build_server(args: argparse.Namespace) -> Any:
             )
         return Server(governor, backend, tcp=tcp, http=http, grace_s=args.grace_s)
     except ValueError as exc:
-        raise CliError(str(exc)) from None
+        raise flag_error(exc, FLAGS) from None
 
 
 async def _serve(server: Any) -> None:
@@ -340,7 +349,7 @@ def run(args: argparse.Namespace) -> int:
         while isinstance(exc, BaseExceptionGroup):
             exc = exc.exceptions[0]
         reason = getattr(exc, "strerror", None) or str(exc)
-        raise CliError(f"cannot listen on {where}: {reason}") from None
+        raise CliFailure(f"cannot listen on {where}: {reason}") from None
     return 0
 
 

@@ -12,9 +12,63 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from yieldgate.cli._common import add_log_level
 from yieldgate.protocol import DEFAULT_MAX_FRAME_BYTES
 
-__all__ = ["add_arguments"]
+__all__ = ["FLAGS", "add_arguments"]
+
+# The configs' names for what the flags set, as their errors spell them: each becomes
+# its flag in the one line the command prints (``max_inflight`` -> ``--max-inflight``).
+FLAGS = {
+    "port": "--port",
+    "http port": "--http-port",
+    "max_frame_bytes": "--max-frame-bytes",
+    "idle_timeout_s": "--idle-timeout-s",
+    "max_connections": "--max-connections",
+    "http max_connections": "--http-max-connections",
+    "write_timeout_s": "--write-timeout-s",
+    "max_body_bytes": "--max-body-bytes",
+    "model_name": "--model-name",
+    "head_timeout_s": "--http-head-timeout-s",
+    "body_timeout_s": "--http-body-timeout-s",
+    "http parser": "--http-parser",
+    "grace_s": "--grace-s",
+    "quota rpm": "--quota-rpm",
+    "quota tpm": "--quota-tpm",
+    "quota window_s": "--quota-window-s",
+    "quota default_max_tokens": "--default-max-tokens",
+    "quota headers": "--quota-headers",
+    "quota model": "--quota-model",
+    "a quota's model": "--quota-model's model",
+    "max_inflight": "--max-inflight",
+    "max_queued": "--queue",
+    "reserved slot counts": "--reserve-high and --reserve-normal",
+    "reserved slots": "--reserve-high and --reserve-normal",
+    "initial_exec_ms": "--initial-exec-ms",
+    "exec_ms": "--exec-ms",
+    "bad mix entry": "--exec-mix: bad entry",
+    "empty execution-time mix": "--exec-mix: empty mix",
+    "fail_rate": "--fail-rate",
+    "cold_start_s": "--cold-start-s",
+    "ramp_s": "--ramp-s",
+    "device": "--device",
+    "num_blocks": "--kv-blocks",
+    "block_size": "--block-size",
+    "host_kv_blocks": "--host-kv-blocks",
+    "kv_dtype": "--kv-dtype",
+    "max_num_seqs": "--max-inflight",
+    "max_num_batched_tokens": "--max-num-batched-tokens",
+    "default_max_tokens": "--default-max-tokens",
+    "torch_threads": "--torch-threads",
+    "prefill_workers": "--prefill-workers",
+    "k": "--speculative-k",
+    "draft_layers": "--draft-layers",
+    "ttft_ms_low": "--slo-ttft-ms LOW",
+    "ttft_ms_normal": "--slo-ttft-ms NORMAL",
+    "ttft_ms_high": "--slo-ttft-ms HIGH",
+    "tpot_ms": "--slo-tpot-ms",
+    "degrade": "--degrade",
+}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -314,13 +368,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         ),
     )
 
-    p.add_argument(
-        "--log-level",
-        default="warning",
-        type=str.lower,
-        choices=["debug", "info", "warning", "error", "critical"],
-        help="logging level (default: warning)",
-    )
+    add_log_level(p)
 
 
 def _positive_int(text: str) -> int:

@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from yieldgate.cli._common import CliError
+from yieldgate.cli._common import CliError, add_log_level
 
 
 def add_parser(sub: Any) -> None:
@@ -43,6 +43,7 @@ def add_parser(sub: Any) -> None:
             "2048); default: no limit"
         ),
     )
+    add_log_level(p)
     p.set_defaults(run=run)
 
 

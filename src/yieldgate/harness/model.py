@@ -354,8 +354,13 @@ def load_checkpoint(path: str | Path, device: torch.device | str = "cpu") -> Tin
     """Load what ``save_checkpoint`` wrote. No pickle: ``weights_only`` loading only."""
     try:
         data = torch.load(Path(path), map_location="cpu", weights_only=True)
-    except (OSError, RuntimeError, pickle.UnpicklingError) as exc:
-        raise ValueError(f"cannot load checkpoint {path}: {exc}") from exc
+    except pickle.UnpicklingError as exc:
+        why = "not a file that torch.load(weights_only=True) reads"
+        raise ValueError(f"cannot load checkpoint {path}: {why}") from exc
+    except (OSError, RuntimeError, EOFError, KeyError) as exc:
+        # A file that is no checkpoint at all fails in any of these (KeyError: a stray opcode).
+        first = str(exc).partition("\n")[0]
+        raise ValueError(f"cannot load checkpoint {path}: {type(exc).__name__}: {first}") from exc
     if not isinstance(data, dict) or "config" not in data or "state_dict" not in data:
         raise ValueError(f"{path} is not a yieldgate harness checkpoint")
     try:
