@@ -29,6 +29,7 @@ from yieldgate.burst._results import ServerCounters, TimelinePoint, summarise
 from yieldgate.burst._scrape import common_series, parse_exposition, process_rss_bytes
 from yieldgate.burst._strategies import Strategy
 from yieldgate.burst._targets import Request, StatsSource, Target, error_kind, open_target
+from yieldgate.burst._unreachable import UNREACHABLE, unreachable_line
 
 __all__ = ["Live", "Share", "live_server", "run_async", "run_one", "wait_ready"]
 
@@ -260,6 +261,8 @@ async def run_one(
                     cancelled = scope.cancelled_caught
             except Exception as exc:
                 request.error = error_kind(exc)
+                if request.error == UNREACHABLE:
+                    request.unreachable = unreachable_line(exc, target.host, target.port)
                 if request.error == "DeadlineExceededError" and time.monotonic() >= deadline:
                     # The client's time-out, given to the Gate as its deadline too: the
                     # Gate's timer fired first (the same instant, on a busy loop).
