@@ -16,6 +16,7 @@ import traceback
 from collections.abc import Sequence
 
 from yieldgate._extras import MissingExtraError
+from yieldgate._version import __version__
 from yieldgate.cli._common import CliError, CliFailure, Parser
 
 __all__ = ["main"]
@@ -31,6 +32,9 @@ def _parser() -> argparse.ArgumentParser:
     parser = Parser(
         prog="yieldgate",
         description="Client-side backpressure for inference endpoints, and its reference server.",
+    )
+    parser.add_argument(
+        "--version", action="version", version=f"%(prog)s {__version__}", help="print the version"
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _serve.add_parser(sub)
