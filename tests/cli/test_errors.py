@@ -127,6 +127,7 @@ def test_a_missing_extra_names_it_and_its_pip_line(
         ("redis", "yieldgate.Gate(name='g', shared='redis://127.0.0.1:1')", "fleet"),
         ("torch", "import yieldgate.harness", "harness"),
         ("starlette", "from yieldgate.server import http; http.HttpFront(None, None)", "server"),
+        ("httpx2", "yieldgate.http_client(yieldgate.Gate(), flavor='httpx2')", "httpx2"),
     ],
 )
 def test_the_library_raises_a_typed_import_error(modules: str, code: str, extra: str) -> None:

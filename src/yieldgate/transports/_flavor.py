@@ -18,6 +18,8 @@ import re
 import sys
 from typing import Any, Literal, get_args
 
+from yieldgate._extras import MissingExtraError
+
 __all__ = ["Flavor", "detect_flavor", "flavor_of_distribution", "library"]
 
 Flavor = Literal["httpx", "httpx2"]
@@ -36,8 +38,9 @@ def library(flavor: str) -> Any:
     try:
         return importlib.import_module(flavor)
     except ImportError:
-        hint = "pip install 'yieldgate[httpx2]'" if flavor == "httpx2" else "pip install httpx"
-        raise ImportError(f"flavor={flavor!r} needs the {flavor} package: {hint}") from None
+        if flavor == "httpx2":
+            raise MissingExtraError("flavor='httpx2'", "httpx2") from None
+        raise ImportError(f"flavor={flavor!r} needs the httpx package: pip install httpx") from None
 
 
 def _installed(flavor: Flavor) -> bool:
