@@ -395,8 +395,11 @@ def execute(
             report = go(None)
     except MissingExtraError:
         raise
-    except (RuntimeError, ImportError, TimeoutError, ServerStartError) as exc:
-        raise CliError(str(exc)) from None
+    except ServerStartError as exc:
+        # Status 2: the server refused the flags --serve gave it; else it failed to start.
+        raise (CliError if exc.returncode == 2 else CliFailure)(str(exc)) from None
+    except (RuntimeError, ImportError, TimeoutError) as exc:
+        raise CliFailure(str(exc)) from None
     if isinstance(report, SweepReport):
         for _, point in report.points:
             render_table(point)
