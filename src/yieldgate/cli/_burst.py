@@ -27,7 +27,8 @@ STRATEGIES = ("yieldgate", "naive", "tenacity", "openai-default")
 # The names BurstConfig's errors use, as the flags that set them (phrases where the
 # bare word also appears in other messages).
 FLAGS = {
-    "target": "--target",
+    "target '": "--target '",
+    "trace '": "--profile trace '",
     "requests must": "--requests must",
     "concurrency must": "--concurrency must",
     "workers must": "--workers must",

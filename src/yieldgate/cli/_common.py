@@ -103,7 +103,9 @@ def flag_error(exc: Exception, flags: Mapping[str, str]) -> CliError:
     each whole-word ``attribute`` of ``flags`` in its message becomes its ``--flag``."""
     message = str(exc)
     for name in sorted(flags, key=len, reverse=True):
-        message = re.sub(rf"(?<![\w-]){re.escape(name)}(?![\w-])", flags[name], message)
+        before = r"(?<![\w-])" if re.match(r"\w", name) else ""
+        after = r"(?![\w-])" if re.search(r"\w$", name) else ""
+        message = re.sub(before + re.escape(name) + after, flags[name], message)
     return CliError(message)
 
 
