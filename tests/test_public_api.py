@@ -57,6 +57,7 @@ SURFACE = {
         "StreamInterruptedError",
         "RemoteError",
         "RequestTooLargeError",
+        "MissingExtraError",
     ],
 }
 

@@ -35,6 +35,7 @@ from yieldgate._exceptions import (
     YieldExhaustedError,
     YieldgateError,
 )
+from yieldgate._extras import MissingExtraError
 from yieldgate._version import __version__
 from yieldgate.gate import (
     BreakerPolicy,
@@ -79,6 +80,7 @@ __all__ = [
     "GaveUpError",
     "GovernedClient",
     "HedgePolicy",
+    "MissingExtraError",
     "Outcome",
     "OutcomeKind",
     "Priority",
