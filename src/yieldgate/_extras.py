@@ -50,7 +50,9 @@ class MissingExtraError(ImportError):
             )
         super().__init__(message, name=module)
         self.extra = extra
+        """The extra that brings the module (``"server"``, ``"fleet"``...); ``None``: none does."""
         self.what = what
+        """What needed it, in words (``"yieldgate.server's HTTP front"``)."""
 
 
 def require(module: str, what: str) -> ModuleType:

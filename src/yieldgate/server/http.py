@@ -113,15 +113,22 @@ class HttpFront:
         for module in _NEEDS:  # here, not when serving: the error must not hide in a task group
             require(module, "yieldgate.server's HTTP front (HttpConfig)")
         self.governor = governor
+        """The Governor that admits or yields each request."""
         self.backend = backend
+        """The backend that executes what is admitted."""
         self.admission = admission or Admission(governor, backend)
+        """The admission it shares with the other fronts of its server."""
         self.config = config or HttpConfig()
+        """Where and how it listens."""
         quota = self.config.quota
         self.quota = None if quota is None else ProviderQuota(quota)
+        """The provider quota it emulates (``HttpConfig.quota``); ``None``: none."""
         self.address: tuple[str, int] | None = None
-        # (route, status) -> count, read by /metrics.
+        """The ``(host, port)`` it listens on, once serving; ``None`` before."""
         self.requests: Counter[tuple[str, str]] = Counter()
-        self.body_timeouts = 0  # requests answered 408: the body did not arrive in time
+        """Requests answered, by ``(route, status)``, for ``/metrics``."""
+        self.body_timeouts = 0
+        """Requests answered 408: the body did not arrive within ``body_timeout_s``."""
         self._stats_source = stats
         self._connections_source = connections
         self._server: _Uvicorn | None = None
@@ -243,6 +250,7 @@ class HttpFront:
     # -- state ----------------------------------------------------------------
 
     def connection_stats(self) -> dict[str, int]:
+        """The HTTP connection counters (``http_connections_open``...), in the server's stats."""
         server, guard = self._server, self._guard
         return {
             "http_connections_open": 0 if server is None else len(server.server_state.connections),
