@@ -46,9 +46,12 @@ def anyio_backend() -> tuple[str, dict[str, Any]]:
 
 
 def test_every_error_is_a_yieldgate_error() -> None:
+    # But the one about the installation, not a call: an ImportError, as pip users expect.
     errors = [getattr(yieldgate, name) for name in yieldgate.__all__ if name.endswith("Error")]
+    errors.remove(yieldgate.MissingExtraError)
     errors += [FrameError, IntegrityError, ProtocolError, ResponseFormatError]
     assert all(issubclass(error, YieldgateError) for error in errors)
+    assert issubclass(yieldgate.MissingExtraError, ImportError)
 
 
 @pytest.mark.parametrize("error", GIVING_UP)
