@@ -65,6 +65,7 @@ CSV_COLUMNS: tuple[str, ...] = (
     "server_rss_peak_mb",
     "unreachable",
 )
+"""The CSV header, in order (``write_csv``); docs/burst.md defines each column."""
 
 
 def _counts(counts: Mapping[str, int]) -> str:

@@ -42,7 +42,9 @@ __all__ = [
 ]
 
 SCHEMA_ID = "yieldgate.burst/1"
+"""The ``schema`` field of a burst report's JSON, naming its format and version."""
 SWEEP_SCHEMA_ID = "yieldgate.burst-sweep/1"
+"""The ``schema`` field of a sweep report's JSON."""
 _COUNTERS = ("admitted", "executed", "failed", "cancelled", "yielded", "errors")
 
 

@@ -205,6 +205,7 @@ SCHEMA: dict[str, Any] = {
         }
     ),
 }
+"""The JSON Schema (draft 2020-12) of a burst report (``SCHEMA_ID``), for tools that check one."""
 
 SWEEP_SCHEMA: dict[str, Any] = {
     "$schema": "https://json-schema.org/draft/2020-12/schema",
@@ -237,3 +238,4 @@ SWEEP_SCHEMA: dict[str, Any] = {
         }
     ),
 }
+"""The JSON Schema of a sweep report (``SWEEP_SCHEMA_ID``)."""
