@@ -38,8 +38,7 @@ docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir build/site
 
 # The site, live on http://127.0.0.1:8008 and rebuilt on every save. (The built
-# site in build/site wants a web server too: its links end in /, which a browser
-# opening the files from disk does not resolve to index.html.)
+# site in build/site also opens from disk, but its search needs a web server.)
 docs-serve: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs serve --dev-addr 127.0.0.1:8008
 
