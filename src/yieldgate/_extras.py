@@ -58,14 +58,14 @@ class MissingExtraError(ImportError):
 def require(module: str, what: str) -> ModuleType:
     """``import module``, or ``MissingExtraError`` saying that ``what`` needs its extra.
 
-    A module that is installed but fails to import for another reason (one of its
-    own dependencies missing) names that dependency, under ``module``'s extra.
+    A module that is installed but fails to import because one of its own dependencies
+    is missing names that dependency, under ``module``'s extra. Any other ``ImportError``
+    (an installed module that is broken or of the wrong version) goes up as it is: no
+    extra would mend it.
     """
     try:
         return importlib.import_module(module)
-    except ImportError as exc:
-        if isinstance(exc, MissingExtraError):
-            raise
+    except ModuleNotFoundError as exc:  # not an ImportError of an installed module's own
         missing = exc.name or module
         extra = _EXTRA_OF.get(missing.partition(".")[0]) or _EXTRA_OF.get(module.partition(".")[0])
         raise MissingExtraError(what, missing, extra) from exc
