@@ -5,6 +5,8 @@ from __future__ import annotations
 import errno
 import socket
 
+import pytest
+
 import yieldgate
 from yieldgate.burst._targets import error_kind
 from yieldgate.burst._unreachable import unreachable_line, unreachable_reason
@@ -57,3 +59,21 @@ def test_answers_are_not_unreachable() -> None:
     assert error_kind(yieldgate.YieldExhaustedError("busy")) == "YieldExhaustedError"
     lost = yieldgate.TransportError("connection closed by the server")
     assert error_kind(lost) == "TransportError"
+
+
+def test_a_read_time_out_through_openai_is_not_unreachable() -> None:
+    # openai raises APITimeoutError (an APIConnectionError) for a read time-out too: the
+    # server was reached, it was slow. Only httpx's ConnectTimeout behind it means unreachable.
+    openai = pytest.importorskip("openai")
+    httpx = pytest.importorskip("httpx")
+    request = httpx.Request("POST", "http://127.0.0.1:9/v1/chat/completions")
+
+    def wrapped(cause: BaseException) -> BaseException:
+        try:
+            raise openai.APITimeoutError(request=request) from cause
+        except openai.APITimeoutError as exc:
+            return exc
+
+    assert unreachable_reason(wrapped(httpx.ReadTimeout("read", request=request))) is None
+    connect = httpx.ConnectTimeout("connect", request=request)
+    assert unreachable_reason(wrapped(connect)) == "connect timed out"

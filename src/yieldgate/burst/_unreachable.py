@@ -38,10 +38,12 @@ _LINES = {
     "cannot resolve the host": "cannot resolve {host}",
     "cannot connect": "cannot connect to {where}",
 }
-# Connect errors of httpx / httpcore / openai, by class name: the burst tool does not
-# import them to ask.
-_CONNECT_TIMEOUTS = frozenset({"ConnectTimeout", "APITimeoutError"})
-_CONNECT_ERRORS = frozenset({"ConnectError", "APIConnectionError"})
+# Connect errors of httpx / httpx2 / httpcore, by class name: the burst tool does not
+# import them to ask. Not openai's APITimeoutError or APIConnectionError: openai raises
+# them for any time-out or broken connection, a read as well as a connect; their cause,
+# httpx's own error, is in the chain and says which.
+_CONNECT_TIMEOUTS = frozenset({"ConnectTimeout"})
+_CONNECT_ERRORS = frozenset({"ConnectError"})
 
 
 def _chain(exc: BaseException) -> Iterator[BaseException]:
