@@ -129,16 +129,22 @@ def fairness(runs: Sequence[dict[str, Any]]) -> float:
     itself until they ask (an idle member holds nothing back), and what it
     completed before then says nothing about how the fleet shares.
     """
+    counts = shares(runs)
+    return min(jain(c) for c in counts) if counts else 0.0
+
+
+def shares(runs: Sequence[dict[str, Any]]) -> list[list[int]]:
+    """What ``fairness`` rates: per quarter, half and three quarters of the shared time,
+    the requests each member completed in it (``[]`` when a member completed none); a
+    failed fairness check prints them, with each member's first completion."""
     if not all(run["done"] for run in runs):
-        return 0.0
+        return []
     begin = max(run["done"][0] for run in runs)
     end = max(run["makespan"] for run in runs)
-    return min(
-        jain(
-            [sum(1 for t in run["done"] if begin < t <= begin + (end - begin) * q) for run in runs]
-        )
+    return [
+        [sum(1 for t in run["done"] if begin < t <= begin + (end - begin) * q) for run in runs]
         for q in (0.25, 0.5, 0.75)
-    )
+    ]
 
 
 def jobs(requests: int, seed: int) -> list[tuple[str, int]]:
