@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import socket
+import subprocess
+import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any
 
@@ -193,3 +195,14 @@ async def connect() -> AsyncIterator[Callable[[ServerProcess], Any]]:
 def submit(rid: str, body: str = "hello", **kw: Any) -> dict[str, Any]:
     """A valid submit frame (re-exported for tests that build frames by hand)."""
     return submit_frame(rid, body, **kw)
+
+
+def run_cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    """``python -m yieldgate ARGS`` in a child process: its status, stdout and stderr."""
+    return subprocess.run(
+        [sys.executable, "-m", "yieldgate", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )

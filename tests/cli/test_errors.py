@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import run_cli
 from yieldgate.cli import _join_values
 
 # Run as ``python -c``: argv[1] the modules to refuse (comma-separated), argv[2] the code.
@@ -36,16 +37,6 @@ class Refuse:
 sys.meta_path.insert(0, Refuse(set(sys.argv[1].split(","))))
 exec(sys.argv[2])
 """
-
-
-def run_cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "yieldgate", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
 
 
 def without(modules: str, code: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:

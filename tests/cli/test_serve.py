@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import socket
-import subprocess
-import sys
 import time
 from typing import Any
 
@@ -12,20 +10,10 @@ import anyio
 import httpx
 import pytest
 
-from tests.conftest import RawClient, submit
+from tests.conftest import RawClient, run_cli, submit
 from yieldgate.server import spawn
 
 SEED_EXEC_MS = 4000
-
-
-def run_cli(*args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "yieldgate", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
 
 
 @pytest.mark.e2e
