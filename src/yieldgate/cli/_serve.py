@@ -218,10 +218,10 @@ def build_server(args: argparse.Namespace) -> Any:
     )
     from yieldgate.server.backends import parse_mix
     from yieldgate.server.governor import Governor
+    from yieldgate.server.http import require_front
 
     if args.http_port is not None:
-        for module in ("starlette", "uvicorn", "prometheus_client"):
-            require(module, "--http-port")
+        require_front("--http-port")
     try:
         mix = parse_mix(args.exec_mix) if args.exec_mix else ()
         sim = SimulatedConfig(

@@ -55,6 +55,14 @@ log = logging.getLogger("yieldgate.server")
 # What the front imports when it serves (the server extra); httptools is optional.
 _NEEDS = ("starlette", "uvicorn", "prometheus_client")
 
+
+def require_front(what: str) -> None:
+    """``MissingExtraError`` naming ``what`` unless the modules the front serves with are
+    installed: checked where a front is asked for, not once serving, where the error would
+    hide in a task group."""
+    for module in _NEEDS:
+        require(module, what)
+
 # Once close() has cancelled the remaining work, how long uvicorn may take to
 # close the connections (a client that stopped reading holds one open).
 _CLOSE_TIMEOUT_S = 2
@@ -110,8 +118,7 @@ class HttpFront:
         stats: Callable[[], dict[str, Any]] | None = None,
         connections: Callable[[], dict[str, int]] | None = None,
     ) -> None:
-        for module in _NEEDS:  # here, not when serving: the error must not hide in a task group
-            require(module, "yieldgate.server's HTTP front (HttpConfig)")
+        require_front("yieldgate.server's HTTP front (HttpConfig)")
         self.governor = governor
         """The Governor that admits or yields each request."""
         self.backend = backend
