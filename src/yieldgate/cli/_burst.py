@@ -12,7 +12,7 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from yieldgate._extras import MissingExtraError, require
+from yieldgate._extras import EXTRAS, MissingExtraError, require
 from yieldgate.cli._common import (
     CliError,
     CliFailure,
@@ -422,7 +422,7 @@ def execute(
 
 def check_extra(command: str) -> None:
     """The ``burst`` extra, or ``MissingExtraError`` naming it, before anything runs."""
-    for module in ("rich", "matplotlib"):
+    for module in EXTRAS["burst"]:
         require(module, command)
 
 
