@@ -63,6 +63,7 @@ def require_front(what: str) -> None:
     for module in _NEEDS:
         require(module, what)
 
+
 # Once close() has cancelled the remaining work, how long uvicorn may take to
 # close the connections (a client that stopped reading holds one open).
 _CLOSE_TIMEOUT_S = 2
