@@ -57,6 +57,25 @@ OPENAI_MAX_RETRY_AFTER_S = 120.0
 TENACITY_ATTEMPTS = 10
 
 
+def tenacity_wait() -> Any:
+    """The tenacity strategy's wait: exponential from 50 ms, capped at 5 s, jittered.
+
+    tenacity 9.2 renamed ``wait_exponential_jitter``'s ``initial`` to
+    ``multiplier`` (the old name warns); 9.0 and 9.1 know only ``initial``,
+    and google-genai pins tenacity below 9.2, so both are met in the field.
+    """
+    import inspect
+
+    from tenacity import wait_exponential_jitter
+
+    name = (
+        "multiplier"
+        if "multiplier" in inspect.signature(wait_exponential_jitter).parameters
+        else "initial"
+    )
+    return wait_exponential_jitter(max=5, **{name: 0.05})
+
+
 def load_policy(spec: str) -> tuple[yieldgate.GatePolicy, str]:
     """A Gate policy and its label from a preset name or a JSON file.
 
@@ -185,12 +204,11 @@ def _tenacity(send: Send) -> Send:
         AsyncRetrying,
         retry_if_exception,
         stop_after_attempt,
-        wait_exponential_jitter,
     )
 
     retrying = AsyncRetrying(
         stop=stop_after_attempt(TENACITY_ATTEMPTS),
-        wait=wait_exponential_jitter(multiplier=0.05, max=5),
+        wait=tenacity_wait(),
         retry=retry_if_exception(lambda exc: retry_signal(exc)[0]),
         reraise=True,
     )

@@ -50,6 +50,7 @@ from yieldgate.burst._strategies import (
     STRATEGY_NAMES,
     TENACITY_ATTEMPTS,
     Strategy,
+    tenacity_wait,
 )
 from yieldgate.burst._targets import Workload
 from yieldgate.dialects import HttpDialect, get_dialect
@@ -275,7 +276,6 @@ class _Strategic:
             Retrying,
             retry_if_exception_type,
             stop_after_attempt,
-            wait_exponential_jitter,
         )
 
         def one() -> Any:
@@ -289,7 +289,7 @@ class _Strategic:
         # The burst tool's tenacity strategy, on the sync side.
         retrying = Retrying(
             stop=stop_after_attempt(TENACITY_ATTEMPTS),
-            wait=wait_exponential_jitter(multiplier=0.05, max=5),
+            wait=tenacity_wait(),
             retry=retry_if_exception_type(_Retryable),
             reraise=True,
         )
