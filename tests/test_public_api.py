@@ -38,6 +38,7 @@ SURFACE = {
         "http_client",
         "gate_transport",
         "openai_client",
+        "anthropic_client",
         "huggingface_clients",
     ],
     "errors": [
@@ -108,7 +109,8 @@ def test_importing_yieldgate_pulls_in_no_extra() -> None:
     # each could be imported: redis and opentelemetry-sdk by pybreaker, as it once was.
     heavy = [
         "torch", "starlette", "uvicorn", "rich", "matplotlib", "prometheus_client", "httpx",
-        "httpx2", "openai", "huggingface_hub", "redis", "opentelemetry.sdk", "yieldgate.burst",
+        "httpx2", "openai", "anthropic", "google.genai", "huggingface_hub", "redis",
+        "opentelemetry.sdk", "yieldgate.burst",
     ]  # fmt: skip
     assert all(importlib.util.find_spec(name) is not None for name in heavy)
     code = (

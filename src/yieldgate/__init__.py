@@ -58,6 +58,7 @@ from yieldgate.gate import (
 from yieldgate.protocol import Priority
 from yieldgate.transports import (
     GovernedClient,
+    anthropic_client,
     gate_transport,
     http_client,
     huggingface_clients,
@@ -99,6 +100,7 @@ __all__ = [
     "YieldExhaustedError",
     "YieldgateError",
     "__version__",
+    "anthropic_client",
     "current_attempt",
     "default_classify",
     "gate_transport",

@@ -14,6 +14,7 @@ import importlib
 import re
 from pathlib import Path
 
+import anthropic
 import httpx2
 import openai
 import pytest
@@ -149,6 +150,10 @@ def test_the_docs_table_names_a_class_for_each_case() -> None:
     assert DOCUMENTED["openai"] == {
         "a deadline": openai.APITimeoutError,
         "the rest": openai.APIConnectionError,
+    }
+    assert DOCUMENTED["anthropic"] == {
+        "a deadline": anthropic.APITimeoutError,
+        "the rest": anthropic.APIConnectionError,
     }
     assert DOCUMENTED["huggingface_hub"] == {
         "a deadline": InferenceTimeoutError,

@@ -1,7 +1,8 @@
 """The official clients under a Gate, each in one call.
 
 ``openai_client`` builds an ``openai.AsyncOpenAI`` (or ``openai.OpenAI``)
-whose HTTP client is a Gate's and whose own retries are off.
+whose HTTP client is a Gate's and whose own retries are off;
+``anthropic_client`` the same of ``anthropic.AsyncAnthropic`` (``Anthropic``).
 ``huggingface_clients`` sends huggingface_hub's clients through a Gate for
 the length of a ``with`` block. Both pick the HTTP library the installed
 client is built on, so either line of each works without naming one.
@@ -21,7 +22,7 @@ from yieldgate.transports._flavor import detect_flavor, library
 from yieldgate.transports._hub_factories import enter_block, exit_block
 from yieldgate.transports.http import gate_transport, http_client
 
-__all__ = ["huggingface_clients", "openai_client"]
+__all__ = ["anthropic_client", "huggingface_clients", "openai_client"]
 
 
 def _import(module: str, package: str) -> Any:
@@ -57,14 +58,82 @@ def openai_client(
     ``allow_event_loop=True`` lets a sync client be used from a thread that runs
     an event loop (a Jupyter cell: see ``gate_transport``).
     """
+    return _sdk_client(
+        "openai",
+        ("OpenAI", "AsyncOpenAI"),
+        gate,
+        sync,
+        dialect,
+        timeout,
+        allow_event_loop,
+        client_kwargs,
+    )
+
+
+def anthropic_client(
+    gate: Gate,
+    *,
+    sync: bool = False,
+    dialect: str | HttpDialect = "anthropic",
+    timeout: float | UsePolicy | None = USE_POLICY,
+    allow_event_loop: bool = False,
+    **client_kwargs: Any,
+) -> Any:
+    """An ``anthropic.AsyncAnthropic`` (``sync=True``: ``anthropic.Anthropic``) through ``gate``.
+
+    As ``openai_client``: its ``http_client`` is the Gate's (of the library
+    the installed anthropic is built on), its own retries are off
+    (``max_retries=0``; anthropic's default is 2, backing off 0.5 to 8 s, which
+    would multiply the Gate's attempts), and ``client_kwargs`` go to the client
+    (``base_url``, ``api_key``, ``default_headers``, ...)::
+
+        client = yieldgate.anthropic_client(gate)
+        message = await client.messages.create(
+            model="claude-sonnet-4-5", max_tokens=1024, messages=[...]
+        )
+
+    The ``anthropic`` dialect reads Anthropic's answers: a 529
+    ``overloaded_error`` and a 429 ``rate_limit_error`` are yields (their
+    ``retry-after`` the hint), and the ``anthropic-ratelimit-*`` headers pace
+    requests, input tokens and output tokens apart. When the Gate gives up,
+    the client raises what anthropic documents: the last response's status
+    error (``anthropic.RateLimitError``, ``anthropic.InternalServerError`` for
+    a 529) if one came, else ``anthropic.APITimeoutError`` for a deadline and
+    ``anthropic.APIConnectionError`` for the rest, the Gate's error its
+    ``__cause__``. ``timeout`` and ``allow_event_loop`` are as for
+    ``openai_client``.
+    """
+    return _sdk_client(
+        "anthropic",
+        ("Anthropic", "AsyncAnthropic"),
+        gate,
+        sync,
+        dialect,
+        timeout,
+        allow_event_loop,
+        client_kwargs,
+    )
+
+
+def _sdk_client(
+    package: str,
+    classes: tuple[str, str],
+    gate: Gate,
+    sync: bool,
+    dialect: str | HttpDialect,
+    timeout: float | UsePolicy | None,
+    allow_event_loop: bool,
+    client_kwargs: dict[str, Any],
+) -> Any:
+    """One of the SDKs that take an ``http_client`` and ``max_retries`` (openai's, anthropic's)."""
     for name in ("http_client", "max_retries"):
         if name in client_kwargs:
             raise TypeError(
-                f"openai_client sets {name} itself (the Gate's client, its retries off); "
-                f"build openai's client with yieldgate.http_client to choose your own"
+                f"{package}_client sets {name} itself (the Gate's client, its retries off); "
+                f"build {package}'s client with yieldgate.http_client to choose your own"
             )
-    openai = _import("openai", "openai")
-    flavor = detect_flavor(client="openai")
+    module = _import(package, package)
+    flavor = detect_flavor(client=package)
     http = http_client(
         gate,
         dialect=dialect,
@@ -73,7 +142,7 @@ def openai_client(
         timeout=timeout,
         allow_event_loop=allow_event_loop,
     )
-    client_class = openai.OpenAI if sync else openai.AsyncOpenAI
+    client_class = getattr(module, classes[0] if sync else classes[1])
     return client_class(http_client=http, max_retries=0, **client_kwargs)
 
 

@@ -1,0 +1,86 @@
+"""``yieldgate.anthropic_client``: anthropic's own client, the Gate's HTTP client, no retries.
+
+When the Gate gives up without a response, the caller catches what anthropic
+documents for a connection failure or a timeout, with the Gate's error as
+its ``__cause__``, as with openai's client (tests/transports/test_client_errors.py).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import anthropic
+import httpx2
+import pytest
+
+import yieldgate
+from yieldgate import (
+    DeadlineExceededError,
+    Gate,
+    GatePolicy,
+    RetriesExhaustedError,
+    RetryPolicy,
+)
+from yieldgate.server import ServerProcess
+
+pytestmark = [pytest.mark.anyio, pytest.mark.e2e]
+
+MESSAGES: Any = [{"role": "user", "content": "hello"}]
+
+
+def retrying(attempts: int = 2) -> Gate:
+    return Gate(GatePolicy(retry=RetryPolicy(max_attempts=attempts, base_s=0.01)), name="claude")
+
+
+def test_it_is_anthropics_own_client_with_the_gates_http_client_and_no_retries() -> None:
+    gate = Gate(name="anthropic")
+    client = yieldgate.anthropic_client(gate, base_url="http://127.0.0.1:1", api_key="k")
+    assert type(client) is anthropic.AsyncAnthropic
+    assert client.max_retries == 0
+    assert isinstance(client._client, httpx2.AsyncClient)
+    sync = yieldgate.anthropic_client(gate, sync=True, api_key="k")
+    assert type(sync) is anthropic.Anthropic
+    assert sync.max_retries == 0
+    with pytest.raises(TypeError, match="anthropic_client sets max_retries"):
+        yieldgate.anthropic_client(gate, api_key="k", max_retries=2)
+    with pytest.raises(TypeError, match="http_client"):
+        yieldgate.anthropic_client(gate, api_key="k", http_client=httpx2.AsyncClient())
+
+
+async def test_no_connection_is_anthropics_connection_error_with_the_gates_reason(
+    refused_url: str,
+) -> None:
+    gate = retrying()
+    async with yieldgate.anthropic_client(gate, base_url=refused_url, api_key="x") as client:
+        with pytest.raises(anthropic.APIConnectionError) as caught:
+            await client.messages.create(model="m", max_tokens=8, messages=MESSAGES)
+    assert type(caught.value) is anthropic.APIConnectionError
+    gave_up = caught.value.__cause__
+    assert isinstance(gave_up, RetriesExhaustedError)
+    assert gave_up.attempts == 2
+    assert gate.statistics().attempts == 2
+
+
+async def test_a_client_timeout_is_anthropics_timeout_error_and_bounds_the_call(
+    slow_server: ServerProcess,
+) -> None:
+    gate = retrying(attempts=4)
+    client = yieldgate.anthropic_client(
+        gate, base_url=slow_server.http_url, api_key="x", timeout=0.5
+    )
+    async with client:
+        with pytest.raises(anthropic.APITimeoutError) as caught:
+            await client.messages.create(model="m", max_tokens=8, messages=MESSAGES)
+    assert isinstance(caught.value.__cause__, DeadlineExceededError)
+    assert gate.statistics().attempts == 1
+
+
+def test_the_sync_client_catches_the_same(refused_url: str) -> None:
+    gate = retrying()
+    with (
+        yieldgate.anthropic_client(gate, sync=True, base_url=refused_url, api_key="x") as client,
+        pytest.raises(anthropic.APIConnectionError) as caught,
+    ):
+        client.messages.create(model="m", max_tokens=8, messages=MESSAGES)
+    assert isinstance(caught.value.__cause__, RetriesExhaustedError)
+    assert gate.statistics().attempts == 2
