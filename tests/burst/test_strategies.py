@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import httpx
 import pytest
 
 import yieldgate
 from yieldgate.burst import Strategy, load_policy
-from yieldgate.burst._targets import error_kind, retry_signal
+from yieldgate.burst import _strategies as strategies
+from yieldgate.burst._targets import Request, error_kind, retry_signal
 
 
 def test_presets_by_name() -> None:
@@ -81,6 +83,59 @@ def test_strategy_names_and_gates() -> None:
     assert Strategy(name="openai-default").native_retries("openai") == 2
     assert Strategy(name="openai-default").native_retries("tcp") == 0
     assert Strategy(name="tenacity").native_retries("openai") == 0
+    # ... and so does anthropic's, on its own.
+    assert Strategy(name="anthropic-default").native_retries("anthropic") == 2
+    assert Strategy(name="anthropic-default").native_retries("openai") == 0
+    assert Strategy(name="openai-default").native_retries("anthropic") == 0
+
+
+@pytest.mark.parametrize(
+    ("name", "kind", "slept"),
+    [
+        # openai's client sleeps a hint of up to 120 s exactly, else its own backoff...
+        ("openai-default", "tcp", [1.5, None]),
+        # ... anthropic's any hint; both back off 0.5 s, then 1 s, jittered down by < 25%.
+        ("anthropic-default", "tcp", [1.5, 150.0]),
+        ("anthropic-default", "openai", [1.5, 150.0]),
+    ],
+)
+@pytest.mark.anyio
+async def test_the_official_rules_around_another_client(
+    monkeypatch: pytest.MonkeyPatch, name: str, kind: str, slept: list[float | None]
+) -> None:
+    sleeps: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        sleeps.append(seconds)
+
+    monkeypatch.setattr(strategies, "anyio", SimpleNamespace(sleep=sleep))
+    hints = iter([1.5, 150.0, None])
+    sent: list[str] = []
+
+    async def send(prompt: str, request: Request) -> None:
+        sent.append(prompt)
+        hint = next(hints)
+        if hint is not None:
+            raise yieldgate.YieldExhaustedError("saturated", attempts=1, last_hint_s=hint)
+
+    wrapped = Strategy(name=name).wrap(send, kind, seed=1)  # type: ignore[arg-type]
+    await wrapped("p", Request(index=0, arrival_s=0.0))
+    assert sent == ["p"] * 3  # two retries
+    assert sleeps[0] == 1.5
+    if slept[1] is None:
+        assert 0.75 < sleeps[1] <= 1.0  # 1 s, jittered: 150 s is past openai's cap
+    else:
+        assert sleeps[1] == slept[1]
+
+
+@pytest.mark.anyio
+async def test_an_official_client_on_its_own_target_is_not_wrapped() -> None:
+    async def send(prompt: str, request: Request) -> None:
+        raise AssertionError("not called")
+
+    assert Strategy(name="anthropic-default").wrap(send, "anthropic", seed=1) is send
+    assert Strategy(name="openai-default").wrap(send, "openai", seed=1) is send
+    assert Strategy(name="anthropic-default").wrap(send, "openai", seed=1) is not send
 
 
 def test_what_the_baselines_retry() -> None:

@@ -104,7 +104,9 @@ _SERVER = _obj(
 )
 _RESULT = _obj(
     {
-        "strategy": {"enum": ["yieldgate", "naive", "tenacity", "openai-default"]},
+        "strategy": {
+            "enum": ["yieldgate", "naive", "tenacity", "openai-default", "anthropic-default"]
+        },
         "label": {"type": "string"},
         "requests": _INT,
         "succeeded": _INT,

@@ -10,7 +10,10 @@
   up to 120 s slept exactly, else ``min(0.5 * 2**n, 8) * (1 - 0.25 * rand)``.
   Against an ``openai+http://`` target it *is* the official client's own
   retry loop (``max_retries=2``); elsewhere the same rule is applied around
-  the request.
+  the request;
+- ``anthropic-default``: the official anthropic-sdk-python policy, the same
+  backoff and 2 retries, but any ``retry-after`` hint slept exactly, however
+  long. Against an ``anthropic+http://`` target it is that client's own loop.
 
 The baselines send through a pass-through Gate (one attempt, no window
 limit, no breaker), so the same transport counts every strategy's attempts
@@ -31,10 +34,16 @@ import anyio
 import yieldgate
 from yieldgate.burst._targets import Request, Send, TargetKind, retry_signal
 
-__all__ = ["STRATEGY_NAMES", "Strategy", "StrategyName", "load_policy"]
+__all__ = ["OFFICIAL", "STRATEGY_NAMES", "Strategy", "StrategyName", "load_policy"]
 
-StrategyName = Literal["yieldgate", "naive", "tenacity", "openai-default"]
-STRATEGY_NAMES: tuple[StrategyName, ...] = ("yieldgate", "naive", "tenacity", "openai-default")
+StrategyName = Literal["yieldgate", "naive", "tenacity", "openai-default", "anthropic-default"]
+STRATEGY_NAMES: tuple[StrategyName, ...] = (
+    "yieldgate",
+    "naive",
+    "tenacity",
+    "openai-default",
+    "anthropic-default",
+)
 """The client strategies a burst can compare: a Gate, and what people use today."""
 
 _PRESETS: dict[str, Callable[..., yieldgate.GatePolicy]] = {
@@ -54,6 +63,16 @@ _SECTIONS: dict[str, Any] = {
 #: ``openai-python``'s constants (``_constants.py``).
 OPENAI_MAX_RETRIES = 2
 OPENAI_MAX_RETRY_AFTER_S = 120.0
+#: ``anthropic-sdk-python``'s: the same retries and backoff; a hint is slept whatever
+#: its length (capped only below the platform's sleep limit).
+ANTHROPIC_MAX_RETRIES = 2
+ANTHROPIC_MAX_RETRY_AFTER_S = 4_294_967.0
+#: The official clients' policies: the target kind whose client runs the policy
+#: itself, its ``max_retries``, and the longest hint it sleeps exactly.
+OFFICIAL: dict[str, tuple[TargetKind, int, float]] = {
+    "openai-default": ("openai", OPENAI_MAX_RETRIES, OPENAI_MAX_RETRY_AFTER_S),
+    "anthropic-default": ("anthropic", ANTHROPIC_MAX_RETRIES, ANTHROPIC_MAX_RETRY_AFTER_S),
+}
 TENACITY_ATTEMPTS = 10
 
 
@@ -185,8 +204,11 @@ class Strategy:
         return _pass_through_gate(instrumentation)
 
     def native_retries(self, kind: TargetKind) -> int:
-        """The official openai client's ``max_retries`` for this strategy on ``kind``."""
-        return OPENAI_MAX_RETRIES if self.name == "openai-default" and kind == "openai" else 0
+        """The official client's ``max_retries`` for this strategy on ``kind``: 2 for
+        ``openai-default`` on ``openai+http://`` and ``anthropic-default`` on
+        ``anthropic+http://`` (the client's own loop), else 0."""
+        official = OFFICIAL.get(self.name)
+        return official[1] if official is not None and official[0] == kind else 0
 
     def wrap(self, send: Send, kind: TargetKind, *, seed: int) -> Send:
         """``send`` with this strategy's retries around it (when the client has none)."""
@@ -194,9 +216,10 @@ class Strategy:
             return send
         if self.name == "tenacity":
             return _tenacity(send)
-        if kind == "openai":
+        client_kind, retries, longest_hint = OFFICIAL[self.name]
+        if kind == client_kind:
             return send  # the official client retries by itself
-        return _openai_rule(send, random.Random(seed))  # noqa: S311 - jitter
+        return _official_rule(send, random.Random(seed), retries, longest_hint)  # noqa: S311
 
 
 def _tenacity(send: Send) -> Send:
@@ -219,16 +242,18 @@ def _tenacity(send: Send) -> Send:
     return call
 
 
-def _openai_rule(send: Send, rng: random.Random) -> Send:
+def _official_rule(send: Send, rng: random.Random, retries: int, longest_hint: float) -> Send:
+    """The official clients' loop (openai's and anthropic's are one design) around ``send``."""
+
     async def call(prompt: str, request: Request) -> None:
-        for n in range(OPENAI_MAX_RETRIES + 1):
+        for n in range(retries + 1):
             try:
                 await send(prompt, request)
             except Exception as exc:
                 retryable, hint = retry_signal(exc)
-                if not retryable or n == OPENAI_MAX_RETRIES:
+                if not retryable or n == retries:
                     raise
-                if hint is not None and 0 < hint <= OPENAI_MAX_RETRY_AFTER_S:
+                if hint is not None and 0 < hint <= longest_hint:
                     await anyio.sleep(hint)  # exactly: every client wakes together
                 else:
                     await anyio.sleep(min(0.5 * 2**n, 8.0) * (1 - 0.25 * rng.random()))

@@ -2,6 +2,7 @@
 
 ``tcp://HOST:PORT`` goes through ``yieldgate.GovernedClient``;
 ``openai+http://HOST:PORT`` through the official ``openai`` client,
+``anthropic+http://HOST:PORT`` through the official ``anthropic`` client,
 ``hf+http://HOST:PORT[/models/NAME]`` through ``huggingface_hub``'s
 ``AsyncInferenceClient`` and ``tgi+http://HOST:PORT`` through plain httpx,
 and ``raw+http://HOST:PORT`` (OpenAI chat completions) through the lean
@@ -30,11 +31,12 @@ from yieldgate.protocol import PRIORITY_HEADER
 
 __all__ = ["Request", "Send", "StatsSource", "Target", "TargetKind", "Workload", "open_target"]
 
-TargetKind = Literal["tcp", "openai", "hf", "tgi", "raw"]
+TargetKind = Literal["tcp", "openai", "anthropic", "hf", "tgi", "raw"]
 
 _SCHEMES: dict[str, TargetKind] = {
     "tcp": "tcp",
     "openai+http": "openai",
+    "anthropic+http": "anthropic",
     "hf+http": "hf",
     "tgi+http": "tgi",
     "raw+http": "raw",
@@ -42,6 +44,7 @@ _SCHEMES: dict[str, TargetKind] = {
 _DIALECTS: dict[TargetKind, str] = {
     "tcp": "governed",
     "openai": "openai",
+    "anthropic": "anthropic",
     "hf": "huggingface",
     "tgi": "tgi",
     "raw": "openai",
@@ -257,8 +260,9 @@ async def open_target(
     """A ``send(prompt, request)`` that makes one request through ``gate``, and a
     ``stats()`` that reads the server's counters (``None`` when it has none).
 
-    ``native_retries`` is the official openai client's own ``max_retries``
-    (the ``openai-default`` strategy); every other client does not retry.
+    ``native_retries`` is the official openai or anthropic client's own
+    ``max_retries`` (the ``openai-default`` or ``anthropic-default`` strategy on
+    its own client's target); every other client does not retry.
     """
     target.require_address()
     if target.kind == "tcp":
@@ -277,6 +281,11 @@ async def open_target(
                 yield send, stats
         elif target.kind == "openai":
             async with _open_openai(target, gate, workload, chosen, native_retries) as send:
+                yield send, stats
+        elif target.kind == "anthropic":
+            from yieldgate.burst._anthropic_target import open_anthropic
+
+            async with open_anthropic(target, gate, workload, chosen, native_retries) as send:
                 yield send, stats
         elif target.kind == "hf":
             async with _open_hf(target, gate, workload, chosen) as send:

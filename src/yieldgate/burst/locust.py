@@ -12,10 +12,11 @@ Each user sends OpenAI chat completions (``POST /v1/chat/completions``) back to
 back through one strategy of ``yieldgate burst``: ``yieldgate`` (a Gate, on
 its sync driver; one Gate per process and strategy, shared by that process's
 users, as an application shares one), ``naive`` (one attempt),
-``tenacity`` (exponential backoff with jitter, 10 attempts, blind to hints)
-or ``openai-default`` (the official client's rule: 2 retries, a hint slept
-exactly). ``--yieldgate-strategy`` lists the strategies; users are dealt
-round-robin among them, all against the same server at once.
+``tenacity`` (exponential backoff with jitter, 10 attempts, blind to hints),
+``openai-default`` (the official client's rule: 2 retries, a hint slept
+exactly) or ``anthropic-default`` (anthropic's: the same, any hint slept).
+``--yieldgate-strategy`` lists the strategies; users are dealt round-robin
+among them, all against the same server at once.
 
 Locust's statistics get one entry per *request*, whatever the attempts it
 took: the request type is the strategy, the name ``chat`` (``--yieldgate-name``),
@@ -45,8 +46,7 @@ from locust.runners import WorkerRunner
 
 import yieldgate
 from yieldgate.burst._strategies import (
-    OPENAI_MAX_RETRIES,
-    OPENAI_MAX_RETRY_AFTER_S,
+    OFFICIAL,
     STRATEGY_NAMES,
     TENACITY_ATTEMPTS,
     Strategy,
@@ -257,7 +257,9 @@ class _Strategic:
             return self._through_gate(prompt)
         if self.strategy == "tenacity":
             return self._tenacity(prompt)
-        attempts = 1 if self.strategy == "naive" else OPENAI_MAX_RETRIES + 1
+        # naive, or an official client's rule (its client is not the one sending here)
+        _, retries, longest_hint = OFFICIAL.get(self.strategy, ("openai", 0, 0.0))
+        attempts = retries + 1
         for n in range(attempts):
             response, outcome = self._once(prompt)
             if outcome.kind is OutcomeKind.OK:
@@ -265,7 +267,7 @@ class _Strategic:
             if outcome.kind not in _RETRYABLE or n == attempts - 1:
                 raise _Failed(_describe(response, outcome))
             hint = outcome.hint_s
-            if hint is not None and 0 < hint <= OPENAI_MAX_RETRY_AFTER_S:
+            if hint is not None and 0 < hint <= longest_hint:
                 time.sleep(hint)  # exactly, as the official client does
             else:
                 time.sleep(min(0.5 * 2**n, 8.0) * (1 - 0.25 * self.rng.random()))

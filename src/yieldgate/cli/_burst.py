@@ -22,7 +22,10 @@ from yieldgate.cli._common import (
 )
 from yieldgate.cli._progress import RichProgress
 
-STRATEGIES = ("yieldgate", "naive", "tenacity", "openai-default")
+STRATEGIES = ("yieldgate", "naive", "tenacity", "openai-default", "anthropic-default")
+# What --compare runs: anthropic's policy only where its own client sends.
+COMPARED = STRATEGIES[:4]
+COMPARED_ANTHROPIC = STRATEGIES
 
 # The names BurstConfig's errors use, as the flags that set them (phrases where the
 # bare word also appears in other messages).
@@ -61,8 +64,9 @@ def add_parser(sub: Any) -> None:
     p.add_argument(
         "--target",
         help=(
-            "tcp://HOST:PORT, openai+http://HOST:PORT, hf+http://HOST:PORT[/models/NAME], "
-            "tgi+http://HOST:PORT or raw+http://HOST:PORT (a lean client, for load); with "
+            "tcp://HOST:PORT, openai+http://HOST:PORT, anthropic+http://HOST:PORT, "
+            "hf+http://HOST:PORT[/models/NAME], tgi+http://HOST:PORT or raw+http://HOST:PORT "
+            "(a lean client, for load); with "
             "--serve a bare scheme (tcp://) will do (default tcp://)"
         ),
     )
@@ -127,7 +131,8 @@ def add_parser(sub: Any) -> None:
     p.add_argument(
         "--compare",
         action="store_true",
-        help="run every strategy (or those --strategy names), each against a fresh server",
+        help="run every strategy (or those --strategy names), each against a fresh server; "
+        "anthropic-default only on an anthropic+http:// target",
     )
     p.add_argument(
         "--policy",
@@ -141,7 +146,9 @@ def add_parser(sub: Any) -> None:
         help="prompt lengths as a weighted mix, e.g. 32:0.75,320:0.25 (one byte is one token)",
     )
     p.add_argument("--max-tokens", type=int, help="tokens to generate per request")
-    p.add_argument("--model", help="model name for openai / hf targets (default yieldgate-sim)")
+    p.add_argument(
+        "--model", help="model name for openai / anthropic / hf targets (default yieldgate-sim)"
+    )
     p.add_argument("--dialect", help="dialect under the HTTP clients (default: the target's)")
     p.add_argument(
         "--slo",
@@ -303,7 +310,8 @@ def build_config(args: argparse.Namespace, sweep: Any = None) -> Any:
         if args.strategy is not None:
             names = [n.strip() for n in args.strategy.split(",") if n.strip()]
         elif args.compare:
-            names = list(STRATEGIES)
+            anthropic = str(settings["target"]).lower().startswith("anthropic+")
+            names = list(COMPARED_ANTHROPIC if anthropic else COMPARED)
         elif "strategies" in settings:
             names = [s.name for s in settings["strategies"]]
         else:
