@@ -30,6 +30,52 @@ def _openai_error(message: str, type_: Any, code: Any) -> dict[str, Any]:
     return {"error": {"message": message, "type": type_, "param": None, "code": code}}
 
 
+_GEMINI_METRIC = "generativelanguage.googleapis.com/generate_content_free_tier_requests"
+
+
+def _gemini_quota(quota_id: str) -> dict[str, Any]:
+    return {
+        "@type": "type.googleapis.com/google.rpc.QuotaFailure",
+        "violations": [
+            {
+                "quotaMetric": _GEMINI_METRIC,
+                "quotaId": quota_id,
+                "quotaDimensions": {"location": "global", "model": "gemini-2.0-flash"},
+                "quotaValue": "15",
+            }
+        ],
+    }
+
+
+def _gemini_retry(delay: str) -> dict[str, Any]:
+    return {"@type": "type.googleapis.com/google.rpc.RetryInfo", "retryDelay": delay}
+
+
+_GEMINI_HELP = {
+    "@type": "type.googleapis.com/google.rpc.Help",
+    "links": [
+        {
+            "description": "Learn more about Gemini API quotas",
+            "url": "https://ai.google.dev/gemini-api/docs/rate-limits",
+        }
+    ],
+}
+
+
+def _gemini_error(code: int, status: str, message: str, *details: Any) -> dict[str, Any]:
+    error: dict[str, Any] = {"code": code, "message": message, "status": status}
+    if details:
+        error["details"] = list(details)
+    return {"error": error}
+
+
+_GEMINI_QUOTA = (
+    "You exceeded your current quota, please check your plan and billing details. "
+    "For more information on this error, head to: https://ai.google.dev/gemini-api/docs/rate-limits."
+)
+_PER_MINUTE = "GenerateRequestsPerMinutePerProjectPerModel-FreeTier"
+_PER_DAY = "GenerateRequestsPerDayPerProjectPerModel-FreeTier"
+
 _VLLM_BUSY = (
     "The engine is currently busy and cannot accept new requests. "
     "Please try again later or on a different instance."
@@ -235,5 +281,38 @@ REPLIES: dict[str, ServerReply] = {
             }
         },
         {"retry-after-ms": "5712", "retry-after": "6"},
+    ),
+    # Gemini API, per-minute limit: the google.rpc.Status body (AIP-193) with QuotaFailure,
+    # Help and RetryInfo details, as ai.google.dev/gemini-api/docs/generate-content/api-errors
+    # lists 429 RESOURCE_EXHAUSTED and users quote the body; the quota ids as
+    # ai.google.dev/gemini-api/docs/rate-limits names the limits (RPM, TPM, RPD).
+    "gemini-rate-limit": ServerReply(
+        429,
+        _gemini_error(
+            429,
+            "RESOURCE_EXHAUSTED",
+            _GEMINI_QUOTA,
+            _gemini_quota(_PER_MINUTE),
+            _GEMINI_HELP,
+            _gemini_retry("22s"),
+        ),
+    ),
+    # Gemini API, daily limit: the same body naming a per-day quota; its RetryInfo
+    # points at midnight Pacific time, hours away.
+    "gemini-daily-quota": ServerReply(
+        429,
+        _gemini_error(
+            429,
+            "RESOURCE_EXHAUSTED",
+            _GEMINI_QUOTA,
+            _gemini_quota(_PER_DAY),
+            _GEMINI_HELP,
+            _gemini_retry("34117.021553s"),
+        ),
+    ),
+    # Gemini API, overloaded: 503 UNAVAILABLE ("The service may be temporarily overloaded
+    # or down", the same page), no details.
+    "gemini-overloaded": ServerReply(
+        503, _gemini_error(503, "UNAVAILABLE", "The model is overloaded. Please try again later.")
     ),
 }

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from yieldgate import RemoteError
 from yieldgate.dialects import (
+    GEMINI,
     GOVERNED_HTTP,
     HUGGINGFACE,
     OPENAI,
@@ -28,7 +29,7 @@ from yieldgate.dialects import (
 from yieldgate.gate import OutcomeKind
 from yieldgate.gate._outcome import MAX_HINT_S
 
-ALL = (OPENAI, HUGGINGFACE, TGI, GOVERNED_HTTP)
+ALL = (OPENAI, GEMINI, HUGGINGFACE, TGI, GOVERNED_HTTP)
 LIBS = (httpx, httpx2)
 
 

@@ -19,6 +19,7 @@ from yieldgate import RemoteError
 from yieldgate.dialects import (
     ANTHROPIC,
     DIALECTS,
+    GEMINI,
     GOVERNED_HTTP,
     HUGGINGFACE,
     OPENAI,
@@ -33,7 +34,7 @@ from .server_replies import REPLIES, ServerReply
 
 HTTP_MD = Path(__file__).resolve().parents[2] / "docs" / "http.md"
 SECTION = "## What each server sends"
-ALL = (OPENAI, ANTHROPIC, HUGGINGFACE, TGI, GOVERNED_HTTP)
+ALL = (OPENAI, ANTHROPIC, GEMINI, HUGGINGFACE, TGI, GOVERNED_HTTP)
 _OUTCOME = re.compile(
     r"(?P<kind>yield|overloaded|retryable|fatal|ok)"
     r"(?: `(?P<reason>[^`]+)`)?"

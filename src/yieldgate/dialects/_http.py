@@ -42,6 +42,13 @@ On top of these, each family reads its own bodies:
 - ``tgi``: a 429 ``error_type: overloaded`` (TGI's ``max_concurrent_requests``)
   is a ``yield`` with reason ``overloaded`` (TGI sends no hint: backoff); a
   424 (the generation failed) is ``retryable``; 422 is ``fatal``.
+- ``gemini`` (the Gemini API, google-genai's): the hint is the longer of the
+  headers' and the body's ``RetryInfo.retryDelay`` (both say "at least this
+  long"), in every status; a 429 whose ``QuotaFailure`` names a daily quota
+  (or one of zero) is ``fatal``, reason ``daily_quota`` (``no_quota``): no
+  wait within a call refills it; another 429 is a ``yield``, ``rate_limited``.
+  503 ``UNAVAILABLE`` (overloaded), 500 and 504 keep the status rules (see
+  ``_gemini``).
 - ``governed-http`` (yieldgate's reference server, any route): a body with
   ``"status": "yield"`` is a ``yield`` with its ``retry_hint_ms`` and
   ``reason``; then the HuggingFace and TGI rules. It also sends the attempt's
@@ -62,11 +69,12 @@ not JSON only the start is kept, as text, for the rules that match on it.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from yieldgate._headers import ESTIMATED_TIME_FIELD, IDEMPOTENCY_KEY_HEADER, LOADING_MESSAGE
 from yieldgate.dialects._client_errors import client_error_outcome
+from yieldgate.dialects._gemini import retry_delay_s, spent_quota
 from yieldgate.dialects._hints import message_hint_s
 from yieldgate.dialects._ratelimit import quota_readings
 from yieldgate.dialects._reply import Reply, ResponseLike, Rule, read_reply
@@ -77,6 +85,7 @@ from yieldgate.gate._outcome import sanitize_hint_s
 __all__ = [
     "ANTHROPIC",
     "DIALECTS",
+    "GEMINI",
     "GOVERNED_HTTP",
     "HUGGINGFACE",
     "OPENAI",
@@ -129,6 +138,18 @@ def _anthropic(reply: Reply) -> Outcome | None:
     if kind == "rate_limit_error":
         return Outcome.yielded(reply.hint_s, "rate_limited", value=reply.response)
     return None
+
+
+def _gemini(reply: Reply) -> Outcome | None:
+    delay = retry_delay_s(reply.body)
+    if delay is not None and (reply.hint_s is None or delay > reply.hint_s):
+        reply = replace(reply, hint_s=delay)
+    if reply.status == 429 and (spent := spent_quota(reply.body)) is not None:
+        return Outcome.fatal(reply.error(False), reason=spent, value=reply.response)
+    if delay is None:
+        return None
+    # The rules that follow, with the body's hint.
+    return server_outcome(reply) or _base(reply)
 
 
 def _hf_loading(reply: Reply) -> Outcome | None:
@@ -227,6 +248,9 @@ OPENAI = HttpDialect("openai", (_openai_429,), idempotency_header=IDEMPOTENCY_KE
 429 messages too."""
 ANTHROPIC = HttpDialect("anthropic", (_anthropic,))
 """Anthropic: ``overloaded_error`` (529) and ``rate_limit_error`` (429) are yields."""
+GEMINI = HttpDialect("gemini", (_gemini,))
+"""The Gemini API: ``RetryInfo.retryDelay`` is a hint; a daily (or zero) quota's 429 is
+``fatal``, another 429 a yield."""
 HUGGINGFACE = HttpDialect("huggingface", (_hf_loading,))
 """HuggingFace endpoints: a 503 for a model still loading is a ``cold_start`` yield."""
 TGI = HttpDialect("tgi", (_tgi,))
@@ -241,14 +265,14 @@ GOVERNED_HTTP = HttpDialect(
 TGI's rules; it sends the attempt's remaining time upstream."""
 
 DIALECTS: Mapping[str, HttpDialect] = {
-    d.name: d for d in (OPENAI, ANTHROPIC, HUGGINGFACE, TGI, GOVERNED_HTTP)
+    d.name: d for d in (OPENAI, ANTHROPIC, GEMINI, HUGGINGFACE, TGI, GOVERNED_HTTP)
 }
 """Every dialect by its name, as ``get_dialect`` and ``dialect="..."`` arguments take it."""
 
 
 def get_dialect(dialect: str | HttpDialect) -> HttpDialect:
-    """The dialect named ``dialect`` (``openai``, ``anthropic``, ``huggingface``, ``tgi``,
-    ``governed-http``)."""
+    """The dialect named ``dialect`` (``openai``, ``anthropic``, ``gemini``, ``huggingface``,
+    ``tgi``, ``governed-http``)."""
     if isinstance(dialect, HttpDialect):
         return dialect
     try:
