@@ -115,12 +115,15 @@ def test_stop_text_holds_back_what_could_start_a_stop_sequence() -> None:
     assert [stop.feed(p) for p in ("ab", "cE", "N", "x")] == ["ab", "c", "", "EN"]
     assert not stop.stopped
     assert stop.feed("yz") == ""
-    assert stop.stopped
+    assert (stop.stopped, stop.matched) == (True, "xy")
     assert (stop.feed("more"), stop.flush()) == ("", "")
     open_tail = StopText(["END"])
     assert (open_tail.feed("aE"), open_tail.flush()) == ("a", "E")
     earliest = StopText(["bc", "a"])
-    assert earliest.feed("xabc") == "x"
+    assert (earliest.feed("xabc"), earliest.matched) == ("x", "a")
+    tie = StopText(["ab", "abc"])  # both start there: the first given is the one found
+    assert (tie.feed("xabc"), tie.matched) == ("x", "ab")
+    assert StopText(["z"]).matched is None
 
 
 def test_stop_sequences_are_checked() -> None:
@@ -139,6 +142,7 @@ async def test_the_echo_ends_before_a_stop_sequence() -> None:
         "prompt_tokens": 15,
         "completion_tokens": 3,
         "finish_reason": "stop_sequence",
+        "stop_sequence": ". t",
     }
     pieces: list[Any] = []
 

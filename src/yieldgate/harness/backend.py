@@ -25,8 +25,9 @@ value; the text is empty while a character is incomplete), plus
 ``prompt_tokens``, ``completion_tokens``, ``prompt_token_ids``,
 ``token_ids``, ``cached_tokens`` (prompt tokens
 found in the prefix cache), ``ttft_ms``, ``tpot_ms``, ``e2e_ms``,
-``preemptions`` and ``finish_reason`` (``"length"``, or ``"stop_sequence"``),
-and when asked ``logprobs``: one entry per token, ``{"id", "logprob",
+``preemptions`` and ``finish_reason`` (``"length"``, or ``"stop_sequence"``
+with the sequence found in ``stop_sequence``), and when asked
+``logprobs``: one entry per token, ``{"id", "logprob",
 "top": [{"id", "logprob"}, ...]}`` (see ``TokenLogprob`` for which
 distribution), computed by the engine where the logits are: with prefill
 workers too, since the decode worker always computes a prompt's last
@@ -366,6 +367,8 @@ class HarnessBackend(EngineThread):
         # A byte-level model without an end-of-sequence token runs to max_tokens.
         finish_reason = "stop_sequence" if stop.stopped else "length"
         result = result_of(request, "".join(pieces), tokens, finish_reason)
+        if stop.matched is not None:
+            result["stop_sequence"] = stop.matched
         if sampling.logprobs is not None:
             result["logprobs"] = logprobs
         if degraded is not None:

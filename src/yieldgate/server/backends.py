@@ -14,7 +14,8 @@ and ``params["max_tokens"]``, and say why a generation ended in their
 result's ``finish_reason``: ``"length"`` (``max_tokens`` reached),
 ``"stop_sequence"`` or ``"eos"`` (the model's own end, also what an absent
 one means: the simulated echo ends so, and says nothing unless a stop
-sequence or ``max_tokens`` cut it).
+sequence or ``max_tokens`` cut it); a stop sequence that ended it is named
+in ``stop_sequence``.
 
 Tokens: both backends are byte-level, a token is one byte of the text's
 UTF-8 (``yieldgate tokenizer`` writes that tokenizer out for other tools).
@@ -176,24 +177,28 @@ class StopText:
 
     ``feed`` returns the text now safe to send: a tail that could be the
     start of a stop sequence is held back until the next piece settles it.
-    Once a stop sequence is found, ``stopped`` is true and nothing more is
-    returned; ``flush`` releases what is held back when the text ends.
+    Once a stop sequence is found, ``stopped`` is true, ``matched`` is that
+    sequence (the one that starts first; of two starting there, the first
+    given) and nothing more is returned; ``flush`` releases what is held back
+    when the text ends.
     """
 
     def __init__(self, stops: Sequence[str]) -> None:
         self.stops = tuple(stops)
         self.stopped = False
+        self.matched: str | None = None
         self._held = ""
 
     def feed(self, text: str) -> str:
         if self.stopped:
             return ""
         text = self._held + text
-        found = [i for i in (text.find(stop) for stop in self.stops) if i >= 0]
+        found = [(i, stop) for stop in self.stops if (i := text.find(stop)) >= 0]
         if found:
             self.stopped = True
             self._held = ""
-            return text[: min(found)]
+            start, self.matched = min(found, key=lambda hit: hit[0])
+            return text[:start]
         hold = 0
         for stop in self.stops:
             for n in range(min(len(stop) - 1, len(text)), hold, -1):
@@ -276,8 +281,8 @@ class SimulatedBackend:
     The answer is ``{"text": ..., "prompt_tokens": ..., "completion_tokens": ...}``:
     the body cut to ``params["max_tokens"]`` bytes (whole characters;
     ``finish_reason`` ``"length"``), then before a stop sequence
-    (``"stop_sequence"``); the counts are UTF-8 bytes of the body and of the
-    text returned.
+    (``"stop_sequence"``, named in ``stop_sequence``); the counts are UTF-8
+    bytes of the body and of the text returned.
 
     Per-request ``params`` steer it in tests and demos: ``exec_ms`` (a number
     in ``[0, max_param_exec_ms]``) replaces the drawn duration, ``fail`` (true)
@@ -355,7 +360,7 @@ class SimulatedBackend:
         fails = work.params.get("fail") is True or (
             self.config.fail_rate > 0 and self._rng.random() < self.config.fail_rate
         )
-        text, finish_reason = _echo(work)
+        text, finish_reason, matched = _echo(work)
         if emit is None:
             await anyio.sleep(duration_s)
         else:
@@ -375,6 +380,8 @@ class SimulatedBackend:
         if finish_reason is not None:
             # None: the echo ended by itself ("eos"), what an absent one means.
             result["finish_reason"] = finish_reason
+        if matched is not None:
+            result["stop_sequence"] = matched
         return result
 
     async def aclose(self) -> None:
@@ -382,8 +389,9 @@ class SimulatedBackend:
         return None
 
 
-def _echo(work: Work) -> tuple[str, str | None]:
-    """The echo generated for ``work`` and why it ended early (``None``: it did not)."""
+def _echo(work: Work) -> tuple[str, str | None, str | None]:
+    """The echo generated for ``work``, why it ended early (``None``: it did not) and the
+    stop sequence that ended it, if one did."""
     text = work.body
     finish_reason = None
     max_tokens = _max_tokens(work.params)
@@ -393,7 +401,9 @@ def _echo(work: Work) -> tuple[str, str | None]:
             text, finish_reason = cut, "length"
     stop = StopText(stop_sequences(work.params))
     text = stop.feed(text) + stop.flush()
-    return text, "stop_sequence" if stop.stopped else finish_reason
+    if stop.stopped:
+        return text, "stop_sequence", stop.matched
+    return text, finish_reason, None
 
 
 def _split(text: str, parts: int) -> list[str]:
