@@ -1,4 +1,4 @@
-"""A provider's quota, emulated: OpenAI's requests and tokens per minute.
+"""A provider's quota, emulated: OpenAI's requests and tokens per minute, and Anthropic's.
 
 ``ProviderQuota`` holds two buckets that refill continuously and hold one
 window's limit (``window_s``, a minute unless a rehearsal shortens it):
@@ -19,6 +19,13 @@ model in ``models``) each model has its own two buckets, as OpenAI's do.
 429 ``retry-after`` (whole seconds), ``retry-after-ms`` and
 ``x-ms-retry-after-ms``, with Azure's error body.
 
+The Messages route meters as Anthropic does (``charge_messages``), in
+buckets of its own (another provider's): ``rpm`` requests, ``itpm`` input
+tokens and ``otpm`` output tokens, and ``tpm`` as a combined tokens bucket
+where it is set. The output is charged ``max_tokens`` at the door, and what
+the answer did not use is given back when it ends (``settle_messages``), as
+Anthropic adjusts it; the headers are Anthropic's (``_quota_anthropic``).
+
 Sans-IO: the clock is injected (``time.monotonic`` by default), so tests run
 on virtual time. The HTTP front asks it before the Governor (a provider checks
 its quota before its servers see the request) and writes the answer.
@@ -28,8 +35,8 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Literal
 
 from yieldgate._headers import (
@@ -40,6 +47,8 @@ from yieldgate._headers import (
     RATELIMIT_RESET_REQUESTS_HEADER,
     RATELIMIT_RESET_TOKENS_HEADER,
 )
+from yieldgate.server._quota_anthropic import anthropic_headers, too_large_message, wait_message
+from yieldgate.server._quota_config import QuotaConfig, QuotaResource
 
 __all__ = [
     "ProviderQuota",
@@ -51,8 +60,12 @@ __all__ = [
     "go_duration",
 ]
 
-QuotaResource = Literal["requests", "tokens"]
-QuotaHeaders = Literal["openai", "azure"]
+# Whose quota a route spends: OpenAI's (every route but one) or Anthropic's (the Messages route).
+QuotaFamily = Literal["openai", "anthropic"]
+_RESOURCES: dict[QuotaFamily, tuple[QuotaResource, ...]] = {
+    "openai": ("requests", "tokens"),
+    "anthropic": ("requests", "tokens", "input_tokens", "output_tokens"),
+}
 # The models one server keeps buckets for at most (a client naming a new model in
 # every request must not grow them without bound): the oldest goes.
 MAX_MODELS = 1024
@@ -92,79 +105,6 @@ def go_duration(seconds: float) -> str:
     if minutes:
         return f"{minutes}m{secs}s"
     return f"{secs}s"
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class QuotaConfig:
-    """The quota to emulate: ``rpm`` requests and ``tpm`` tokens per ``window_s`` seconds.
-
-    Either limit may be left out (``None``: that resource is not limited and
-    its headers are not sent), not both. ``default_max_tokens`` is what a
-    request that names no ``max_tokens`` costs for its output (16: the
-    legacy completions API's default). ``organization`` appears in the 429
-    messages, as OpenAI names the account whose limit was reached.
-
-    ``per_model`` gives each model its own buckets of ``rpm`` and ``tpm``;
-    ``models`` names limits of its own for some (``{"gpt-4o": (500, 30000)}``,
-    either ``None`` for none) and implies ``per_model``. ``headers`` is the
-    header style: ``"openai"`` or ``"azure"`` (what remains, alone).
-    """
-
-    rpm: int | None = None
-    """Requests per window; ``None``: not limited, and no requests headers."""
-    tpm: int | None = None
-    """Tokens per window (prompt plus output bound); ``None``: not limited."""
-    window_s: float = 60.0
-    """The window the limits are for, in seconds (default: 60, a minute)."""
-    default_max_tokens: int = 16
-    """The output a request naming no ``max_tokens`` is charged (default: 16)."""
-    organization: str = "org-yieldgate"
-    """The account the 429 messages name, as OpenAI's do."""
-    per_model: bool = False
-    """Give each model its own buckets of ``rpm`` and ``tpm``."""
-    models: Mapping[str, tuple[int | None, int | None]] = field(default_factory=dict, hash=False)
-    """Limits of their own for some models, ``{model: (rpm, tpm)}``; implies ``per_model``."""
-    headers: QuotaHeaders = "openai"
-    """The header style: ``"openai"``, or ``"azure"`` (what remains, alone)."""
-
-    def __post_init__(self) -> None:
-        for name in ("rpm", "tpm"):
-            value = getattr(self, name)
-            if value is not None and (type(value) is not int or value < 1):
-                raise ValueError(f"quota {name} must be a positive integer, got {value!r}")
-        if self.rpm is None and self.tpm is None and not self.models:
-            raise ValueError("a quota needs rpm, tpm or both (or limits per model)")
-        if not (self.window_s > 0 and math.isfinite(self.window_s)):
-            raise ValueError(f"quota window_s must be a positive number, got {self.window_s!r}")
-        if type(self.default_max_tokens) is not int or self.default_max_tokens < 1:
-            raise ValueError("quota default_max_tokens must be a positive integer")
-        if not self.organization:
-            raise ValueError("quota organization must not be empty")
-        if self.headers not in ("openai", "azure"):
-            raise ValueError(f"quota headers must be 'openai' or 'azure', got {self.headers!r}")
-        for model, limits in self.models.items():
-            if not isinstance(model, str) or not model:
-                raise ValueError(f"a quota's model must be a non-empty string, got {model!r}")
-            if not (isinstance(limits, tuple) and len(limits) == 2):
-                raise ValueError(f"quota model {model!r}: limits must be (rpm, tpm)")
-            for value in limits:
-                if value is not None and (type(value) is not int or value < 1):
-                    raise ValueError(
-                        f"quota model {model!r}: limits must be positive integers or None, "
-                        f"got {limits!r}"
-                    )
-            if limits == (None, None):
-                raise ValueError(f"quota model {model!r} needs rpm, tpm or both")
-
-    @property
-    def scoped(self) -> bool:
-        """Whether each model has buckets of its own."""
-        return self.per_model or bool(self.models)
-
-    def limit(self, resource: QuotaResource, model: str = "") -> int | None:
-        """The limit of ``resource`` (``"requests"`` or ``"tokens"``) for ``model``."""
-        rpm, tpm = self.models.get(model, (self.rpm, self.tpm))
-        return rpm if resource == "requests" else tpm
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -224,6 +164,12 @@ class QuotaStatistics:
     """Token-limit refusals that a wait lets through."""
     too_large: int
     """Requests refused because they cost more tokens than the whole limit."""
+    refused_input_tokens: int = 0
+    """Messages-route refusals by the input tokens limit that a wait lets through."""
+    refused_output_tokens: int = 0
+    """Messages-route refusals by the output tokens limit that a wait lets through."""
+    output_tokens_given_back: int = 0
+    """Output tokens charged at the door and given back: what answers did not use."""
 
     def as_dict(self) -> dict[str, int]:
         """The counters as ``/stats`` and ``/metrics`` name them."""
@@ -233,6 +179,9 @@ class QuotaStatistics:
             "quota_refused_requests_total": self.refused_requests,
             "quota_refused_tokens_total": self.refused_tokens,
             "quota_too_large_total": self.too_large,
+            "quota_refused_input_tokens_total": self.refused_input_tokens,
+            "quota_refused_output_tokens_total": self.refused_output_tokens,
+            "quota_output_tokens_given_back_total": self.output_tokens_given_back,
         }
 
 
@@ -261,6 +210,9 @@ class _Bucket:
     def take(self, amount: int, now: float) -> None:
         self._level = self.level(now) - amount
 
+    def give(self, amount: int, now: float) -> None:
+        self._level = min(self.capacity, self.level(now) + amount)
+
     def remaining(self, now: float) -> int:
         return max(0, math.floor(self.level(now) + _EPSILON))
 
@@ -270,98 +222,175 @@ class _Bucket:
 
 class ProviderQuota:
     """OpenAI's request and token buckets, for one server (one organization): one pair,
-    or one per model (``QuotaConfig.per_model``)."""
+    or one per model (``QuotaConfig.per_model``); and the Messages route's own, as
+    Anthropic keeps them (``charge_messages``).
 
-    def __init__(self, config: QuotaConfig, *, clock: Callable[[], float] = time.monotonic) -> None:
+    ``clock`` times the buckets; ``wall_clock`` (seconds since the epoch) dates
+    Anthropic's resets.
+    """
+
+    def __init__(
+        self,
+        config: QuotaConfig,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
+    ) -> None:
         self.config = config
         """The quota it emulates."""
         self._clock = clock
-        self._scopes: dict[str, dict[QuotaResource, _Bucket]] = {}
+        self._wall_clock = wall_clock
+        self._scopes: dict[tuple[QuotaFamily, str], dict[QuotaResource, _Bucket]] = {}
         self._scope("", clock())
         self._requests_charged = 0
         self._tokens_charged = 0
-        self._refused: dict[QuotaResource, int] = {"requests": 0, "tokens": 0}
+        self._refused: dict[QuotaResource, int] = dict.fromkeys(_RESOURCES["anthropic"], 0)
         self._too_large = 0
+        self._given_back = 0
+
+    def prompt_tokens(self, prompt: str) -> int:
+        """Tokens a prompt costs: about 4 characters a token, rounded up."""
+        return math.ceil(len(prompt) / 4)
 
     def cost(self, prompt: str, max_tokens: int | None) -> int:
         """Tokens a request costs: its prompt (about 4 characters a token) and its output cap."""
         output = self.config.default_max_tokens if max_tokens is None else max_tokens
-        return math.ceil(len(prompt) / 4) + output
+        return self.prompt_tokens(prompt) + output
 
-    def _scope(self, model: str, now: float) -> dict[QuotaResource, _Bucket]:
-        """The buckets ``model`` spends (made full when first asked)."""
+    def _scope(
+        self, model: str, now: float, family: QuotaFamily = "openai"
+    ) -> dict[QuotaResource, _Bucket]:
+        """The buckets ``model`` spends on ``family``'s routes (made full when first asked)."""
         scope = model if self.config.scoped else ""
-        buckets = self._scopes.get(scope)
+        buckets = self._scopes.get((family, scope))
         if buckets is None:
             if len(self._scopes) >= MAX_MODELS:
                 del self._scopes[next(iter(self._scopes))]
             buckets = {}
-            for resource in ("requests", "tokens"):
+            for resource in _RESOURCES[family]:
                 limit = self.config.limit(resource, scope)
                 if limit is not None:
                     buckets[resource] = _Bucket(limit, self.config.window_s, now)
-            self._scopes[scope] = buckets
+            self._scopes[(family, scope)] = buckets
         return buckets
 
     def charge(self, cost: int, *, model: str) -> QuotaDecision:
         """Charge one request of ``cost`` tokens for ``model`` if it fits both buckets, now."""
+        return self._charge("openai", {"requests": 1, "tokens": cost}, model)
+
+    def charge_messages(
+        self, input_tokens: int, output_tokens: int, *, model: str
+    ) -> QuotaDecision:
+        """Charge one request to the Messages route's buckets for ``model`` if it fits them
+        all, now: ``input_tokens`` of input and ``output_tokens`` (its ``max_tokens``) of output,
+        until ``settle_messages`` gives back what the answer did not use."""
+        amounts: dict[QuotaResource, int] = {
+            "requests": 1,
+            "tokens": input_tokens + output_tokens,
+            "input_tokens": input_tokens,
+            "output_tokens": output_tokens,
+        }
+        return self._charge("anthropic", amounts, model)
+
+    def settle_messages(self, charged: int, used: int, *, model: str) -> None:
+        """Give back to ``model``'s output tokens bucket what a Messages request charged
+        (``charged``) and its answer did not use (``used``)."""
         now = self._clock()
-        buckets = self._scope(model, now)
-        tokens = buckets.get("tokens")
-        if tokens is not None and cost > tokens.capacity:
-            self._too_large += 1
-            message = (
-                f"Request too large for {model} in organization {self.config.organization} on "
-                f"{_LABELS['tokens']}: Limit {tokens.capacity}, Requested {cost}. The input or "
-                f"output tokens must be reduced in order to run successfully. Visit "
-                f"{_LIMITS_URL} to learn more."
-            )
-            refusal = QuotaRefusal(
-                resource="tokens",
-                limit=tokens.capacity,
-                used=tokens.capacity - tokens.remaining(now),
-                requested=cost,
-                retry_after_s=None,
-                message=message,
-            )
-            return QuotaDecision(cost=cost, headers=self._headers(buckets, now), refusal=refusal)
-        amounts: dict[QuotaResource, int] = {"requests": 1, "tokens": cost}
+        bucket = self._scope(model, now, "anthropic").get("output_tokens")
+        unused = max(0, charged - used)
+        if bucket is not None and unused:
+            bucket.give(unused, now)
+            self._given_back += unused
+
+    def _charge(
+        self, family: QuotaFamily, amounts: dict[QuotaResource, int], model: str
+    ) -> QuotaDecision:
+        now = self._clock()
+        buckets = self._scope(model, now, family)
+        cost = amounts["tokens"]
+        for resource, bucket in buckets.items():
+            if resource != "requests" and amounts[resource] > bucket.capacity:
+                return self._too_large_refusal(family, buckets, resource, amounts, model, now)
         waits = {r: bucket.wait_s(amounts[r], now) for r, bucket in buckets.items()}
         # The resource that keeps it out longest names the refusal; its wait lets it in.
-        worst = max(waits, key=lambda r: waits[r])
-        if waits[worst] > 0:
+        worst = max(waits, key=lambda r: waits[r], default=None)
+        if worst is not None and waits[worst] > 0:
             self._refused[worst] += 1
             bucket = buckets[worst]
             wait_s = _milliseconds(waits[worst]) / 1000
-            message = (
-                f"Rate limit reached for {model} in organization {self.config.organization} on "
-                f"{_LABELS[worst]}: Limit {bucket.capacity}, Used "
-                f"{bucket.capacity - bucket.remaining(now)}, Requested {amounts[worst]}. "
-                f"Please try again in {go_duration(wait_s)}. Visit {_LIMITS_URL} to learn more."
-            )
+            used = bucket.capacity - bucket.remaining(now)
+            if family == "anthropic":
+                message = wait_message(model, worst, bucket.capacity, used, amounts[worst], wait_s)
+            else:
+                message = (
+                    f"Rate limit reached for {model} in organization {self.config.organization} "
+                    f"on {_LABELS[worst]}: Limit {bucket.capacity}, Used {used}, Requested "
+                    f"{amounts[worst]}. Please try again in {go_duration(wait_s)}. Visit "
+                    f"{_LIMITS_URL} to learn more."
+                )
             refusal = QuotaRefusal(
                 resource=worst,
                 limit=bucket.capacity,
-                used=bucket.capacity - bucket.remaining(now),
+                used=used,
                 requested=amounts[worst],
                 retry_after_s=wait_s,
                 message=message,
             )
-            return QuotaDecision(cost=cost, headers=self._headers(buckets, now), refusal=refusal)
+            return QuotaDecision(
+                cost=cost, headers=self._headers(family, buckets, now), refusal=refusal
+            )
         for resource, bucket in buckets.items():
             bucket.take(amounts[resource], now)
         self._requests_charged += 1
         self._tokens_charged += cost
-        return QuotaDecision(cost=cost, headers=self._headers(buckets, now))
+        return QuotaDecision(cost=cost, headers=self._headers(family, buckets, now))
 
-    def headers(self, model: str = "") -> tuple[tuple[str, str], ...]:
-        """The ``x-ratelimit-*`` headers of ``model``'s buckets now, charging nothing."""
+    def _too_large_refusal(
+        self,
+        family: QuotaFamily,
+        buckets: dict[QuotaResource, _Bucket],
+        resource: QuotaResource,
+        amounts: dict[QuotaResource, int],
+        model: str,
+        now: float,
+    ) -> QuotaDecision:
+        """The refusal of a request larger than the whole ``resource`` bucket: for good."""
+        self._too_large += 1
+        bucket = buckets[resource]
+        requested = amounts[resource]
+        if family == "anthropic":
+            message = too_large_message(model, resource, bucket.capacity, requested)
+        else:
+            message = (
+                f"Request too large for {model} in organization {self.config.organization} on "
+                f"{_LABELS[resource]}: Limit {bucket.capacity}, Requested {requested}. The input "
+                f"or output tokens must be reduced in order to run successfully. Visit "
+                f"{_LIMITS_URL} to learn more."
+            )
+        refusal = QuotaRefusal(
+            resource=resource,
+            limit=bucket.capacity,
+            used=bucket.capacity - bucket.remaining(now),
+            requested=requested,
+            retry_after_s=None,
+            message=message,
+        )
+        headers = self._headers(family, buckets, now)
+        return QuotaDecision(cost=amounts["tokens"], headers=headers, refusal=refusal)
+
+    def headers(
+        self, model: str = "", *, family: QuotaFamily = "openai"
+    ) -> tuple[tuple[str, str], ...]:
+        """The rate-limit headers of ``model``'s buckets on ``family``'s routes now
+        (``x-ratelimit-*``, or Anthropic's), charging nothing."""
         now = self._clock()
-        return self._headers(self._scope(model, now), now)
+        return self._headers(family, self._scope(model, now, family), now)
 
     def _headers(
-        self, buckets: dict[QuotaResource, _Bucket], now: float
+        self, family: QuotaFamily, buckets: dict[QuotaResource, _Bucket], now: float
     ) -> tuple[tuple[str, str], ...]:
+        if family == "anthropic":
+            return anthropic_headers(buckets, now, self._wall_clock())
         requests, tokens = buckets.get("requests"), buckets.get("tokens")
         headers: list[tuple[str, str]] = []
         if self.config.headers == "azure":  # what remains, alone
@@ -393,4 +422,7 @@ class ProviderQuota:
             refused_requests=self._refused["requests"],
             refused_tokens=self._refused["tokens"],
             too_large=self._too_large,
+            refused_input_tokens=self._refused["input_tokens"],
+            refused_output_tokens=self._refused["output_tokens"],
+            output_tokens_given_back=self._given_back,
         )
