@@ -44,7 +44,7 @@ pytestmark = [pytest.mark.anyio, pytest.mark.e2e]
 MODEL = "gemini-2.0-flash"
 API_KEY = "test-key"
 # google-genai 3.x calls v1 unless told otherwise; v1beta is the other version Google serves.
-_ROUTE = re.compile(r"/(?:v1|v1beta)/models/([^/:]+):generateContent")
+_ROUTE = re.compile(r"/(?:v1|v1beta)/models/([^/:]+):(generateContent|streamGenerateContent)")
 RETRY_S = 0.3
 METRIC = "generativelanguage.googleapis.com/generate_content_free_tier_requests"
 
@@ -116,7 +116,8 @@ def answer(text: str) -> dict[str, Any]:
 
 @dataclass
 class FakeGemini:
-    """Answers the scripted replies in order, then ``answer("hello")`` to every request.
+    """Answers the scripted replies in order, then ``answer("hello")`` to every request
+    (a stream: ``"hel"`` and ``"lo"`` as two server-sent events).
 
     ``arrivals`` holds the ``time.monotonic()`` of each request as it arrived.
     """
@@ -127,7 +128,7 @@ class FakeGemini:
     models: list[str] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def reply(self, path: str, headers: Any, body: bytes) -> tuple[int, dict[str, Any]]:
+    def reply(self, path: str, headers: Any, body: bytes) -> tuple[int, Any]:
         route = _ROUTE.fullmatch(path)
         if route is None:
             return 404, status(404, "NOT_FOUND", f"no route {path}")
@@ -140,6 +141,8 @@ class FakeGemini:
             self.models.append(route.group(1))
             if self.script:
                 return self.script.pop(0)
+        if route.group(2) == "streamGenerateContent":
+            return 200, [answer("hel"), answer("lo")]  # server-sent events, one per chunk
         return 200, answer("hello")
 
     def gaps(self) -> list[float]:
@@ -157,9 +160,13 @@ def fake_gemini(*script: tuple[int, dict[str, Any]]) -> Iterator[FakeGemini]:
         def do_POST(self) -> None:
             body = self.rfile.read(int(self.headers.get("content-length", 0)))
             code, payload = fake.reply(self.path.split("?", 1)[0], self.headers, body)
-            data = json.dumps(payload).encode()
+            if isinstance(payload, list):  # ?alt=sse, as google-genai asks for a stream
+                data = b"".join(b"data: " + json.dumps(p).encode() + b"\r\n\r\n" for p in payload)
+                kind = "text/event-stream"
+            else:
+                data, kind = json.dumps(payload).encode(), "application/json; charset=UTF-8"
             self.send_response(code)
-            self.send_header("content-type", "application/json; charset=UTF-8")
+            self.send_header("content-type", kind)
             self.send_header("content-length", str(len(data)))
             self.end_headers()
             self.wfile.write(data)
@@ -233,6 +240,37 @@ def test_sync_a_daily_quota_fails_at_once_with_google_genais_client_error() -> N
     assert len(fake.arrivals) == 1  # not retried, by the Gate or by google-genai
     assert isinstance(error.response.extensions["yieldgate_error"], CallFailedError)
     assert g.statistics().attempts == 1
+
+
+def test_sync_a_stream_waits_out_retry_info_and_keeps_its_slot_until_closed() -> None:
+    g = gate()
+    with (
+        fake_gemini(rate_limited()) as fake,
+        yieldgate.http_client(g, dialect="gemini", flavor="httpx2", sync=True) as http,
+    ):
+        client = genai.Client(api_key=API_KEY, http_options=options(http, True, base_url=fake.url))
+        stream = client.models.generate_content_stream(model=MODEL, contents="hi")
+        first = next(stream)
+        assert g.statistics().window.inflight == 1  # the body is still open
+        text = (first.text or "") + "".join(chunk.text or "" for chunk in stream)
+        assert g.statistics().window.inflight == 0
+    assert text == "hello"
+    assert_waited_out(fake, [RETRY_S])
+    assert (g.statistics().attempts, g.statistics().yields) == (2, 1)
+
+
+def test_sync_still_overloaded_when_the_gate_stops_is_google_genais_server_error() -> None:
+    g = gate(max_yields=1, base_s=0.01)
+    with (
+        fake_gemini(OVERLOADED, OVERLOADED, OVERLOADED) as fake,
+        yieldgate.http_client(g, dialect="gemini", flavor="httpx2", sync=True) as http,
+    ):
+        client = genai.Client(api_key=API_KEY, http_options=options(http, True, base_url=fake.url))
+        with pytest.raises(errors.ServerError) as caught:
+            client.models.generate_content(model=MODEL, contents="hi")
+    assert (caught.value.code, caught.value.status) == (503, "UNAVAILABLE")
+    assert isinstance(caught.value.response.extensions["yieldgate_error"], GaveUpError)
+    assert len(fake.arrivals) == 2
 
 
 def test_sync_no_connection_raises_httpx2s_transport_error_that_is_the_gates(
