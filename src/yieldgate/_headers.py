@@ -42,6 +42,7 @@ __all__ = [
     "TRANSFER_ENCODING_HEADER",
     "WWW_AUTHENTICATE_HEADER",
     "X_ACCEL_BUFFERING_HEADER",
+    "X_API_KEY_HEADER",
 ]
 
 PRIORITY_HEADER: Final = "x-yieldgate-priority"
@@ -80,6 +81,8 @@ LOADING_MESSAGE: Final = "currently loading"
 
 AUTHORIZATION_HEADER: Final = "authorization"
 WWW_AUTHENTICATE_HEADER: Final = "www-authenticate"
+X_API_KEY_HEADER: Final = "x-api-key"
+"""Where Anthropic's clients send their API key (instead of ``authorization``)."""
 CONTENT_TYPE_HEADER: Final = "content-type"
 CONTENT_LENGTH_HEADER: Final = "content-length"
 CONTENT_ENCODING_HEADER: Final = "content-encoding"

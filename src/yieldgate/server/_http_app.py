@@ -5,6 +5,7 @@ Routes (see ``docs`` and ``_http_dialects`` for the bodies):
 - OpenAI: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``POST /v1/responses``,
   ``GET /v1/models``, ``GET /v1/models/{model_id}``
 - Azure OpenAI: ``POST /openai/deployments/{deployment}/chat/completions``
+- Anthropic: ``POST /v1/messages``
 - HuggingFace Inference API: ``POST /models/{model_id}``, and OpenAI's chat
   completions at ``POST /models/{model_id}/v1/chat/completions``, as HF endpoints serve them
 - TGI: ``POST /generate``, ``POST /generate_stream``, ``POST /``
@@ -12,10 +13,11 @@ Routes (see ``docs`` and ``_http_dialects`` for the bodies):
 
 Every inference route reads the body (at most ``max_body_bytes``, within
 ``body_timeout_s``, else 413 or 408), parses it in its dialect, and asks the
-shared ``Admission``: a yield is a 429 with ``retry-after-ms`` and
-``retry-after``, an admitted request executes while the connection is
-watched (a client that leaves cancels its work at once), and a stream holds
-its slot until its last event is sent. With a secret, every route but
+shared ``Admission``: a yield is a 429 (Anthropic's route: 529
+``overloaded_error``) with ``retry-after-ms`` and ``retry-after``, an
+admitted request executes while the connection is watched (a client
+that leaves cancels its work at once), and a stream holds its slot until
+its last event is sent. With a secret, every route but
 ``/health`` first checks ``Authorization: Bearer <secret>`` (401 otherwise).
 
 uvicorn only serves the connections here: the front accepts them itself, each
@@ -47,6 +49,7 @@ from starlette.types import ASGIApp
 from yieldgate import __version__
 from yieldgate.protocol import ErrorCode
 from yieldgate.server._http_dialects import (
+    AnthropicMessages,
     ChatCompletions,
     Completions,
     Dialect,
@@ -59,7 +62,7 @@ from yieldgate.server._http_inference import Inference
 from yieldgate.server._http_metrics import CONTENT_TYPE, MetricsExporter
 from yieldgate.server._http_middleware import Counted, RequireSecret, Secret
 from yieldgate.server._http_openai_more import AzureChatCompletions, Responses
-from yieldgate.server._http_responses import route_error
+from yieldgate.server._http_responses import MESSAGES_PATH, route_error
 from yieldgate.server._http_router import InferenceRouter
 from yieldgate.server._http_uvicorn import _Uvicorn as _Uvicorn
 from yieldgate.server._http_uvicorn import guarded_protocol, make_uvicorn
@@ -166,6 +169,7 @@ def build_app(front: Front) -> ASGIApp:
         inference("/v1/chat/completions", ChatCompletions(fingerprint)),
         inference("/v1/completions", Completions(fingerprint)),
         inference("/v1/responses", Responses(fingerprint)),
+        inference(MESSAGES_PATH, AnthropicMessages()),
         inference(
             "/openai/deployments/{model_id}/chat/completions", AzureChatCompletions(fingerprint)
         ),

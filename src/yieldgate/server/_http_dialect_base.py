@@ -115,8 +115,9 @@ class Generated:
     """A backend's finished generation, as the dialects answer it.
 
     ``finish_reason`` is ``"length"`` (the length limit ended it),
-    ``"stop_sequence"`` or ``"eos"`` (it ended by itself); the token ids are
-    the backend's own, ``None`` where it has no vocabulary.
+    ``"stop_sequence"`` or ``"eos"`` (it ended by itself), and
+    ``stop_sequence`` the sequence that ended it where the backend says; the
+    token ids are the backend's own, ``None`` where it has no vocabulary.
     """
 
     text: str
@@ -126,6 +127,7 @@ class Generated:
     prompt_token_ids: tuple[int, ...] | None = None
     # One per token where the backend computed them (``_http_logprobs``).
     logprobs: tuple[TokenLogprob, ...] | None = None
+    stop_sequence: str | None = None
 
 
 def _ids(value: Any) -> tuple[int, ...] | None:
@@ -136,8 +138,9 @@ def _ids(value: Any) -> tuple[int, ...] | None:
 
 def generated(job: Job, result: Any) -> Generated:
     """A backend result read: ``{"text": str}`` with optional integer token
-    counts, ``token_ids``, ``prompt_token_ids`` and ``finish_reason`` (a bare
-    string is accepted as the text). Anything else is the backend's fault.
+    counts, ``token_ids``, ``prompt_token_ids``, ``finish_reason`` and
+    ``stop_sequence`` (a bare string is accepted as the text). Anything else
+    is the backend's fault.
     """
     if isinstance(result, str):
         result = {"text": result}
@@ -151,6 +154,7 @@ def generated(job: Job, result: Any) -> Generated:
     prompt = _num_bytes(job.prompt) if counts[0] is None else counts[0]
     completion = _num_bytes(text) if counts[1] is None else counts[1]
     reason = result.get("finish_reason")
+    matched = result.get("stop_sequence")
     return Generated(
         text=text,
         usage={
@@ -161,6 +165,7 @@ def generated(job: Job, result: Any) -> Generated:
         finish_reason=reason if reason in _FINISH_REASONS else "eos",
         token_ids=_ids(result.get("token_ids")),
         prompt_token_ids=_ids(result.get("prompt_token_ids")),
+        stop_sequence=matched if reason == "stop_sequence" and isinstance(matched, str) else None,
     )
 
 
@@ -334,6 +339,8 @@ class Job:
     id: str = ""
     # Characters of text streamed so far (where a dialect counts them: text offsets).
     sent_chars: int = 0
+    # Tokens generated for it so far (the route counts them; the quota settles by them).
+    output_tokens: int = 0
 
 
 class Dialect:
@@ -341,6 +348,8 @@ class Dialect:
 
     family: ClassVar[str]
     invalid_status: ClassVar[int] = 400
+    #: The status of a yield (Anthropic answers overload with 529).
+    yield_status: ClassVar[int] = 429
     id_prefix: ClassVar[str] = ""
 
     def parse(self, body: dict[str, Any], model_id: str | None, default_model: str) -> Job:

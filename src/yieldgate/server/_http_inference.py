@@ -7,9 +7,11 @@ arrive within ``body_timeout_s`` of its head is a 408: the connection guard
 times it and marks the scope, see ``_http_guard``) and the priority and
 deadline headers, refuses an optional param the backend's ``features`` do
 not name (a 400 naming it: ``logprobs``, ``top_p``), charges the provider
-quota when one is emulated (``_http_quota``: a 429 before any slot), and
-asks for admission: a yield is a 429 with ``retry-after-ms`` and
-``retry-after`` (or the dialect's cold-start 503), a failure the dialect's
+quota when one is emulated (``_http_quota``: a 429 before any slot; the
+charge is settled once the answer ends, whatever ended it, with the tokens
+generated), and asks for admission: a yield is a 429 (Anthropic's route:
+529) with ``retry-after-ms`` and ``retry-after`` (or the dialect's
+cold-start 503), a failure the dialect's
 error with its status, and an admitted request runs through the front
 (``Front.run_admitted``, which cancels it if the client leaves), answered
 whole or streamed as server-sent events that hold the slot until the last.
@@ -193,6 +195,11 @@ def _refuse_unhonoured(job: Job, backend: Backend) -> None:
             raise BadRequest(f"'{key}' is not supported by this server's backend", key)
 
 
+def _num_tokens(text: str) -> int:
+    """Tokens of ``text`` for the byte-level tokenizer: its UTF-8 bytes."""
+    return len(text.encode("utf-8", "surrogatepass"))
+
+
 def _generated(job: Job, result: Any) -> Generated:
     """The backend's result read, with its per-token log-probabilities where it sent them."""
     done = generated(job, result)
@@ -285,11 +292,18 @@ class Inference:
                 param=exc.param,
             )
             return
-        quota_send = await charge_quota(front, dialect, job, send)
-        if quota_send is None:
+        charged = await charge_quota(front, dialect, job, send)
+        if charged is None:
             return  # over the provider's quota: answered 429, no slot taken
-        send = quota_send
-        decision = front.admission.admit(
+        try:
+            await self._admit(receive, charged.send, job, priority, deadline_ms)
+        finally:
+            charged.settle(job.output_tokens)
+
+    async def _admit(
+        self, receive: Receive, send: Send, job: Job, priority: Priority, deadline_ms: int | None
+    ) -> None:
+        decision = self.front.admission.admit(
             f"http-{next(self._ids)}",
             job.prompt,
             params=job.params,
@@ -368,7 +382,10 @@ class Inference:
                 RETRY,
             ]
             self._yield_of = refusal
-        await send({"type": "http.response.start", "status": 429, "headers": self._yield_headers})
+        status = self.dialect.yield_status
+        await send(
+            {"type": "http.response.start", "status": status, "headers": self._yield_headers}
+        )
         await send({"type": "http.response.body", "body": self._yield_body, "more_body": False})
 
     # -- admitted work ----------------------------------------------------------
@@ -380,7 +397,9 @@ class Inference:
 
         async def finish(result: Any, slot: Slot) -> bytes:
             headers.extend(_degraded_headers(result))
-            return dumps(dialect.ok(job, _generated(job, result)))
+            done = _generated(job, result)
+            job.output_tokens = done.usage["completion_tokens"]
+            return dumps(dialect.ok(job, done))
 
         outcome = await self.front.run_admitted(admitted, receive, None, finish)
         if outcome is None:
@@ -408,6 +427,8 @@ class Inference:
             nonlocal index
             event = dialect.piece_of(job, index, data)
             index += 1
+            ids = chunk_token_ids(data)
+            job.output_tokens += len(ids) if ids is not None else _num_tokens(chunk_text(data))
             await start(data)
             await send({"type": "http.response.body", "body": event, "more_body": True})
 
@@ -423,6 +444,7 @@ class Inference:
 
         async def finish(result: Any, slot: Slot) -> str:
             done = _generated(job, result)
+            job.output_tokens = done.usage["completion_tokens"]
             if held is None:
                 events = dialect.end(job, index, done)
             else:

@@ -1,8 +1,9 @@
 """The HTTP app's middleware: the bearer-token check and the request counts.
 
-``Secret`` checks ``Authorization: Bearer <secret>`` in constant time and
-writes the 401; ``RequireSecret`` puts it in front of a route (every route
-but ``/health``); ``Counted`` counts every answered request by route and
+``Secret`` checks ``Authorization: Bearer <secret>`` (or Anthropic's
+``x-api-key: <secret>``) in constant time and writes the 401;
+``RequireSecret`` puts it in front of a route (every route but
+``/health``); ``Counted`` counts every answered request by route and
 status, for ``/metrics`` and ``/stats``.
 """
 
@@ -14,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from yieldgate._headers import AUTHORIZATION_HEADER, WWW_AUTHENTICATE_HEADER
+from yieldgate._headers import AUTHORIZATION_HEADER, WWW_AUTHENTICATE_HEADER, X_API_KEY_HEADER
 from yieldgate.protocol import ErrorCode
 from yieldgate.server._http_dialects import dumps
 from yieldgate.server._http_responses import NO_RETRY, route_error, send_json
@@ -26,13 +27,14 @@ __all__ = ["Counted", "RequireSecret", "Secret"]
 
 _BEARER_CHALLENGE = (WWW_AUTHENTICATE_HEADER.encode(), b"Bearer")
 _AUTHORIZATION = AUTHORIZATION_HEADER.encode()
+_API_KEY = X_API_KEY_HEADER.encode()
 
 
 class Secret:
-    """``Authorization: Bearer <secret>``, checked in constant time.
+    """``Authorization: Bearer <secret>`` or ``x-api-key: <secret>``, checked in constant time.
 
-    It is what the official clients send from their ``api_key`` (openai) or
-    ``token`` (huggingface_hub).
+    It is what the official clients send from their ``api_key`` (openai and
+    anthropic: the latter in ``x-api-key``) or ``token`` (huggingface_hub).
     """
 
     def __init__(self, secret: str, front: Front) -> None:
@@ -40,19 +42,25 @@ class Secret:
         self._front = front
 
     def admits(self, scope: Scope) -> bool:
-        token = b""
+        bearer = api_key = None
         for name, value in scope["headers"]:
-            if name == _AUTHORIZATION:
+            if name == _AUTHORIZATION and bearer is None:
                 scheme, _, token = value.strip().partition(b" ")
-                if scheme.lower() != b"bearer":
-                    token = b""
-                break
-        return hmac.compare_digest(token.strip(), self._secret)
+                bearer = token if scheme.lower() == b"bearer" else b""
+            elif name == _API_KEY and api_key is None:
+                api_key = value
+        # Both compared, whichever was sent, so the time taken tells nothing either
+        # (the secret is never empty: an absent header matches nothing).
+        by_bearer = hmac.compare_digest((bearer or b"").strip(), self._secret)
+        by_key = hmac.compare_digest((api_key or b"").strip(), self._secret)
+        return by_bearer or by_key
 
     def refusal(self, path: str) -> tuple[bytes, list[tuple[bytes, bytes]]]:
         """The 401's body and headers, counted as an ``unauthorized`` error."""
         self._front.governor.record_error(ErrorCode.UNAUTHORIZED)
-        message = "missing or wrong bearer token (Authorization: Bearer <secret>)"
+        message = (
+            "missing or wrong bearer token (Authorization: Bearer <secret>, or x-api-key: <secret>)"
+        )
         body = dumps(route_error(path, ErrorCode.UNAUTHORIZED, message, 401))
         return body, [NO_RETRY, _BEARER_CHALLENGE]
 
