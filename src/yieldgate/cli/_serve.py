@@ -27,8 +27,9 @@ def add_parser(sub: Any) -> None:
         help="run the reference governed server",
         description=(
             "Serve the governed protocol (NDJSON over TCP) and, with --http-port, the OpenAI, "
-            "HuggingFace and TGI HTTP APIs over the same slots. At --max-inflight executing "
-            "requests, further ones are answered 'yield' (HTTP: 429) with a retry hint at once; "
+            "Anthropic, HuggingFace and TGI HTTP APIs over the same slots. At --max-inflight "
+            "executing requests, further ones are answered 'yield' (HTTP: 429; Anthropic's "
+            "route: 529) with a retry hint at once; "
             "nothing is queued. Prints 'listening tcp://HOST:PORT' (then "
             "'listening http://HOST:PORT') when ready."
         ),
@@ -42,14 +43,18 @@ def _quota(args: argparse.Namespace) -> Any:
     from yieldgate.server import QuotaConfig
 
     models = dict(_quota_model(text) for text in args.quota_model)
-    if args.quota_rpm is None and args.quota_tpm is None and not models:
+    limits = (args.quota_rpm, args.quota_tpm, args.quota_itpm, args.quota_otpm)
+    if all(limit is None for limit in limits) and not models:
         for flag, given in (
             ("--quota-window-s", args.quota_window_s is not None),
             ("--quota-per-model", args.quota_per_model),
             ("--quota-headers", args.quota_headers != "openai"),
         ):
             if given:
-                raise CliError(f"{flag} needs --quota-rpm, --quota-tpm or --quota-model")
+                raise CliError(
+                    f"{flag} needs --quota-rpm, --quota-tpm, --quota-itpm, --quota-otpm "
+                    "or --quota-model"
+                )
         return None
     if args.http_port is None:
         raise CliError("the --quota-* flags apply to the HTTP front: add --http-port")
@@ -57,6 +62,8 @@ def _quota(args: argparse.Namespace) -> Any:
         return QuotaConfig(
             rpm=args.quota_rpm,
             tpm=args.quota_tpm,
+            itpm=args.quota_itpm,
+            otpm=args.quota_otpm,
             window_s=60.0 if args.quota_window_s is None else args.quota_window_s,
             default_max_tokens=args.default_max_tokens,
             per_model=args.quota_per_model,

@@ -35,6 +35,8 @@ FLAGS = {
     "grace_s": "--grace-s",
     "quota rpm": "--quota-rpm",
     "quota tpm": "--quota-tpm",
+    "quota itpm": "--quota-itpm",
+    "quota otpm": "--quota-otpm",
     "quota window_s": "--quota-window-s",
     "quota default_max_tokens": "--default-max-tokens",
     "quota headers": "--quota-headers",
@@ -108,13 +110,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         type=Path,
         help=(
             "file holding a shared secret; every TCP request must then carry it as 'auth', "
-            "every HTTP request but GET /health as 'Authorization: Bearer SECRET'"
+            "every HTTP request but GET /health as 'Authorization: Bearer SECRET' (or "
+            "'x-api-key: SECRET', as the anthropic client sends it)"
         ),
     )
     net.add_argument(
         "--http-port",
         type=int,
-        help="also serve HTTP (OpenAI, HuggingFace, TGI routes) on this port; 0 picks a free one",
+        help=(
+            "also serve HTTP (OpenAI, Anthropic, HuggingFace, TGI routes) on this port; "
+            "0 picks a free one"
+        ),
     )
     net.add_argument("--http-host", help="address the HTTP front binds (default: --host)")
     net.add_argument(
@@ -167,7 +173,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
     quota = p.add_argument_group(
         "provider quota (HTTP inference routes; a request costs ceil(prompt chars / 4) + "
-        "max_tokens tokens, --default-max-tokens when it names none)"
+        "max_tokens tokens, --default-max-tokens when it names none; the Messages route "
+        "has buckets of its own, as Anthropic's)"
     )
     quota.add_argument(
         "--quota-rpm",
@@ -180,6 +187,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         type=_positive_int,
         metavar="N",
         help="answer as OpenAI does past N tokens per window: x-ratelimit-* headers, 429s",
+    )
+    quota.add_argument(
+        "--quota-itpm",
+        type=_positive_int,
+        metavar="N",
+        help="answer as Anthropic does past N input tokens per window on POST /v1/messages: "
+        "anthropic-ratelimit-* headers, 429 rate_limit_error",
+    )
+    quota.add_argument(
+        "--quota-otpm",
+        type=_positive_int,
+        metavar="N",
+        help="the same past N output tokens per window on POST /v1/messages: max_tokens "
+        "charged at the door, what the answer did not use given back",
     )
     quota.add_argument(
         "--quota-window-s",
