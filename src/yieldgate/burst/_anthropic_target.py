@@ -12,14 +12,11 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import yieldgate
 from yieldgate.protocol import PRIORITY_HEADER
 from yieldgate.transports._flavor import detect_flavor
-
-if TYPE_CHECKING:
-    from yieldgate.burst._targets import Request, Send, Target, Workload
 
 __all__ = ["DEFAULT_MAX_TOKENS", "open_anthropic"]
 
@@ -29,9 +26,10 @@ DEFAULT_MAX_TOKENS = 64
 
 @contextlib.asynccontextmanager
 async def open_anthropic(
-    target: Target, gate: yieldgate.Gate, workload: Workload, dialect: str, retries: int
-) -> AsyncIterator[Send]:
-    """A ``send(prompt, request)`` through an ``anthropic.AsyncAnthropic`` over ``gate``."""
+    target: Any, gate: yieldgate.Gate, workload: Any, dialect: str, retries: int
+) -> AsyncIterator[Any]:
+    """The ``send(prompt, request)`` of an ``anthropic+http://`` target (see
+    ``_targets.open_target``): one ``messages.create`` through ``gate``."""
     try:
         import anthropic
     except ImportError:
@@ -44,7 +42,7 @@ async def open_anthropic(
         max_retries=retries,
     )
 
-    async def send(prompt: str, request: Request) -> None:
+    async def send(prompt: str, request: Any) -> None:
         request.restart()
         extra: dict[str, Any] = {}
         if request.priority is not None:
