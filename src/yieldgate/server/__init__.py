@@ -2,13 +2,14 @@
 
 A ``Governor`` caps work in execution and yields past the cap; fronts speak
 wire protocols over it (the governed TCP front, and HTTP fronts in the OpenAI,
-HuggingFace and TGI dialects) through one shared ``Admission``; backends
+Anthropic, HuggingFace and TGI dialects) through one shared ``Admission``; backends
 execute what it admits. The ``server`` extra adds msgspec (a fast path for
 decoding submits) and starlette, uvicorn and prometheus_client for the HTTP
 fronts, which are imported only when an HTTP front starts serving.
 
 With a ``QuotaConfig``, the HTTP fronts emulate a provider's quota (OpenAI's
-requests and tokens per minute, their headers and 429s) before the Governor.
+requests and tokens per minute, their headers and 429s; on the Messages route
+Anthropic's, with input and output tokens apart) before the Governor.
 
 ``spawn`` runs ``yieldgate serve`` in a child process instead, and returns a
 ``ServerProcess`` handle that knows where it listens and stops it.

@@ -23,9 +23,9 @@ class HttpConfig:
     """Where and how the HTTP fronts listen.
 
     ``model_name`` is what ``GET /v1/models`` lists. With a ``secret``, every
-    route but ``GET /health`` requires ``Authorization: Bearer <secret>``;
-    without one, bind loopback (the default) unless a proxy guards the port.
-    With a ``quota``, the inference routes answer as a provider over its
+    route but ``GET /health`` requires ``Authorization: Bearer <secret>`` (or
+    ``x-api-key: <secret>``); without one, bind loopback (the default) unless
+    a proxy guards the port. With a ``quota``, the inference routes answer as a provider over its
     quota would (``yieldgate.server.quota``).
     """
 
@@ -54,7 +54,8 @@ class HttpConfig:
     about 2.5x fewer replies per second) or ``"auto"``: httptools when it is installed."""
     quota: QuotaConfig | None = None
     """A provider's quota to emulate on the inference routes (OpenAI's RPM and TPM, their
-    headers and 429s), checked before the Governor; ``None``: no quota."""
+    headers and 429s; Anthropic's on the Messages route), checked before the Governor;
+    ``None``: no quota."""
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:

@@ -64,7 +64,8 @@ class Server:
         self.tcp = TcpFront(governor, backend, tcp, admission=admission, stats=self.stats)
         """The governed TCP front."""
         self.http: HttpFront | None = None
-        """The HTTP fronts (OpenAI, HuggingFace, TGI dialects); ``None`` without ``http``."""
+        """The HTTP fronts (OpenAI, Anthropic, HuggingFace, TGI dialects); ``None`` without
+        ``http``."""
         if http is not None:
             self.http = HttpFront(
                 governor,

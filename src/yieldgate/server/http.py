@@ -1,4 +1,4 @@
-"""The HTTP fronts: OpenAI, HuggingFace Inference API and TGI dialects.
+"""The HTTP fronts: OpenAI, Anthropic, HuggingFace Inference API and TGI dialects.
 
 Beside the TCP front, over the same ``Admission`` (so the same Governor and
 backend): a TCP submit and an HTTP request compete for the same slots. A
@@ -12,7 +12,8 @@ cap on open connections, a timeout and a size cap for each request head, a
 timeout for each request body (the app answers it 408), the TCP front's
 pause when descriptors run out, and a write timeout that cancels the work of
 a reader that stopped reading. With a ``secret``, the app requires
-``Authorization: Bearer <secret>`` on every route but ``/health``.
+``Authorization: Bearer <secret>`` (or ``x-api-key: <secret>``, as the
+anthropic client sends it) on every route but ``/health``.
 
 Lifecycle, driven by ``Server``: ``stop_accepting`` closes the listening
 sockets (requests on connections already open are answered
