@@ -82,6 +82,16 @@ def test_openai_chat(serve: Serve, stream: bool) -> None:
     assert "40/40 succeeded" in out
 
 
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+def test_anthropic_messages(serve: Serve, stream: bool) -> None:
+    server = serve("--max-inflight", "4", "--exec-ms", "20", "--http-port", "0")
+    args = ["--base-url", server.http_url or "", "--requests", "40"]
+    out = run_example("anthropic_messages.py", *args, *(["--stream"] if stream else []))
+    assert "40/40 succeeded" in out
+    # 40 at once on 4 slots: the server's 529s were waited out, not failed.
+    assert number(r"overloads (\d+)", out) + number(r"yields (\d+)", out) > 0
+
+
 def test_sync_threads(serve: Serve) -> None:
     server = serve("--max-inflight", "4", "--exec-ms", "20", "--http-port", "0")
     out = run_example("sync_threads.py", "--url", server.http_url or "", "--threads", "40")
