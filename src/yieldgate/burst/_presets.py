@@ -16,7 +16,8 @@ from yieldgate.burst._targets import Workload
 
 __all__ = ["COLD_START_RAMP", "COMPARISONS", "PRESETS", "demo_settings", "quota_cost"]
 
-_ALL = tuple(Strategy(name=name) for name in STRATEGY_NAMES)
+# The four every preset compares (anthropic-default belongs with an anthropic+http:// target).
+_ALL = tuple(Strategy(name=name) for name in STRATEGY_NAMES if name != "anthropic-default")
 
 #: The cold-start preset plus a rate cap that ramps 1 -> 20 attempt starts/s
 #: over 5 s (restarted by every ``cold_start`` outcome). It assumes the

@@ -154,12 +154,16 @@ def _section(current: Any, cls: Any, name: str, values: Any) -> Any:
 
 
 def _pass_through_gate(instrumentation: Any = None) -> yieldgate.Gate:
-    """One attempt, no waiting, no limit, no breaker: a transport that only counts."""
+    """One attempt, no waiting, no limit, no breaker, no quota pacing: a transport that
+    only counts. (A Gate learns a provider's quota from its headers by default and
+    would hold the baselines' attempts until the quota had room, which no baseline's
+    client does.)"""
     return yieldgate.Gate(
         yieldgate.GatePolicy(
             retry=yieldgate.RetryPolicy.no_retry(),
             window=yieldgate.WindowPolicy.fixed(1_000_000),
             breaker=yieldgate.BreakerPolicy.disabled(),
+            quota=yieldgate.QuotaPolicy(learn=False),
         ),
         name="pass-through",
         instrumentation=instrumentation,
