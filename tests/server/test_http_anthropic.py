@@ -20,7 +20,7 @@ import pytest
 
 from tests.conftest import http_stats, stats_when
 from yieldgate.dialects import get_dialect
-from yieldgate.server import ServerProcess
+from yieldgate.server import ServerProcess, spawn
 
 pytestmark = pytest.mark.e2e
 
@@ -38,8 +38,6 @@ def nbytes(text: str) -> int:
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[ServerProcess]:
-    from yieldgate.server import spawn
-
     with spawn("--http-port", "0", "--exec-ms", "5", http=True) as proc:
         yield proc
 
