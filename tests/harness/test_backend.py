@@ -251,3 +251,14 @@ async def test_a_failure_while_placing_a_request_fails_only_that_request(
         await backend.execute(work("first", max_tokens=3), None)
     result = await backend.execute(work("second", max_tokens=3), None)
     assert result["completion_tokens"] == 3
+
+
+async def test_a_stop_sequence_that_ends_the_generation_is_named(backend: HarnessBackend) -> None:
+    assert backend.engine is not None
+    greedy = bytes(backend.engine.model.greedy_reference(list(b"Hello there"), 12))
+    text = greedy.decode("utf-8", errors="replace")
+    stop = text[3:5]  # two characters of what it will generate, after the third
+    result = await backend.execute(work("Hello there", max_tokens=12, stop=[stop, "\x00"]), None)
+    assert result["finish_reason"] == "stop_sequence"
+    assert result["stop_sequence"] == stop
+    assert result["text"] == text[: text.index(stop)]
