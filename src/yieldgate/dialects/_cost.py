@@ -13,11 +13,21 @@ the APIs the dialects speak:
 - TGI and HF's ``generate``: ``inputs``, output ``parameters.max_new_tokens``;
 - OpenAI's Responses API: ``input`` (a string, or messages and text parts) and
   ``instructions``, ``max_output_tokens``;
-- embeddings (a path ending ``/embeddings``): ``input``, and no output.
+- embeddings (a path ending ``/embeddings``): ``input``, and no output;
+- Gemini's ``generateContent`` and ``streamGenerateContent`` (the Gemini API's
+  and Vertex AI's): the text parts of ``contents`` (one content per line, after
+  its ``role``) and of ``systemInstruction``; output
+  ``generationConfig.maxOutputTokens`` for each of ``candidateCount``
+  candidates. The REST API takes each field's snake_case name too
+  (``system_instruction``, ``generation_config.max_output_tokens``), and so
+  does the reader. Non-text parts (images, files, function calls) count
+  nothing here: the usage settles them. A ``contents`` body sent to another
+  method (``:countTokens``) generates nothing and costs no tokens.
 
 A request that sets no output bound is charged ``default_output_tokens``.
 Its scope (``request_scope``) is the quota it spends where a provider meters
-per model: the Azure deployment in the path, else the body's ``model``.
+per model: the Azure deployment in the path, else the body's ``model``, else
+the model a ``/models/...`` path names (Gemini's).
 ``count_tokens`` replaces the four-characters rule with a real tokenizer
 (tiktoken's ``encode``, say). A body that is not JSON, or not one of these
 shapes, costs one request and no tokens: the headers still correct the count.
@@ -65,8 +75,37 @@ def _input_item(item: Any) -> str:
     return ""
 
 
+def _either(mapping: dict[str, Any], camel: str, snake: str) -> Any:
+    """A field of a Gemini body by its JSON name, else by its proto name."""
+    value = mapping.get(camel)
+    return mapping.get(snake) if value is None else value
+
+
+def _parts_text(content: Any) -> str:
+    """The text parts of a Gemini ``Content`` (its ``parts``), joined."""
+    if isinstance(content, str):
+        return content
+    parts = content.get("parts") if isinstance(content, dict) else None
+    return _text_of(parts) if isinstance(parts, list) else ""
+
+
+def _gemini_prompt(contents: list[Any], body: dict[str, Any]) -> str:
+    lines = []
+    for content in contents:
+        if isinstance(content, dict):
+            role, text = content.get("role"), _parts_text(content)
+            lines.append(f"{role}: {text}" if isinstance(role, str) and role else text)
+    system = _parts_text(_either(body, "systemInstruction", "system_instruction"))
+    if system:
+        lines.insert(0, f"system: {system}")
+    return "\n".join(lines)
+
+
 def prompt_text(body: dict[str, Any]) -> str | None:
     """The prompt of a request body as the provider counts it, or ``None``."""
+    contents = body.get("contents")
+    if isinstance(contents, list):
+        return _gemini_prompt(contents, body)
     messages = body.get("messages")
     if isinstance(messages, list):
         lines = [
@@ -107,21 +146,78 @@ def _output_bound(body: dict[str, Any]) -> int | None:
     return None
 
 
-_USAGE = re.compile(rb'"usage"\s*:\s*\{')
+def _count(value: Any) -> int | None:
+    """A count of a Gemini body: an int32 in proto JSON is a number or a string of one."""
+    if type(value) is int and value >= 0:
+        return value
+    if isinstance(value, str) and value.isascii() and value.isdigit() and len(value) <= 12:
+        return int(value)
+    return None
+
+
+def _gemini_output(body: dict[str, Any], default: int) -> int:
+    """The output a Gemini request may produce: ``maxOutputTokens`` (else ``default``)
+    for each candidate it asks for."""
+    config = _either(body, "generationConfig", "generation_config")
+    if not isinstance(config, dict):
+        return default
+    bound = _count(_either(config, "maxOutputTokens", "max_output_tokens"))
+    candidates = _count(_either(config, "candidateCount", "candidate_count"))
+    # An unset (or zero) candidateCount is one candidate.
+    return (default if bound is None else bound) * (candidates or 1)
+
+
+# Gemini's methods that generate; another (``:countTokens``, ``:computeTokens``)
+# reads ``contents`` and spends no token quota.
+_GEMINI_GENERATE = frozenset({"generateContent", "streamGenerateContent"})
+_METHOD = re.compile(r":([A-Za-z]+)$")
+
+
+def _generates(path: str) -> bool:
+    method = _METHOD.search(path)
+    return method is None or method.group(1) in _GEMINI_GENERATE
+
+
+_USAGE = re.compile(rb'"(usage|usageMetadata)"\s*:\s*\{')
 _COUNT = re.compile(
     rb'"(prompt_tokens|completion_tokens|input_tokens|output_tokens)"\s*:\s*([0-9]{1,12})'
 )
+_GEMINI_COUNT = re.compile(
+    rb'"(promptTokenCount|toolUsePromptTokenCount|candidatesTokenCount|thoughtsTokenCount'
+    rb'|totalTokenCount)"\s*:\s*([0-9]{1,12})(?![0-9])'
+)
+
+
+def _gemini_usage(tail: bytes, start: int) -> Cost | None:
+    """Gemini's ``usageMetadata``: the prompt (with what tools added to it) is the
+    input; the candidates and the thoughts, which Gemini counts apart, the output."""
+    counts: dict[bytes, int] = {}
+    for name, value in _GEMINI_COUNT.findall(tail, start):
+        counts.setdefault(name, int(value))
+    if not counts.keys() & {b"promptTokenCount", b"candidatesTokenCount", b"totalTokenCount"}:
+        return None
+    prompt = counts.get(b"promptTokenCount", 0) + counts.get(b"toolUsePromptTokenCount", 0)
+    output = counts.get(b"candidatesTokenCount", 0) + counts.get(b"thoughtsTokenCount", 0)
+    total = counts.get(b"totalTokenCount")
+    if total is not None:
+        # The total counts every kind (and one a later model adds): the rest is output.
+        output = max(output, total - prompt)
+    return Cost.of(prompt, output)
 
 
 def usage_of(tail: bytes) -> Cost | None:
     """The tokens a response used, from the last ``usage`` object in the end of its
     body (OpenAI's ``prompt_tokens`` and ``completion_tokens``, Anthropic's
-    ``input_tokens`` and ``output_tokens``); ``None`` when it says nothing."""
-    start = None
+    ``input_tokens`` and ``output_tokens``) or Gemini's last ``usageMetadata``
+    (a stream's last chunk has the final counts); ``None`` when it says nothing."""
+    last: re.Match[bytes] | None = None
     for match in _USAGE.finditer(tail):
-        start = match.end()
-    if start is None:
+        last = match
+    if last is None:
         return None
+    start = last.end()
+    if last.group(1) == b"usageMetadata":
+        return _gemini_usage(tail, start)
     counts: dict[bytes, int] = {}
     for name, value in _COUNT.findall(tail, start):
         counts.setdefault(name, int(value))
@@ -174,14 +270,17 @@ def estimate_cost(content: bytes, policy: QuotaPolicy, *, path: str = "") -> Cos
     """The cost of a request whose body is ``content``, or ``None`` if it is not one
     the dialects know and names no scope (then the call's cost stays one request).
     ``path``, the request's URL path, tells an embeddings request (its input alone:
-    no output) and an Azure deployment. With ``policy.per_model`` the cost's scope
-    is the model or deployment the request names (``request_scope``)."""
+    no output), an Azure deployment, a Gemini model and the Gemini method (only
+    ``:generateContent`` and ``:streamGenerateContent`` generate). With
+    ``policy.per_model`` the cost's scope is the model or deployment the request
+    names (``request_scope``)."""
     body = _body(content)
     scope = request_scope(body, path) if policy.per_model else ""
     if body is None:
         return Cost(scope=scope) if scope else None
     text = prompt_text(body)
-    if text is None:
+    gemini = isinstance(body.get("contents"), list)
+    if text is None or (gemini and not _generates(path)):
         return Cost(scope=scope) if scope else None
     count: Callable[[str], int] = policy.count_tokens or _four_chars
     try:
@@ -190,6 +289,9 @@ def estimate_cost(content: bytes, policy: QuotaPolicy, *, path: str = "") -> Cos
         prompt = _four_chars(text)
     if path.rstrip("/").endswith("/embeddings"):
         return Cost.of(max(0, prompt), 0, scope)
-    output = _output_bound(body)
-    bound = policy.default_output_tokens if output is None else output
+    if gemini:
+        bound = _gemini_output(body, policy.default_output_tokens)
+    else:
+        output = _output_bound(body)
+        bound = policy.default_output_tokens if output is None else output
     return Cost.of(max(0, prompt), bound, scope)
