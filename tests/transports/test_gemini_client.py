@@ -99,8 +99,11 @@ DAILY_QUOTA = (
 OVERLOADED = (503, status(503, "UNAVAILABLE", "The model is overloaded. Please try again later."))
 
 
-def answer(text: str) -> dict[str, Any]:
-    """A ``GenerateContentResponse`` with one candidate."""
+USAGE = {"promptTokenCount": 2, "candidatesTokenCount": 1, "totalTokenCount": 3}
+
+
+def answer(text: str, usage: dict[str, int] = USAGE) -> dict[str, Any]:
+    """A ``GenerateContentResponse`` with one candidate, and its ``usageMetadata``."""
     return {
         "candidates": [
             {
@@ -109,23 +112,33 @@ def answer(text: str) -> dict[str, Any]:
                 "index": 0,
             }
         ],
-        "usageMetadata": {"promptTokenCount": 2, "candidatesTokenCount": 1, "totalTokenCount": 3},
+        "usageMetadata": usage,
         "modelVersion": MODEL,
     }
 
 
 @dataclass
 class FakeGemini:
-    """Answers the scripted replies in order, then ``answer("hello")`` to every request
-    (a stream: ``"hel"`` and ``"lo"`` as two server-sent events).
+    """Answers the scripted replies in order, then ``answer("hello", usage)`` to every
+    request (a stream: ``"hel"`` and ``"lo"`` as two server-sent events, the first
+    with the prompt's count alone, the last with ``usage``, as Gemini's last chunk
+    has the final counts).
 
-    ``arrivals`` holds the ``time.monotonic()`` of each request as it arrived.
+    ``arrivals`` holds the ``time.monotonic()`` of each request as it arrived,
+    ``bodies`` its JSON body. The first ``hold`` requests are answered only once
+    ``release`` is set; ``released`` says, for each request, whether it was set
+    when the request arrived.
     """
 
     script: list[tuple[int, dict[str, Any]]]
     url: str = ""
     arrivals: list[float] = field(default_factory=list)
     models: list[str] = field(default_factory=list)
+    bodies: list[dict[str, Any]] = field(default_factory=list)
+    usage: dict[str, int] = field(default_factory=lambda: dict(USAGE))
+    hold: int = 0
+    release: threading.Event = field(default_factory=threading.Event)
+    released: list[bool] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def reply(self, path: str, headers: Any, body: bytes) -> tuple[int, Any]:
@@ -139,11 +152,20 @@ class FakeGemini:
         with self.lock:
             self.arrivals.append(time.monotonic())
             self.models.append(route.group(1))
-            if self.script:
-                return self.script.pop(0)
+            self.bodies.append(request)
+            self.released.append(self.release.is_set())
+            held = len(self.arrivals) <= self.hold
+            scripted = self.script.pop(0) if self.script else None
+            usage = dict(self.usage)
+        if held:
+            self.release.wait(10)
+        if scripted is not None:
+            return scripted
         if route.group(2) == "streamGenerateContent":
-            return 200, [answer("hel"), answer("lo")]  # server-sent events, one per chunk
-        return 200, answer("hello")
+            prompt = usage.get("promptTokenCount", 0)
+            first = {"promptTokenCount": prompt, "totalTokenCount": prompt}
+            return 200, [answer("hel", first), answer("lo", usage)]  # server-sent events
+        return 200, answer("hello", usage)
 
     def gaps(self) -> list[float]:
         with self.lock:
@@ -183,6 +205,7 @@ def fake_gemini(*script: tuple[int, dict[str, Any]]) -> Iterator[FakeGemini]:
         fake.url = f"http://127.0.0.1:{server.server_address[1]}"
         yield fake
     finally:
+        fake.release.set()  # no held request outlives the test
         server.shutdown()
         server.server_close()  # joins the handler threads
         thread.join(10)
