@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+import functools
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 import anyio
@@ -31,7 +32,22 @@ class Burst:
         assert not failures, f"{len(failures)} of {len(self.results)} failed: {failures[0]!r}"
         assert self.inflight, "the sampler saw nothing"
         assert max(self.inflight) <= SLOTS
+        assert self.last["inflight_peak"] <= SLOTS  # the server's own count, between samples too
         assert self.last["inflight"] == 0
+
+
+def in_thread(fn: Callable[..., Any], /, *args: Any) -> Callable[[], Awaitable[Any]]:
+    """A sync call as one of a burst's: it runs in a worker thread (anyio's, up to 40 at once)."""
+    return functools.partial(anyio.to_thread.run_sync, functools.partial(fn, *args))
+
+
+def chain(exc: BaseException | None) -> Iterator[BaseException]:
+    """``exc`` and what it was raised from, outermost first (each once: contexts can loop)."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        yield exc
+        exc = exc.__cause__ or exc.__context__
 
 
 async def burst(server: ServerProcess, calls: list[Callable[[], Awaitable[Any]]]) -> Burst:
