@@ -5,14 +5,16 @@ LiteLLM's OpenAI route (``model="openai/..."``) sends through an ``openai``
 ``litellm/llms/openai/openai.py`` and ``common_utils.py``, 1.106.2):
 ``acompletion(client=...)``, an ``openai.AsyncOpenAI`` used as given, and the
 process-wide ``litellm.aclient_session``, the ``httpx.AsyncClient`` it builds
-its own clients on. Both carry ``yieldgate``'s. One catch, pinned here: a
+its own clients on (for ``completion``: an ``openai.OpenAI``, and
+``litellm.client_session``). All carry ``yieldgate``'s. One catch, pinned here: a
 client handed in has its ``max_retries`` set to LiteLLM's (2, its
 ``DEFAULT_MAX_RETRIES``) unless the call passes ``max_retries=0``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Iterator
+import functools
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import httpx
@@ -21,8 +23,15 @@ import openai
 import pytest
 
 import yieldgate
-from tests.compat.burst import CALLS, burst
-from yieldgate import Gate, GatePolicy, RetriesExhaustedError, RetryPolicy
+from tests.compat.burst import CALLS, burst, chain, in_thread
+from yieldgate import (
+    DeadlineExceededError,
+    Gate,
+    GatePolicy,
+    RetriesExhaustedError,
+    RetryPolicy,
+    TimeoutPolicy,
+)
 from yieldgate.server import ServerProcess
 
 pytestmark = [
@@ -101,12 +110,6 @@ async def test_litellm_turns_a_clients_retries_back_on_unless_the_call_says_zero
         assert client.max_retries == 0
 
 
-def chain(exc: BaseException | None) -> Iterator[BaseException]:
-    while exc is not None:
-        yield exc
-        exc = exc.__cause__ or exc.__context__
-
-
 async def test_a_give_up_is_litellms_error_with_openais_and_the_gates_under_it(
     refused_url: str,
 ) -> None:
@@ -129,16 +132,52 @@ async def test_a_give_up_is_litellms_error_with_openais_and_the_gates_under_it(
     assert gate.statistics().attempts == 2  # the Gate's, and no openai retries on top
 
 
-def test_sync_completion_with_the_gates_client(server: ServerProcess) -> None:
+def completion_sync(base: str, i: int, **kwargs: Any) -> str:
+    messages = [{"role": "user", "content": f"hello {i}"}]
+    common: dict[str, Any] = {"api_base": base, "max_retries": 0, **kwargs}
+    if i % 2:
+        stream: Any = litellm.completion(model=MODEL, messages=messages, stream=True, **common)
+        return "".join(c.choices[0].delta.content or "" for c in stream)
+    reply: Any = litellm.completion(model=MODEL, messages=messages, **common)
+    return str(reply.choices[0].message.content)
+
+
+async def test_sync_completion_from_threads_a_burst_all_succeeds(server: ServerProcess) -> None:
     gate = Gate(name="litellm-sync")
     base = f"{server.http_url}/v1"
     with yieldgate.openai_client(gate, sync=True, base_url=base, api_key="unused") as client:
-        reply: Any = litellm.completion(
-            model=MODEL,
-            messages=[{"role": "user", "content": "hi"}],
-            api_base=base,
-            client=client,
-            max_retries=0,
-        )
-    assert reply.choices[0].message.content == "user: hi"
-    assert gate.statistics().calls_ok == 1
+        gated = functools.partial(completion_sync, client=client)
+        seen = await burst(server, [in_thread(gated, base, i) for i in range(CALLS)])
+    seen.assert_all_succeeded()
+    assert seen.results == [f"user: hello {i}" for i in range(CALLS)]
+    assert gate.statistics().calls_ok == CALLS
+
+
+async def test_client_session_from_threads_a_burst_all_succeeds(
+    server: ServerProcess, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    gate = Gate(name="litellm-sync-session")
+    monkeypatch.setattr(litellm, "client_session", yieldgate.http_client(gate, sync=True))
+    base = f"{server.http_url}/v1"
+    # An api_key of its own: LiteLLM caches the clients it builds by their parameters.
+    session = functools.partial(completion_sync, api_key="sync-session")
+    seen = await burst(server, [in_thread(session, base, i) for i in range(CALLS)])
+    seen.assert_all_succeeded()
+    assert seen.results == [f"user: hello {i}" for i in range(CALLS)]
+    assert gate.statistics().calls_ok == CALLS
+
+
+def test_yielded_to_the_deadline_is_litellms_rate_limit_error(
+    yielding_server: ServerProcess,
+) -> None:
+    gate = Gate(GatePolicy(timeout=TimeoutPolicy(total_s=1.0)), name="give-up")
+    base = f"{yielding_server.http_url}/v1"
+    client = yieldgate.openai_client(gate, sync=True, base_url=base, api_key="x")
+    with client, pytest.raises(litellm.RateLimitError) as caught:
+        completion_sync(base, 0, client=client)
+    # LiteLLM's RateLimitError is an openai.RateLimitError; openai's own is under it,
+    # its response carrying the Gate's error.
+    assert isinstance(caught.value, openai.RateLimitError)
+    sdk = next(e for e in chain(caught.value) if type(e) is openai.RateLimitError)
+    assert isinstance(sdk.response.extensions["yieldgate_error"], DeadlineExceededError)
+    assert gate.statistics().attempts == 1
