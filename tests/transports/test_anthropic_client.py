@@ -10,10 +10,12 @@ from __future__ import annotations
 from typing import Any
 
 import anthropic
+import anyio
 import httpx2
 import pytest
 
 import yieldgate
+from tests.conftest import stats_when
 from yieldgate import (
     DeadlineExceededError,
     Gate,
@@ -84,3 +86,41 @@ def test_the_sync_client_catches_the_same(refused_url: str) -> None:
         client.messages.create(model="m", max_tokens=8, messages=MESSAGES)
     assert isinstance(caught.value.__cause__, RetriesExhaustedError)
     assert gate.statistics().attempts == 2
+
+
+async def test_a_529_the_gate_stops_waiting_on_is_anthropics_own_error(serve: Any) -> None:
+    # One slot, held for 30 s by a request sent around the Gate: a gated call is refused
+    # with a 529 overloaded_error whose hint (about 30 s) its 1 s cannot wait out.
+    server: ServerProcess = serve("--max-inflight", "1", "--exec-ms", "30000", "--http-port", "0")
+    body = {"model": "m", "max_tokens": 8, "messages": MESSAGES}
+
+    async with httpx2.AsyncClient(base_url=server.http_url, timeout=60) as plain:
+
+        async def hold() -> None:
+            await plain.post("/v1/messages", json=body)
+
+        async def stats() -> dict[str, Any]:
+            counters: dict[str, Any] = (await plain.get("/stats")).json()
+            return counters
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(hold)
+            await stats_when(stats, lambda counters: counters["inflight"] == 1)
+            gate = Gate(name="overloaded")
+            client = yieldgate.anthropic_client(
+                gate, base_url=server.http_url, api_key="x", timeout=1.0
+            )
+            async with client:
+                with pytest.raises(anthropic.InternalServerError) as caught:
+                    await client.messages.create(model="m", max_tokens=8, messages=MESSAGES)
+            tg.cancel_scope.cancel()
+    assert caught.value.status_code == 529
+    assert isinstance(caught.value, anthropic.OverloadedError)
+    assert caught.value.body["error"]["type"] == "overloaded_error"  # type: ignore[index]
+    gave_up = caught.value.response.extensions["yieldgate_error"]
+    assert isinstance(gave_up, DeadlineExceededError)
+    assert gave_up.last_hint_s is not None
+    assert gave_up.last_hint_s > 1.0
+    stats = gate.statistics()
+    assert stats.calls_ok == 0
+    assert stats.window.inflight == 0
