@@ -45,8 +45,8 @@ docs-serve: $(STAMP)
 pytest: $(STAMP)
 	$(PY) -m pytest
 
-# compat adds about a minute (building .venv-compat from the local index, then
-# its tests) to the five of the rest on 2 cores.
+# compat adds about a minute and a half (building .venv-compat from the local
+# index, then its tests) to the rest on 2 cores.
 test: lint typecheck docs pytest compat
 
 # The SDK's tests (gate, dialects, transports, fleet) on every supported Python
@@ -93,7 +93,8 @@ bench: $(STAMP)
 	$(PY) bench/harness_degrade.py
 	$(PY) bench/harness_planner.py
 
-# The clients that cannot share the main env (openai 2.x on httpx, LiteLLM,
+# The clients that cannot share the main env (openai 2.x on httpx, LiteLLM, the
+# frameworks that pin openai below 3: LangChain, LlamaIndex, pydantic-ai; and
 # text-generation with its huggingface_hub<1.0), in a second venv pinned by
 # compat/requirements.txt, against real reference-server processes.
 COMPAT_VENV := .venv-compat
