@@ -148,11 +148,29 @@ def test_requests_that_can_never_run_are_refused_up_front() -> None:
         engine.add(list(b"x" * 33), SamplingParams(max_tokens=1))
     small = make_engine(num_blocks=2)
     with pytest.raises(ValueError, match="KV blocks"):
-        small.add(list(b"x" * 30), SamplingParams(max_tokens=3))
+        small.add(list(b"x" * 30), SamplingParams(max_tokens=4))
     with pytest.raises(ValueError, match="max_tokens"):
         SamplingParams(max_tokens=0)
     with pytest.raises(ValueError, match="temperature"):
         SamplingParams(temperature=float("nan"))
+
+
+def test_a_request_that_fits_exactly_is_run_not_refused() -> None:
+    # The last token is sampled, never fed back: prompt + max_tokens - 1 positions and KV slots.
+    engine = make_engine(model=ModelConfig(max_seq_len=64), num_blocks=4)  # 64 slots too
+    prompt = list(b"x" * 30)
+    with pytest.raises(ValueError, match="positions"):
+        engine.add(prompt, SamplingParams(max_tokens=36))
+    seq = engine.add(prompt, SamplingParams(max_tokens=35))
+    engine.run_until_done([seq])
+    assert seq.output == engine.model.greedy_reference(prompt, 35)
+    small = make_engine(num_blocks=2)  # 32 slots, positions to spare
+    with pytest.raises(ValueError, match="KV blocks"):
+        small.add(prompt, SamplingParams(max_tokens=4))
+    seq = small.add(prompt, SamplingParams(max_tokens=3))
+    small.run_until_done([seq])
+    assert seq.output == small.model.greedy_reference(prompt, 3)
+    assert engine.blocks.stats().num_used == small.blocks.stats().num_used == 0
 
 
 def test_stats_count_the_work() -> None:

@@ -159,19 +159,21 @@ class Engine:
         if num_prompt < 1:
             raise ValueError("the prompt is empty")
         total = num_prompt + params.max_tokens
+        # The last token is sampled and never fed back: it needs no position and no KV slot.
+        needed = total - 1
         limit = self.model.config.max_seq_len
-        if total > limit:
+        if needed > limit:
             raise ValueError(
                 f"prompt ({num_prompt} tokens) + max_tokens ({params.max_tokens}) = {total} "
-                f"is more than the model's {limit} positions"
+                f"needs {needed} positions, more than the model's {limit}"
             )
         budget = self.config.scheduler.max_num_batched_tokens
         if num_prompt > budget:
             raise ValueError(
                 f"prompt of {num_prompt} tokens is longer than max_num_batched_tokens ({budget})"
             )
-        if self.blocks.blocks_for(total) > self.blocks.num_blocks:
-            raise ValueError(f"{total} tokens need more KV blocks than the cache has")
+        if self.blocks.blocks_for(needed) > self.blocks.num_blocks:
+            raise ValueError(f"{needed} tokens of KV need more KV blocks than the cache has")
 
     def add(self, prompt: list[int], params: SamplingParams) -> Sequence:
         """Queue a request; it joins the running batch at the next step that has room."""
