@@ -189,16 +189,22 @@ async def test_sustained_overload_cuts_low_priority_output_and_says_so(
 
 
 @pytest.mark.anyio
+@pytest.mark.parametrize(
+    "load",
+    [(5000, 0, 0), (0, 1, 5000)],
+    ids=["queued-prompts", "steps-behind-swapped-sequences"],
+)
 async def test_the_admission_check_reads_pressure_and_rejects_at_the_last_level(
-    harness: HarnessBackend,
+    harness: HarnessBackend, load: tuple[int, int, int]
 ) -> None:
     assert harness.qos is not None
     estimator = harness.qos.estimator
-    # Seeded measurements and the queue the engine thread would publish: 5,000
-    # prompt tokens ahead at 1 ms each, against the low objective of 500 ms.
+    # Seeded measurements and the load the engine thread would publish: 5,000
+    # prompt tokens ahead at 1 ms each, or 5,000 decode steps before a new prompt
+    # is admitted at all (sequences swapped out), against low's 500 ms.
     estimator.prefill_ms_per_token = 1.0
     estimator.decode_step_ms = 1.0
-    harness._load_now = (5000, 0)
+    harness._load_now = load
 
     def check(priority: Priority) -> Rejection | None:
         return harness._check_slo(

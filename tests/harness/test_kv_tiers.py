@@ -10,7 +10,9 @@ import torch
 from yieldgate.harness.engine import Engine, EngineConfig
 from yieldgate.harness.kv_tiers import HostKVTier, TieredScheduler, block_views
 from yieldgate.harness.model import KVCache, ModelConfig
+from yieldgate.harness.qos import QosPolicy, SloConfig, TtftEstimator
 from yieldgate.harness.sequence import SamplingParams, SequenceStatus
+from yieldgate.protocol import Priority
 
 PROMPTS = [
     list(b"Hi"),
@@ -104,6 +106,43 @@ def test_nothing_new_is_admitted_while_a_sequence_is_swapped_out() -> None:
         assert late not in step.seqs
     engine.run_until_done([*seqs, late])
     assert late.output == engine.model.greedy_reference(list(b"late"), 2)
+
+
+def test_the_ttft_estimate_counts_the_steps_swapped_sequences_hold_a_new_prompt_back(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Issue 32: under memory pressure a new prompt waited 55 steps for its first
+    # token, while early rejection priced one decode step.
+    engine = make_engine(num_blocks=14, host_kv_blocks=64)
+    # Every page-in lands by the next step, as if the copy thread always kept up:
+    # the steps waited no longer depend on the thread's timing.
+    monkeypatch.setattr(tiered(engine).tier, "is_done", lambda handle: True)
+    seqs = [engine.add(prompt, SamplingParams(max_tokens=64)) for prompt in PROMPTS]
+    while not tiered(engine).swapped:
+        assert engine.step() is not None
+    # The reading the engine thread publishes, priced at 1 ms a decode step.
+    qos = QosPolicy(SloConfig(), TtftEstimator(prefill_ms_per_token=0.0, decode_step_ms=1.0))
+    reading = {
+        "prompt_tokens": 10,
+        "queued_prefill_tokens": 0,
+        "decode_running": len(engine.scheduler.running),
+        "decode_steps_ahead": engine.scheduler.decode_steps_to_admit(),
+    }
+    estimate = qos.estimator.estimate_ms(**reading)
+    late = engine.add(list(b"late"), SamplingParams(max_tokens=2))
+    waited = 0
+    while not late.output:
+        step = engine.step()
+        assert step is not None
+        waited += not step.is_prefill
+    assert waited > 10
+    assert estimate is not None
+    assert 0.9 * waited <= estimate <= waited  # a lower bound, and a close one
+    assert qos.check(Priority.LOW, **reading) is None  # 500 ms: not missed
+    assert qos.check(Priority.LOW, **reading | {"decode_steps_ahead": 600}) is not None
+    engine.run_until_done([*seqs, late])
+    stats = engine.stats()
+    assert stats["kv_blocks_used"] == stats["kv_host_blocks_used"] == stats["kv_swapped"] == 0
 
 
 def test_no_prefill_worker_reservation_while_a_sequence_is_swapped_out() -> None:

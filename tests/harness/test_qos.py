@@ -98,6 +98,7 @@ def check(qos: QosPolicy, priority: Priority, queued: int, **kw: int) -> Rejecti
         prompt_tokens=kw.get("prompt", 100),
         queued_prefill_tokens=queued,
         decode_running=kw.get("running", 0),
+        decode_steps_ahead=kw.get("ahead", 0),
     )
 
 
@@ -180,6 +181,27 @@ def test_stats_count_by_priority() -> None:
 def test_check_rejects_negative_counts() -> None:
     with pytest.raises(ValueError, match=">= 0"):
         check(policy(), Priority.LOW, queued=-1)
+
+
+def test_decode_steps_ahead_are_waited_for_and_are_work_ahead() -> None:
+    # Swapped-out sequences hold new prompts back for 50 decode steps (issue 32).
+    qos = policy()
+    estimator = qos.estimator
+    kw = {"prompt_tokens": 100, "queued_prefill_tokens": 0}
+    assert estimator.estimate_ms(**kw, decode_running=3, decode_steps_ahead=50) == 600.0
+    assert estimator.estimate_ms(**kw, decode_running=3, decode_steps_ahead=0) == 110.0
+    assert estimator.estimate_ms(**kw, decode_running=0, decode_steps_ahead=2) == 120.0
+    unmeasured = TtftEstimator(prefill_ms_per_token=1.0)
+    assert unmeasured.estimate_ms(**kw, decode_running=0, decode_steps_ahead=2) is None
+    # Nothing queued, yet low is rejected: 600 ms against its 500 ms, not against
+    # the 110 ms the prompt takes with nothing ahead.
+    assert check(qos, Priority.LOW, queued=0, running=3) is None
+    rejection = check(qos, Priority.LOW, queued=0, running=3, ahead=50)
+    assert rejection is not None
+    assert rejection.retry_hint_ms == 100
+    assert qos.excess_ms(500.0, **kw, decode_running=3, decode_steps_ahead=50) == (600.0, 500.0)
+    with pytest.raises(ValueError, match=">= 0"):
+        check(qos, Priority.LOW, queued=0, ahead=-1)
 
 
 def test_policy_follows_new_measurements() -> None:

@@ -79,7 +79,7 @@ class EngineThread:
     qos: QosPolicy | None
     _inbox: queue.SimpleQueue[tuple[str, Any]]
     _live: dict[int, Request]
-    _load_now: tuple[int, int]
+    _load_now: tuple[int, int, int]
     _loop: asyncio.AbstractEventLoop | None
     _metrics_lock: threading.Lock
     _stopped: bool
@@ -210,7 +210,8 @@ class EngineThread:
         queued += sum(len(s.tokens) - s.num_computed for s in sched.ready)
         if self.disagg is not None:
             queued += self.disagg.remote_queued_tokens()
-        self._load_now = (queued, len(sched.running))
+        # One assignment, so the routing thread reads the three together.
+        self._load_now = (queued, len(sched.running), sched.decode_steps_to_admit())
 
     def _forget(self, engine: Engine, request: Request) -> None:
         """Drop a request whose placement failed, wherever it got to."""

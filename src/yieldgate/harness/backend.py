@@ -126,9 +126,10 @@ class HarnessBackend(EngineThread):
             degrade_objective(cfg.degrade, cfg.slo) if cfg.degrade is not None else None
         )
         self.planner: PlannerDriver | None = None
-        # (prompt tokens waiting for a prefill, running sequences): published by
-        # the engine thread for the admission hook, as one tuple.
-        self._load_now: tuple[int, int] = (0, 0)
+        # (prompt tokens waiting for a prefill, running sequences, decode steps
+        # before a new prompt can be admitted): published by the engine thread
+        # for the admission hook, as one tuple.
+        self._load_now: tuple[int, int, int] = (0, 0, 0)
         # Prompt tokens handed to the engine thread (written on the loop only) and
         # taken in by it (written on the engine thread only): the difference is
         # what waits in the inbox, a queue the engine has not seen yet.
@@ -205,7 +206,7 @@ class HarnessBackend(EngineThread):
         plain early rejection (its output may be cut instead, in ``execute``).
         """
         assert self.qos is not None
-        queued, running = self._load_now
+        queued, running, steps_ahead = self._load_now
         in_inbox = max(0, self._tokens_sent - self._tokens_taken)
         prompt_tokens = len(request.body.encode("utf-8"))
         queued_tokens = queued + in_inbox
@@ -217,6 +218,7 @@ class HarnessBackend(EngineThread):
                 prompt_tokens=prompt_tokens,
                 queued_prefill_tokens=queued_tokens,
                 decode_running=running,
+                decode_steps_ahead=steps_ahead,
             )
             now = time.monotonic()
             if excess is not None:
@@ -235,6 +237,7 @@ class HarnessBackend(EngineThread):
             prompt_tokens=prompt_tokens,
             queued_prefill_tokens=queued_tokens,
             decode_running=running,
+            decode_steps_ahead=steps_ahead,
         )
 
     def _planner_driver(self, config: PlannerConfig, governor: Governor) -> PlannerDriver:

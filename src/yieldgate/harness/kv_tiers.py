@@ -289,6 +289,27 @@ class TieredScheduler(Scheduler):
         """Sequences whose KV is in the host tier or on its way back."""
         return len(self.swapped) + len(self.incoming)
 
+    def decode_steps_to_admit(self) -> int:
+        """Decode steps before a new prompt can be admitted: the swapped sequences come back first.
+
+        The running sequences finish in the order of the tokens they have left
+        (one a step) and free their blocks; the swapped ones are back once the free blocks
+        hold all of them (each with one block for its next token, and the
+        watermark). A lower bound: the running sequences' growth meanwhile,
+        and blocks that stay shared in the prefix cache, are not counted.
+        """
+        if not self.swapped:
+            return 1 if self.incoming else 0
+        free = self.blocks.num_available
+        need = self._watermark_blocks + sum(len(r.host_blocks) + 1 for r in self.swapped)
+        steps = 1
+        for seq in sorted(self.running, key=_tokens_left):
+            if need <= free:
+                break
+            free += len(seq.block_table)
+            steps = max(steps, _tokens_left(seq))
+        return steps
+
     def _room_for(self, seq: Sequence, *, keep_watermark: bool) -> bool:
         # Swapped-out sequences come back before anything new is admitted.
         if self.swapped or self.incoming:
@@ -401,6 +422,10 @@ def tier_counters(scheduler: Scheduler) -> dict[str, int | float]:
 
 def _arrival(record: _Swapped) -> int:
     return record.seq.id
+
+
+def _tokens_left(seq: Sequence) -> int:
+    return seq.params.max_tokens - seq.num_output
 
 
 def _is_done(tier: HostKVTier, record: _Swapped) -> bool:

@@ -4,7 +4,10 @@ Mooncake-style admission control. ``TtftEstimator`` keeps exponential moving
 averages of prefill time per token and of one decode step, measured by the
 engine; from them the time to first token of a new request is the prefill of
 everything queued ahead of it plus its own, plus one decode step when decode
-is running (the new prefill waits for the step boundary).
+is running (the new prefill waits for the step boundary), or plus the decode
+steps that must run before it can be admitted at all when that is more (with
+a host KV tier, sequences swapped out under memory pressure come back before
+any new prompt, so it waits for running sequences to finish and free blocks).
 
 ``QosPolicy.check`` compares that estimate with the request's priority's
 objective (``SloConfig``) and answers a ``Rejection`` (``YieldReason.SLO``)
@@ -121,21 +124,30 @@ class TtftEstimator:
         return value if previous is None else previous + self.alpha * (value - previous)
 
     def estimate_ms(
-        self, *, prompt_tokens: int, queued_prefill_tokens: int, decode_running: int
+        self,
+        *,
+        prompt_tokens: int,
+        queued_prefill_tokens: int,
+        decode_running: int,
+        decode_steps_ahead: int = 0,
     ) -> float | None:
         """Expected TTFT of a new prompt of ``prompt_tokens`` uncached tokens.
 
+        ``decode_steps_ahead``: decode steps that must run before it can be
+        admitted at all (``Scheduler.decode_steps_to_admit``); it waits for
+        the larger of those and the one step boundary of a running decode.
         ``None`` while a measurement it needs is missing: prefill time always,
-        the decode step when ``decode_running`` is above zero.
+        the decode step when any decode step is waited for.
         """
         per_token = self.prefill_ms_per_token
         if per_token is None:
             return None
+        steps = max(decode_steps_ahead, 1 if decode_running > 0 else 0)
         step = 0.0
-        if decode_running > 0:
+        if steps:
             if self.decode_step_ms is None:
                 return None
-            step = self.decode_step_ms
+            step = steps * self.decode_step_ms
         return (queued_prefill_tokens + prompt_tokens) * per_token + step
 
 
@@ -160,10 +172,14 @@ class QosPolicy:
         prompt_tokens: int,
         queued_prefill_tokens: int,
         decode_running: int,
+        decode_steps_ahead: int = 0,
     ) -> Rejection | None:
         """``None`` to admit, else a ``Rejection`` with a hint of when a retry may pass."""
-        if prompt_tokens < 0 or queued_prefill_tokens < 0 or decode_running < 0:
-            raise ValueError("prompt_tokens, queued_prefill_tokens and decode_running must be >= 0")
+        if min(prompt_tokens, queued_prefill_tokens, decode_running, decode_steps_ahead) < 0:
+            raise ValueError(
+                "prompt_tokens, queued_prefill_tokens, decode_running and decode_steps_ahead"
+                " must be >= 0"
+            )
         self._checked[priority] += 1
         objective = self.slo.ttft_for(priority)
         if objective is None:
@@ -173,6 +189,7 @@ class QosPolicy:
             prompt_tokens=prompt_tokens,
             queued_prefill_tokens=queued_prefill_tokens,
             decode_running=decode_running,
+            decode_steps_ahead=decode_steps_ahead,
         )
         if excess is None or excess[0] <= excess[1]:
             return None
@@ -186,17 +203,20 @@ class QosPolicy:
         prompt_tokens: int,
         queued_prefill_tokens: int,
         decode_running: int,
+        decode_steps_ahead: int = 0,
     ) -> tuple[float, float] | None:
         """``(estimate, bound)``: the TTFT estimate and what it is held to, ``None`` unmeasured.
 
         The bound is the larger of ``objective`` and the request's own TTFT
-        with nothing queued ahead; ``estimate / bound`` is the pressure that
+        with nothing queued ahead (no decode steps ahead either: swapped-out
+        sequences are work ahead); ``estimate / bound`` is the pressure that
         graceful degradation (``yieldgate.harness.degrade``) watches.
         """
         estimate = self.estimator.estimate_ms(
             prompt_tokens=prompt_tokens,
             queued_prefill_tokens=queued_prefill_tokens,
             decode_running=decode_running,
+            decode_steps_ahead=decode_steps_ahead,
         )
         if estimate is None:
             return None

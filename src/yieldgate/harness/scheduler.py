@@ -83,6 +83,15 @@ class Scheduler:
         """Whether a step could run now (sequences at a prefill worker do not count)."""
         return bool(self.waiting or self.running or self.ready)
 
+    def decode_steps_to_admit(self) -> int:
+        """Decode steps that must run before a new prompt can be admitted at all.
+
+        0 here: a sequence preempted by recompute waits in ``waiting``, whose
+        prompt tokens the caller counts already. The host tier's scheduler
+        holds new prompts back while sequences are swapped out.
+        """
+        return 0
+
     def reserve_remote(self, seq: Sequence) -> bool:
         """Give ``seq`` its KV blocks now, for a prefill worker to fill; ``False`` if none.
 
