@@ -125,3 +125,29 @@ def test_the_threshold_fails_a_coarser_quantiser(
     monkeypatch.setattr(kv_cache_module, "_INT8_MAX", qmax)
     agreement = measure_agreement(make_engine("float32"), make_engine("int8"), max_tokens=64)
     assert agreement.next_token < NEXT_TOKEN_THRESHOLD
+
+
+@pytest.mark.parametrize(
+    ("prompt", "num_blocks"),
+    [
+        (b"U%Aa^SF]Mj;`1D1,o@dzm2G,}", 5),
+        (b"_J?}Iz(8h<>2eY+*Ha^-FfEz/fJe:mfkDX+lQHi>", 6),
+        (b">;vkUjCY_tryM*In.^kpJ8?\"}B.z<O5JV'", 6),
+    ],
+)
+def test_a_sequence_preempted_by_recompute_decodes_as_if_never_preempted(
+    prompt: bytes, num_blocks: int
+) -> None:
+    # Issue 32: the recompute attended over fresh float keys (and wrote its output's
+    # KV in one go) where decode had attended over int8 keys written a token at a
+    # time, so the recomputed KV differed and each of these outputs flipped.
+    params = SamplingParams(max_tokens=32)
+    alone = make_engine("int8").generate([list(prompt)], params)[0]
+    engine = Engine(EngineConfig(device="cpu", num_blocks=num_blocks, kv_dtype="int8"))
+    older = engine.add(list(b"The quick brown fox jumps over the lazy dog"), params)
+    engine.step()
+    seq = engine.add(list(prompt), params)
+    engine.run_until_done([older, seq])
+    assert seq.num_preemptions == 1  # preempted mid-decode, recomputed, never paged
+    assert seq.output == alone
+    assert engine.blocks.stats().num_used == 0

@@ -57,6 +57,10 @@ class AttentionBatch:
     (speculative verification): new token ``i`` is query ``query_index[i]``
     of the flattened ``(rows, queries)`` grid, and ``context_mask`` has a
     row per query, ``(rows, 1, queries, context)``.
+
+    ``num_stepwise[j]`` (prefill): how many of sequence ``j``'s last new
+    tokens decode had written one at a time (a recompute's output so far);
+    an int8 cache writes and attends them one at a time again, in order.
     """
 
     is_prefill: bool
@@ -66,6 +70,7 @@ class AttentionBatch:
     num_cached: list[int] | None = None
     context_mask: Tensor | None = None
     query_index: Tensor | None = None
+    num_stepwise: list[int] | None = None
 
 
 class _Block(nn.Module):
@@ -123,38 +128,66 @@ class _Block(nn.Module):
         cache: KVCache,
         batch: AttentionBatch,
     ) -> Tensor:
-        # int8 cache: quantise the new KV in, then dequantise only the slots this
-        # batch attends over into a dense buffer and attend over that (a prefill
-        # reuses the float path with the buffer's slots renumbered 0..).
-        cache.write(layer, batch.slot_mapping, k, v, one_per_block=not batch.is_prefill)
+        # int8 cache: every query attends over the dequantised cache, never over
+        # the fresh float keys, so that a prefill sees what decode would see
+        # (``_attend_prefill_int8``).
         if batch.is_prefill:
-            assert batch.num_cached is not None
-            contexts = batch.context_slots
-            assert isinstance(contexts, list)
-            needed = [s for j, s in enumerate(contexts) if batch.num_cached[j]]
-            flat = torch.cat(needed) if needed else contexts[0][:0]
-            k_ctx, v_ctx = cache.read(layer, flat)
-            renumbered: list[Tensor] = []
-            offset = 0
-            for j, slots in enumerate(contexts):
-                if batch.num_cached[j]:
-                    size = slots.shape[0]
-                    renumbered.append(torch.arange(offset, offset + size, device=x.device))
-                    offset += size
-                else:
-                    renumbered.append(slots)  # attends over its fresh keys only
-            dense = AttentionBatch(
-                is_prefill=True,
-                slot_mapping=batch.slot_mapping,
-                context_slots=renumbered,
-                query_starts=batch.query_starts,
-                num_cached=batch.num_cached,
-            )
-            out = self._attend_prefill(q, k, v, k_ctx, v_ctx, dense)
+            out = self._attend_prefill_int8(q, k, v, layer, cache, batch)
         else:
+            cache.write(layer, batch.slot_mapping, k, v, one_per_block=True)
             out = self._attend_decode_int8(q, layer, cache, batch)
         x = x + self.proj(out)
         return x + self._mlp(x)
+
+    def _attend_prefill_int8(
+        self, q: Tensor, k: Tensor, v: Tensor, layer: int, cache: KVCache, batch: AttentionBatch
+    ) -> Tensor:
+        # A cold prefill, a prefix-cache hit and a recompute must compute the same
+        # KV for the same tokens, so every query reads the dequantised cache. A
+        # recompute's output tokens (``num_stepwise``) were written by decode one
+        # at a time, each growing its block's scale (and requantising the block)
+        # before it was attended over: they are written and attended here in that
+        # order too, so the recomputed int8 KV is the KV decode wrote. That costs
+        # a write and a read per recomputed token and layer; a plain prompt has none.
+        starts, cached, contexts = batch.query_starts, batch.num_cached, batch.context_slots
+        assert starts is not None
+        assert cached is not None
+        assert isinstance(contexts, list)
+        stepwise = batch.num_stepwise or [0] * len(contexts)
+        if any(stepwise):
+            head = [torch.arange(starts[j], starts[j + 1] - n) for j, n in enumerate(stepwise)]
+            rows = torch.cat(head).to(q.device)
+            cache.write(layer, batch.slot_mapping[rows], k[rows], v[rows])
+        else:
+            cache.write(layer, batch.slot_mapping, k, v)
+        outs = []
+        for j, slots in enumerate(contexts):
+            lo, mid, hi = starts[j], starts[j + 1] - stepwise[j], starts[j + 1]
+            if mid > lo:  # the prompt (or what a plain prefill computes): one write, causal
+                kj, vj = cache.read(layer, slots[: cached[j] + mid - lo])
+                rows_at = torch.arange(mid - lo, device=q.device).unsqueeze(1) + cached[j]
+                cols = torch.arange(kj.shape[0], device=q.device).unsqueeze(0)
+                oj = F.scaled_dot_product_attention(
+                    q[lo:mid].transpose(0, 1),
+                    kj.transpose(0, 1),
+                    vj.transpose(0, 1),
+                    attn_mask=cols <= rows_at,
+                )
+                outs.append(oj.transpose(0, 1).reshape(mid - lo, -1))
+            for i in range(mid, hi):  # decode's tokens, one at a time, in order
+                at = cached[j] + i - lo
+                cache.write(
+                    layer, slots[at : at + 1], k[i : i + 1], v[i : i + 1], one_per_block=True
+                )
+                context = slots[: at + 1].unsqueeze(0)
+                one = AttentionBatch(
+                    is_prefill=False,
+                    slot_mapping=slots[at : at + 1],
+                    context_slots=context,
+                    context_mask=torch.ones_like(context, dtype=torch.bool).view(1, 1, 1, -1),
+                )
+                outs.append(self._attend_decode_int8(q[i : i + 1], layer, cache, one))
+        return outs[0] if len(outs) == 1 else torch.cat(outs)
 
     def _attend_decode_int8(
         self, q: Tensor, layer: int, cache: KVCache, batch: AttentionBatch

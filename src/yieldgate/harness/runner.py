@@ -65,6 +65,7 @@ class ModelRunner:
         slot_mapping: list[Tensor] = []
         contexts: list[Tensor] = []
         cached: list[int] = []
+        stepwise: list[int] = []
         for seq in seqs:
             start, end = seq.num_computed, len(seq.tokens)
             tokens.extend(seq.tokens[start:end])
@@ -74,6 +75,7 @@ class ModelRunner:
             slot_mapping.append(slots[start:])
             contexts.append(slots)
             cached.append(start)
+            stepwise.append(end - max(start, seq.num_prompt))
         device = self.device
         attention = AttentionBatch(
             is_prefill=True,
@@ -81,6 +83,7 @@ class ModelRunner:
             context_slots=contexts,
             query_starts=starts,
             num_cached=cached,
+            num_stepwise=stepwise,
         )
         last = torch.tensor([end - 1 for end in starts[1:]], device=device)
         return (
