@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import pytest
@@ -197,11 +198,62 @@ def test_aborting_swapped_and_incoming_sequences_frees_both_tiers() -> None:
     assert incoming.is_finished
     for seq in seqs:
         engine.abort(seq)
+    while engine.has_work:  # an aborted page-in's blocks go back once its copy is done
+        assert engine.step() is None
     stats = engine.stats()
     assert stats["kv_blocks_used"] == 0
     assert stats["kv_host_blocks_used"] == 0
     assert stats["kv_swapped"] == 0
     assert not engine.has_work
+
+
+def test_aborting_a_sequence_mid_page_in_does_not_wait_for_the_copy(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    engine = make_engine(num_blocks=12, host_kv_blocks=32)
+    scheduler = tiered(engine)
+    tier = scheduler.tier
+    gate, copied = threading.Event(), threading.Event()
+    real_copy = tier._copy_in
+
+    def held_copy(host_blocks: list[int], device_blocks: list[int]) -> None:
+        # Held until the test lets it go; the timeout only ends the wait of an
+        # abort that (wrongly) waits for the copy, which the test then fails.
+        gate.wait(timeout=20)
+        real_copy(host_blocks, device_blocks)
+        copied.set()
+
+    monkeypatch.setattr(tier, "_copy_in", held_copy)
+    seqs = [
+        engine.add(prompt, SamplingParams(max_tokens=n))
+        for prompt, n in zip(PROMPTS, (40, 10, 40, 40), strict=True)
+    ]
+    while not scheduler.incoming:
+        assert engine.step() is not None
+    assert scheduler.running  # the first page-in starts while others still decode
+    record = scheduler.incoming[0]
+    held_host = len(record.host_blocks)
+    assert record.seq.block_table  # device blocks the copy writes into
+    used_before = engine.blocks.stats().num_used
+    engine.abort(record.seq)  # issue 32: this waited for the copy on the engine thread
+    assert not copied.is_set()
+    assert record.seq.is_finished
+    # The copy still writes those device blocks and reads those host blocks: kept till it ends.
+    assert engine.blocks.stats().num_used == used_before
+    assert tier.num_free <= tier.num_blocks - held_host
+    step = engine.step()  # the others decode beside the held copy
+    assert step is not None
+    assert step.seqs
+    assert not copied.is_set()
+    gate.set()
+    engine.run_until_done([seq for seq in seqs if seq is not record.seq])
+    while engine.has_work:
+        engine.step()
+    assert copied.is_set()
+    stats = engine.blocks.stats()
+    assert stats.num_used == 0
+    assert stats.num_free + stats.num_evictable == stats.num_blocks
+    assert len(set(tier._free)) == len(tier._free) == tier.num_blocks  # each given back once
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.int8])

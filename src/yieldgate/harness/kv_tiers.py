@@ -24,7 +24,9 @@ stream into pinned host memory (``non_blocking`` copies, ordered against
 the compute stream by events), on CPU on a copy thread (torch releases the
 GIL in its copy kernels, and the two pools are plain tensors). A sequence
 joins a step only once its page-in has finished; the engine waits for one
-(``stall_ms``) only when nothing else could run.
+(``stall_ms``) only when nothing else could run. An abort never waits for a
+page-in: the aborted sequence's device and host blocks are given back by the
+first step that finds its copy done (``aborted``).
 
 Page-outs are synchronous on CPU: the blocks they free are needed by the
 step that asked. On CUDA the blocks are gathered on the compute stream
@@ -205,17 +207,12 @@ class HostKVTier:
             return bool(handle._event.query())  # type: ignore[no-untyped-call]
         return handle._future is None or handle._future.done()
 
-    def finish(self, handle: PageIn, *, stall: bool = True) -> None:
-        """Wait for the page-in, put it in place and free its host blocks.
-
-        The wait counts as stall time unless ``stall`` is false (no step waited:
-        an abort).
-        """
+    def finish(self, handle: PageIn) -> None:
+        """Wait for the page-in (stall time), put it in place and free its host blocks."""
         if not self.is_done(handle):
             started = time.perf_counter()
             self._wait(handle)
-            if stall:
-                self.stall_ms += (time.perf_counter() - started) * 1000.0
+            self.stall_ms += (time.perf_counter() - started) * 1000.0
         if handle._event is not None:
             compute = torch.cuda.current_stream(self.device)
             compute.wait_event(handle._event)
@@ -228,6 +225,21 @@ class HostKVTier:
             handle._future.result()  # re-raises a failed copy
         self.blocks_in += len(handle.host_blocks)
         self._free.extend(handle.host_blocks)
+
+    def discard(self, handle: PageIn) -> None:
+        """Free the host blocks of a page-in that ``is_done`` whose KV is not wanted (an abort).
+
+        Nothing is put in place and a failed copy is not raised: the blocks'
+        contents no longer matter, only that the copy no longer touches them.
+        """
+        if not self.is_done(handle):
+            raise RuntimeError("discard of a page-in still under way")
+        handle._staged = []
+        self._free.extend(handle.host_blocks)
+
+    def wait(self, handle: PageIn) -> None:
+        """Block until ``is_done(handle)`` (time not counted as stall: no step needed it)."""
+        self._wait(handle)
 
     def _wait(self, handle: PageIn) -> None:
         if handle._event is not None:
@@ -273,6 +285,9 @@ class TieredScheduler(Scheduler):
         self.tier = tier
         self.swapped: list[_Swapped] = []  # oldest first
         self.incoming: list[_Swapped] = []  # page-in under way
+        # Aborted while paging in: their device and host blocks go back once
+        # the copy is done (``_reap_aborted``), never waited for by the abort.
+        self.aborted: list[_Swapped] = []
         self.num_swap_outs = 0
         self.num_swap_ins = 0
 
@@ -282,7 +297,7 @@ class TieredScheduler(Scheduler):
 
     @property
     def has_work(self) -> bool:
-        return super().has_work or bool(self.swapped or self.incoming)
+        return super().has_work or bool(self.swapped or self.incoming or self.aborted)
 
     @property
     def num_swapped(self) -> int:
@@ -332,6 +347,7 @@ class TieredScheduler(Scheduler):
         bisect.insort(self.swapped, record, key=_arrival)
 
     def schedule(self) -> Batch | None:
+        self._reap_aborted()
         self.prefetch()
         self._admit_paged_in(wait_for_one=False)
         batch = super().schedule()
@@ -339,7 +355,23 @@ class TieredScheduler(Scheduler):
             # Nothing else can run: wait for the oldest page-in.
             self._admit_paged_in(wait_for_one=True)
             batch = super().schedule()
+        elif batch is None and self.aborted:
+            # Nothing else can run: wait for an aborted page-in, whose blocks may let work in.
+            oldest = self.aborted[0].page_in
+            assert oldest is not None
+            self.tier.wait(oldest)
+            self._reap_aborted()
+            self.prefetch()
+            batch = super().schedule()
         return batch
+
+    def _reap_aborted(self) -> None:
+        """Give back the blocks of aborted page-ins whose copy is done, each exactly once."""
+        for record in [r for r in self.aborted if _is_done(self.tier, r)]:
+            self.aborted.remove(record)
+            assert record.page_in is not None
+            self.tier.discard(record.page_in)
+            self.blocks.free(record.seq)
 
     def finish_step(self, batch: Batch, tokens: list[int]) -> list[Sequence]:
         done = super().finish_step(batch, tokens)
@@ -393,10 +425,10 @@ class TieredScheduler(Scheduler):
         for record in self.incoming:
             if record.seq is seq:
                 self.incoming.remove(record)
-                assert record.page_in is not None
-                # Its device blocks must be written before they are reused.
-                self.tier.finish(record.page_in, stall=False)
-                self.blocks.free(seq)
+                # The copy may still be writing its device blocks and reading its
+                # host blocks: both go back once it is done, not waited for here.
+                self.aborted.append(record)
+                self._reap_aborted()
                 break
         seq.status = SequenceStatus.FINISHED
 
