@@ -12,6 +12,7 @@ import pytest
 import yieldgate
 from yieldgate.burst import Strategy, load_policy
 from yieldgate.burst import _strategies as strategies
+from yieldgate.burst._strategies import compared_names
 from yieldgate.burst._targets import Request, error_kind, retry_signal
 
 
@@ -162,3 +163,10 @@ def test_what_the_baselines_retry() -> None:
     plain.response = httpx.Response(500)  # type: ignore[attr-defined]
     assert error_kind(plain) == "HTTP 500"
     assert error_kind(ValueError()) == "ValueError"
+
+
+def test_compare_runs_anthropics_policy_only_against_its_own_client() -> None:
+    four = ("yieldgate", "naive", "tenacity", "openai-default")
+    assert compared_names("openai") == four
+    assert compared_names("tcp") == four
+    assert compared_names("anthropic") == (*four, "anthropic-default")

@@ -11,13 +11,13 @@ from typing import Any
 import yieldgate
 from yieldgate.burst._profiles import ArrivalProfile
 from yieldgate.burst._results import Goal, Slo
-from yieldgate.burst._strategies import STRATEGY_NAMES, Strategy
+from yieldgate.burst._strategies import Strategy, compared_names
 from yieldgate.burst._targets import Workload
 
 __all__ = ["COLD_START_RAMP", "COMPARISONS", "PRESETS", "demo_settings", "quota_cost"]
 
-# The four every preset compares (anthropic-default belongs with an anthropic+http:// target).
-_ALL = tuple(Strategy(name=name) for name in STRATEGY_NAMES if name != "anthropic-default")
+# What every preset compares: none of them targets anthropic+http://.
+_ALL = tuple(Strategy(name=name) for name in compared_names("openai"))
 
 #: The cold-start preset plus a rate cap that ramps 1 -> 20 attempt starts/s
 #: over 5 s (restarted by every ``cold_start`` outcome). It assumes the

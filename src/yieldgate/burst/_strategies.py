@@ -34,7 +34,14 @@ import anyio
 import yieldgate
 from yieldgate.burst._targets import Request, Send, TargetKind, retry_signal
 
-__all__ = ["OFFICIAL", "STRATEGY_NAMES", "Strategy", "StrategyName", "load_policy"]
+__all__ = [
+    "OFFICIAL",
+    "STRATEGY_NAMES",
+    "Strategy",
+    "StrategyName",
+    "compared_names",
+    "load_policy",
+]
 
 StrategyName = Literal["yieldgate", "naive", "tenacity", "openai-default", "anthropic-default"]
 STRATEGY_NAMES: tuple[StrategyName, ...] = (
@@ -45,6 +52,16 @@ STRATEGY_NAMES: tuple[StrategyName, ...] = (
     "anthropic-default",
 )
 """The client strategies a burst can compare: a Gate, and what people use today."""
+
+
+def compared_names(target_kind: str) -> tuple[StrategyName, ...]:
+    """What ``--compare`` and the presets run against a target of ``target_kind``: every
+    strategy, but ``anthropic-default`` only where it is its own client's loop (an
+    ``anthropic+http://`` target)."""
+    if target_kind == "anthropic":
+        return STRATEGY_NAMES
+    return tuple(name for name in STRATEGY_NAMES if name != "anthropic-default")
+
 
 _PRESETS: dict[str, Callable[..., yieldgate.GatePolicy]] = {
     "default": yieldgate.GatePolicy,

@@ -23,9 +23,6 @@ from yieldgate.cli._common import (
 from yieldgate.cli._progress import RichProgress
 
 STRATEGIES = ("yieldgate", "naive", "tenacity", "openai-default", "anthropic-default")
-# What --compare runs: anthropic's policy only where its own client sends.
-COMPARED = STRATEGIES[:4]
-COMPARED_ANTHROPIC = STRATEGIES
 
 # The names BurstConfig's errors use, as the flags that set them (phrases where the
 # bare word also appears in other messages).
@@ -285,6 +282,8 @@ def build_config(args: argparse.Namespace, sweep: Any = None) -> Any:
         Workload,
     )
     from yieldgate.burst._metrics import parse_priority_mix
+    from yieldgate.burst._strategies import compared_names
+    from yieldgate.burst._targets import Target
 
     settings: dict[str, Any] = dict(PRESETS[args.preset]) if args.preset else {}
     try:
@@ -310,8 +309,7 @@ def build_config(args: argparse.Namespace, sweep: Any = None) -> Any:
         if args.strategy is not None:
             names = [n.strip() for n in args.strategy.split(",") if n.strip()]
         elif args.compare:
-            anthropic = str(settings["target"]).lower().startswith("anthropic+")
-            names = list(COMPARED_ANTHROPIC if anthropic else COMPARED)
+            names = list(compared_names(Target.parse(str(settings["target"])).kind))
         elif "strategies" in settings:
             names = [s.name for s in settings["strategies"]]
         else:
