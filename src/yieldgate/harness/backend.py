@@ -262,6 +262,7 @@ class HarnessBackend(EngineThread):
                 prefill_queue=sum(w.queued for w in workers),
                 decode_seqs=engine.scheduler.config.max_num_seqs,
                 decode_running=len(engine.scheduler.running),
+                decode_swapped=engine.scheduler.num_swapped,
             )
 
         def on_engine(op: str, payload: Any, done: threading.Event) -> None:

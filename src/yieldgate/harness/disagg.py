@@ -137,7 +137,7 @@ class Disaggregation:
         route = self.router.route(
             prompt_tokens=len(seq.tokens),
             prefix_hit_tokens=self.engine.blocks.cached_prefix(seq.tokens),
-            decode_running=len(self.engine.scheduler.running),
+            decode_running=self.engine.scheduler.num_decoding,
             workers=self.worker_loads(seq.tokens),
             keep_local=keep_local,
         )

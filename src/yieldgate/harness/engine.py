@@ -323,10 +323,16 @@ class Engine:
             self.decode_step_ms = _ewma(self.decode_step_ms, duration_ms)
 
     def estimate_ms(self, num_prompt: int, max_tokens: int) -> float | None:
-        """Expected time to serve a request of this shape at the current load."""
+        """Expected time to serve a request of this shape at the current load.
+
+        Its prefill, its decode steps, and the decode steps it waits before it
+        can be admitted at all (``Scheduler.decode_steps_to_admit``: sequences
+        swapped out to the host tier come back first).
+        """
         if self.prefill_ms_per_token is None or self.decode_step_ms is None:
             return None
-        return num_prompt * self.prefill_ms_per_token + (max_tokens - 1) * self.decode_step_ms
+        steps = max_tokens - 1 + self.scheduler.decode_steps_to_admit()
+        return num_prompt * self.prefill_ms_per_token + steps * self.decode_step_ms
 
     def run_until_done(self, seqs: list[Sequence]) -> None:
         """Step until every one of ``seqs`` has finished (tests and benchmarks)."""
