@@ -185,9 +185,8 @@ def test_the_router_counts_swapped_sequences_as_decode_load() -> None:
         busy_length_threshold=8,
         decode_busy_running=len(scheduler.running) + 1,
     )
-    disagg = Disaggregation(
-        engine, Router(busy), 0, HarnessConfig(engine=engine.config).worker_spec(), post=print
-    )
+    spec = HarnessConfig(engine=engine.config).worker_spec(engine.max_prompt_tokens)
+    disagg = Disaggregation(engine, Router(busy), 0, spec, post=print)
     prompt = engine.create(list(b"a middling prompt"), SamplingParams(max_tokens=2))
     # Busy: it would go to a prefill worker, were there one.
     assert disagg.route(prompt).reason == "no_worker"

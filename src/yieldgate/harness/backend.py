@@ -190,7 +190,7 @@ class HarnessBackend(EngineThread):
                 engine,
                 router,
                 cfg.prefill_workers,
-                cfg.worker_spec(),
+                cfg.worker_spec(engine.max_prompt_tokens),
                 self._inbox_put,
                 degrader=self.degrader,
             )

@@ -175,6 +175,16 @@ class Engine:
         if self.blocks.blocks_for(needed) > self.blocks.num_blocks:
             raise ValueError(f"{needed} tokens of KV need more KV blocks than the cache has")
 
+    @property
+    def max_prompt_tokens(self) -> int:
+        """The longest prompt ``check`` accepts (with ``max_tokens`` 1)."""
+        cfg = self.config
+        return min(
+            self.model.config.max_seq_len,
+            cfg.scheduler.max_num_batched_tokens,
+            cfg.num_blocks * cfg.block_size,
+        )
+
     def add(self, prompt: list[int], params: SamplingParams) -> Sequence:
         """Queue a request; it joins the running batch at the next step that has room."""
         seq = self.create(prompt, params)
