@@ -162,6 +162,10 @@ def test_the_engine_estimate_counts_the_steps_swapped_sequences_hold_a_new_promp
     monkeypatch.setattr(engine, "prefill_ms_per_token", 0.0)
     monkeypatch.setattr(engine, "decode_step_ms", 1.0)
     estimate = engine.estimate_ms(4, 2)
+    # What the backend prices with: the steps the engine thread published.
+    published = engine.scheduler.decode_steps_to_admit()
+    assert estimate == engine.estimate_ms(4, 2, steps_ahead=published)
+    assert engine.estimate_ms(4, 2, steps_ahead=0) == 1.0
     late = engine.add(list(b"late"), SamplingParams(max_tokens=2))
     waited = 0
     while not late.is_finished:

@@ -318,7 +318,9 @@ class HarnessBackend(EngineThread):
         engine = self.engine
         if engine is None:
             return None
-        return engine.estimate_ms(len(prompt), sampling.max_tokens)
+        # The steps ahead as the engine thread last published them (this is the loop's thread).
+        steps_ahead = self._load_now[2]
+        return engine.estimate_ms(len(prompt), sampling.max_tokens, steps_ahead=steps_ahead)
 
     async def execute(self, work: Work, emit: Emit | None) -> Any:
         if self.engine is None or self._thread is None or self._stopped:
