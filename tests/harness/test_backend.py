@@ -161,6 +161,20 @@ async def test_estimates_come_from_measured_step_times(backend: HarnessBackend) 
     assert 0 < short < long
 
 
+async def test_estimates_count_the_decode_steps_swapped_sequences_hold_a_request_back(
+    backend: HarnessBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Issue 32: with sequences swapped out, a request waits for them first. The
+    # engine thread publishes those steps; an idle engine publishes nothing new here.
+    assert backend.engine is not None
+    step_ms = backend.engine.decode_step_ms
+    assert step_ms is not None
+    base = backend.estimate_ms(work("x", max_tokens=2))
+    assert base is not None
+    monkeypatch.setattr(backend, "_load_now", (0, 0, 50))
+    assert backend.estimate_ms(work("x", max_tokens=2)) == pytest.approx(base + 50 * step_ms)
+
+
 async def test_execute_after_close_is_a_retryable_error() -> None:
     harness = HarnessBackend(HarnessConfig(engine=EngineConfig(device="cpu", num_blocks=16)))
     with pytest.raises(BackendError, match="not running") as info:

@@ -8,10 +8,13 @@ from typing import Any
 import pytest
 import torch
 
+from yieldgate.harness.backend import HarnessConfig
+from yieldgate.harness.disagg import Disaggregation
 from yieldgate.harness.engine import Engine, EngineConfig
 from yieldgate.harness.kv_tiers import HostKVTier, TieredScheduler, block_views
 from yieldgate.harness.model import KVCache, ModelConfig
 from yieldgate.harness.qos import QosPolicy, SloConfig, TtftEstimator
+from yieldgate.harness.router import Router, RouterConfig
 from yieldgate.harness.sequence import SamplingParams, SequenceStatus
 from yieldgate.protocol import Priority
 
@@ -144,6 +147,56 @@ def test_the_ttft_estimate_counts_the_steps_swapped_sequences_hold_a_new_prompt_
     engine.run_until_done([*seqs, late])
     stats = engine.stats()
     assert stats["kv_blocks_used"] == stats["kv_host_blocks_used"] == stats["kv_swapped"] == 0
+
+
+def test_the_engine_estimate_counts_the_steps_swapped_sequences_hold_a_new_prompt_back(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Issue 32: Engine.estimate_ms priced the request's own steps only.
+    engine = make_engine(num_blocks=14, host_kv_blocks=64)
+    monkeypatch.setattr(tiered(engine).tier, "is_done", lambda handle: True)
+    seqs = [engine.add(prompt, SamplingParams(max_tokens=64)) for prompt in PROMPTS]
+    while not tiered(engine).swapped:
+        assert engine.step() is not None
+    # Priced at 1 ms a decode step and nothing for prefill: the estimate counts steps.
+    monkeypatch.setattr(engine, "prefill_ms_per_token", 0.0)
+    monkeypatch.setattr(engine, "decode_step_ms", 1.0)
+    estimate = engine.estimate_ms(4, 2)
+    # What the backend prices with: the steps the engine thread published.
+    published = engine.scheduler.decode_steps_to_admit()
+    assert estimate == engine.estimate_ms(4, 2, steps_ahead=published)
+    assert engine.estimate_ms(4, 2, steps_ahead=0) == 1.0
+    late = engine.add(list(b"late"), SamplingParams(max_tokens=2))
+    waited = 0
+    while not late.is_finished:
+        step = engine.step()
+        assert step is not None
+        waited += not step.is_prefill
+    assert waited > 10
+    assert estimate is not None
+    assert 0.9 * waited <= estimate <= waited
+    engine.run_until_done(seqs)
+
+
+def test_the_router_counts_swapped_sequences_as_decode_load() -> None:
+    # Issue 32: the router's busy-decode rule saw only the running sequences.
+    engine = make_engine(num_blocks=12, host_kv_blocks=32)
+    seqs = _fill_until_swapped(engine)
+    scheduler = tiered(engine)
+    assert scheduler.num_decoding == len(scheduler.running) + scheduler.num_swapped
+    busy = RouterConfig(
+        prefill_length_threshold=1000,
+        busy_length_threshold=8,
+        decode_busy_running=len(scheduler.running) + 1,
+    )
+    spec = HarnessConfig(engine=engine.config).worker_spec(engine.max_prompt_tokens)
+    disagg = Disaggregation(engine, Router(busy), 0, spec, post=print)
+    prompt = engine.create(list(b"a middling prompt"), SamplingParams(max_tokens=2))
+    # Busy: it would go to a prefill worker, were there one.
+    assert disagg.route(prompt).reason == "no_worker"
+    engine.run_until_done(seqs)
+    assert scheduler.num_decoding == 0
+    assert disagg.route(prompt).reason == "short"
 
 
 def test_no_prefill_worker_reservation_while_a_sequence_is_swapped_out() -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from yieldgate.harness.planner import Capacity, Decision, Planner, PlannerConfig
@@ -160,6 +162,21 @@ def test_both_missed_with_a_prefill_backlog_adds_a_prefill_worker() -> None:
     now = feed(planner, now + 2, 5, ttft=300, tpot=50, prompt=500)
     assert planner.decide(now, split.capacity()) == []
     assert planner.last_hold == "overloaded"
+
+
+def test_a_full_decode_batch_with_sequences_swapped_out_is_not_grown() -> None:
+    # Issue 32: swapped-out sequences are decode load too. Memory, not the batch
+    # size, holds them back, so a bigger batch would only admit more to swap.
+    planner = Planner(CONFIG)
+    state = Capacity(
+        prefill_workers=1, prefill_queue=0, decode_seqs=4, decode_running=4, decode_swapped=2
+    )
+    now = feed(planner, 0.0, 5, ttft=30, tpot=5, prompt=500)
+    assert planner.decide(now, state) == []
+    assert planner.last_hold == "decode_memory_bound"
+    now = feed(planner, now + 2, 5, ttft=30, tpot=5, prompt=500)
+    (grow,) = planner.decide(now, replace(state, decode_swapped=0))
+    assert (grow.action, grow.target, grow.reason) == ("set_decode_seqs", 6, "decode_headroom")
 
 
 def test_pacing_interval_cooldown_and_a_fresh_window() -> None:

@@ -17,7 +17,7 @@ from pathlib import Path
 from yieldgate.harness.degrade import DegradeConfig
 from yieldgate.harness.engine import EngineConfig
 from yieldgate.harness.planner import PlannerConfig
-from yieldgate.harness.prefill_worker import WorkerSpec
+from yieldgate.harness.prefill_worker import WorkerSpec, prefill_worker_blocks
 from yieldgate.harness.qos import SloConfig
 from yieldgate.harness.router import RouterConfig
 
@@ -80,14 +80,17 @@ class HarnessConfig:
         ):
             raise ValueError("prefill_workers must be within the planner's min and max")
 
-    def worker_spec(self) -> WorkerSpec:
+    def worker_spec(self, max_prompt_tokens: int) -> WorkerSpec:
+        """The prefill workers' spec; the engine's ``max_prompt_tokens`` sizes their KV pool."""
         engine = self.engine
         model = {name: getattr(engine.model, name) for name in engine.model.__dataclass_fields__}
         return WorkerSpec(
             model=model,
             checkpoint=str(engine.checkpoint) if engine.checkpoint else None,
             device=engine.device,
-            num_blocks=engine.num_blocks,
+            num_blocks=prefill_worker_blocks(
+                max_prompt_tokens, engine.block_size, engine.num_blocks
+            ),
             block_size=engine.block_size,
             max_batch_tokens=engine.scheduler.max_num_batched_tokens,
             torch_threads=self.torch_threads,

@@ -190,7 +190,7 @@ class HarnessBackend(EngineThread):
                 engine,
                 router,
                 cfg.prefill_workers,
-                cfg.worker_spec(),
+                cfg.worker_spec(engine.max_prompt_tokens),
                 self._inbox_put,
                 degrader=self.degrader,
             )
@@ -262,6 +262,7 @@ class HarnessBackend(EngineThread):
                 prefill_queue=sum(w.queued for w in workers),
                 decode_seqs=engine.scheduler.config.max_num_seqs,
                 decode_running=len(engine.scheduler.running),
+                decode_swapped=engine.scheduler.num_swapped,
             )
 
         def on_engine(op: str, payload: Any, done: threading.Event) -> None:
@@ -317,7 +318,9 @@ class HarnessBackend(EngineThread):
         engine = self.engine
         if engine is None:
             return None
-        return engine.estimate_ms(len(prompt), sampling.max_tokens)
+        # The steps ahead as the engine thread last published them (this is the loop's thread).
+        steps_ahead = self._load_now[2]
+        return engine.estimate_ms(len(prompt), sampling.max_tokens, steps_ahead=steps_ahead)
 
     async def execute(self, work: Work, emit: Emit | None) -> Any:
         if self.engine is None or self._thread is None or self._stopped:

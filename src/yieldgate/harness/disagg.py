@@ -106,7 +106,10 @@ class Disaggregation:
     def _tracker(self, index: int) -> PrefixTracker:
         tracker = self.trackers.get(index)
         if tracker is None:
-            tracker = self.trackers[index] = PrefixTracker(self.engine.config.block_size)
+            # The worker's cache holds at most its pool: the tracker forgets no later.
+            tracker = self.trackers[index] = PrefixTracker(
+                self.engine.config.block_size, capacity_blocks=self.pool.spec.num_blocks
+            )
         return tracker
 
     def worker_loads(self, tokens: list[int]) -> list[WorkerLoad]:
@@ -137,7 +140,7 @@ class Disaggregation:
         route = self.router.route(
             prompt_tokens=len(seq.tokens),
             prefix_hit_tokens=self.engine.blocks.cached_prefix(seq.tokens),
-            decode_running=len(self.engine.scheduler.running),
+            decode_running=self.engine.scheduler.num_decoding,
             workers=self.worker_loads(seq.tokens),
             keep_local=keep_local,
         )
@@ -149,6 +152,11 @@ class Disaggregation:
         """Schedule a new ``seq``: on a prefill worker when routed there and possible."""
         route = self.route(seq, priority)
         worker = route.worker
+        if route.remote and worker is not None and not self.pool.spec.holds(len(seq.tokens)):
+            # Only a spec not sized by the engine's longest prompt lets this happen.
+            log.warning("%r is longer than a prefill worker's KV pool; prefilling it here", seq)
+            self.fallbacks += 1
+            worker = None
         if route.remote and worker is not None and self.engine.reserve_remote(seq):
             high = priority is Priority.HIGH
             if self.pool.submit(worker, seq.id, seq.tokens, seq.num_cached, high=high):

@@ -175,6 +175,16 @@ class Engine:
         if self.blocks.blocks_for(needed) > self.blocks.num_blocks:
             raise ValueError(f"{needed} tokens of KV need more KV blocks than the cache has")
 
+    @property
+    def max_prompt_tokens(self) -> int:
+        """The longest prompt ``check`` accepts (with ``max_tokens`` 1)."""
+        cfg = self.config
+        return min(
+            self.model.config.max_seq_len,
+            cfg.scheduler.max_num_batched_tokens,
+            cfg.num_blocks * cfg.block_size,
+        )
+
     def add(self, prompt: list[int], params: SamplingParams) -> Sequence:
         """Queue a request; it joins the running batch at the next step that has room."""
         seq = self.create(prompt, params)
@@ -322,11 +332,23 @@ class Engine:
             self.num_decode_steps += 1
             self.decode_step_ms = _ewma(self.decode_step_ms, duration_ms)
 
-    def estimate_ms(self, num_prompt: int, max_tokens: int) -> float | None:
-        """Expected time to serve a request of this shape at the current load."""
+    def estimate_ms(
+        self, num_prompt: int, max_tokens: int, *, steps_ahead: int | None = None
+    ) -> float | None:
+        """Expected time to serve a request of this shape at the current load.
+
+        Its prefill, its decode steps, and the decode steps it waits before it
+        can be admitted at all (``steps_ahead``, by default
+        ``Scheduler.decode_steps_to_admit``: sequences swapped out to the host
+        tier come back first). Another thread passes the figure the engine's
+        thread published instead of reading the scheduler under it.
+        """
         if self.prefill_ms_per_token is None or self.decode_step_ms is None:
             return None
-        return num_prompt * self.prefill_ms_per_token + (max_tokens - 1) * self.decode_step_ms
+        if steps_ahead is None:
+            steps_ahead = self.scheduler.decode_steps_to_admit()
+        steps = max_tokens - 1 + steps_ahead
+        return num_prompt * self.prefill_ms_per_token + steps * self.decode_step_ms
 
     def run_until_done(self, seqs: list[Sequence]) -> None:
         """Step until every one of ``seqs`` has finished (tests and benchmarks)."""

@@ -41,7 +41,8 @@ The rule, evaluated at most every ``interval_s``:
   ``min_long_share`` (``colocate`` for the last one, else ``offload_unused``);
   else, when the TPOT is under ``headroom`` times its objective and decode
   runs full, raise the decode batch (``decode_headroom``), up to
-  ``max_decode_seqs``.
+  ``max_decode_seqs``, unless sequences are swapped out to the host KV tier
+  (hold, ``decode_memory_bound``: memory, not the batch size, is short).
 
 Every decision carries its reason and the figures behind it; ``stats()``
 keeps the last ``history`` of them.
@@ -132,6 +133,8 @@ class Capacity:
     prefill_queue: int
     decode_seqs: int
     decode_running: int
+    # Sequences swapped out to the host KV tier: memory, not the batch size, holds them back.
+    decode_swapped: int = 0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -246,8 +249,12 @@ class Planner:
             and state.decode_running >= state.decode_seqs
             and state.decode_seqs < cfg.max_decode_seqs
         ):
-            target = min(cfg.max_decode_seqs, state.decode_seqs + cfg.decode_step)
-            action = ("set_decode_seqs", target, "decode_headroom")
+            if state.decode_swapped:
+                # A bigger batch would admit more than the KV memory holds: more swapping.
+                hold = "decode_memory_bound"
+            else:
+                target = min(cfg.max_decode_seqs, state.decode_seqs + cfg.decode_step)
+                action = ("set_decode_seqs", target, "decode_headroom")
         if action is None:
             return self._hold(hold)
         name, target, reason = action

@@ -88,6 +88,7 @@ class WorkerState:
     jobs_total: int = 0
     transfers: int = 0
     checksum_failures: int = 0
+    kv_blocks: int = 0  # the worker's own KV pool, as it reported when ready
 
     @property
     def queued(self) -> int:
@@ -237,11 +238,18 @@ class PrefillPool:
             spawn.listener.close()
         try:
             group = connect_group(spawn.store, 0, 2, timeout_s)
-            _await_ready(conn, spawn.index, deadline)
+            kv_blocks = _await_ready(conn, spawn.index, deadline)
         except BaseException:
             conn.close()
             raise
-        return WorkerState(index=spawn.index, rank=1, process=spawn.process, conn=conn, group=group)
+        return WorkerState(
+            index=spawn.index,
+            rank=1,
+            process=spawn.process,
+            conn=conn,
+            group=group,
+            kv_blocks=kv_blocks,
+        )
 
     @staticmethod
     def _accept(listener: Listener, process: subprocess.Popen[str], timeout_s: float) -> Connection:
@@ -416,6 +424,7 @@ class PrefillPool:
                 "jobs_total": worker.jobs_total,
                 "transfers": worker.transfers,
                 "checksum_failures": worker.checksum_failures,
+                "kv_blocks": worker.kv_blocks,
             }
             for worker in self.workers
         ]
@@ -430,11 +439,15 @@ class PrefillPool:
         }
 
 
-def _await_ready(conn: Connection, index: int, deadline: float) -> None:
+def _await_ready(conn: Connection, index: int, deadline: float) -> int:
+    """Wait for the worker's ``ready``; the KV blocks it says it allocated."""
     if not conn.poll(max(0.0, deadline - time.monotonic())):
         raise RuntimeError(f"prefill worker {index} did not start in time")
-    if decode_message(conn.recv_bytes()).get("op") != "ready":
+    ready = decode_message(conn.recv_bytes())
+    if ready.get("op") != "ready":
         raise RuntimeError(f"prefill worker {index} did not say ready")
+    kv_blocks = ready.get("kv_blocks")
+    return kv_blocks if type(kv_blocks) is int else 0
 
 
 def _kill(process: subprocess.Popen[str]) -> None:

@@ -17,6 +17,10 @@ from its control connection:
 
 Jobs that arrive while one is computed or sent wait in order and are
 prefilled together in the next batch.
+
+Its KV pool is sized to what it prefills, not to the decode worker's pool
+(``prefill_worker_blocks``): it only holds the batch it computes until the
+KV is sent, and its prefix cache.
 """
 
 from __future__ import annotations
@@ -47,7 +51,7 @@ from yieldgate.harness.transfer import (
     tcp_store,
 )
 
-__all__ = ["WorkerSpec", "run_worker"]
+__all__ = ["WorkerSpec", "prefill_worker_blocks", "run_worker"]
 
 log = logging.getLogger("yieldgate.harness.prefill")
 
@@ -57,7 +61,11 @@ _KV_TAG = 0
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class WorkerSpec:
-    """Everything a prefill worker needs, as plain values (it crosses a process spawn)."""
+    """Everything a prefill worker needs, as plain values (it crosses a process spawn).
+
+    ``num_blocks`` is the worker's own KV pool (``prefill_worker_blocks``),
+    not the decode worker's.
+    """
 
     model: dict[str, int]  # ModelConfig fields
     checkpoint: str | None
@@ -78,6 +86,29 @@ class WorkerSpec:
             block_size=self.block_size,
         )
 
+    def holds(self, num_prompt: int) -> bool:
+        """Whether the worker's pool holds the KV it computes for a prompt of ``num_prompt``."""
+        context = num_prompt - 1  # the decode worker computes the last token
+        return -(-context // self.block_size) <= self.num_blocks
+
+
+def prefill_worker_blocks(max_prompt_tokens: int, block_size: int, decode_blocks: int) -> int:
+    """The KV blocks a prefill worker allocates: one batch, and as many again for its prefix cache.
+
+    A worker holds a batch's KV only until it is sent. Its longest job is the
+    decode worker's longest prompt (``Engine.max_prompt_tokens``) less the
+    last token, which the decode worker computes; a batch's new tokens are
+    bounded by ``max_num_batched_tokens`` like a prompt's, so the longest
+    prompt fills a batch alone. Shorter prompts whose blocks, rounded up, do
+    not fit together wait for the next batch. As many blocks again keep
+    earlier prompts' blocks in its prefix cache while a batch is computed.
+    Never more than the decode worker's pool (``decode_blocks``).
+    """
+    if min(max_prompt_tokens, block_size, decode_blocks) < 1:
+        raise ValueError("max_prompt_tokens, block_size and decode_blocks must be >= 1")
+    batch = -(-max(1, max_prompt_tokens - 1) // block_size)
+    return min(decode_blocks, 2 * batch)
+
 
 @dataclass(slots=True)
 class _Job:
@@ -95,7 +126,8 @@ def run_worker(
     engine = Engine(spec.engine_config())
     group = connect_group(store, rank, world_size, spec.timeout_s)
     worker = _Worker(engine, group, conn, spec)
-    conn.send_bytes(encode_message({"op": "ready", "rank": rank}))
+    ready = {"op": "ready", "rank": rank, "kv_blocks": engine.blocks.num_blocks}
+    conn.send_bytes(encode_message(ready))
     with contextlib.suppress(EOFError, OSError):  # the decode worker went away
         worker.serve()
 

@@ -83,6 +83,20 @@ class Scheduler:
         """Whether a step could run now (sequences at a prefill worker do not count)."""
         return bool(self.waiting or self.running or self.ready)
 
+    @property
+    def num_swapped(self) -> int:
+        """Sequences swapped out to a host KV tier: none here (``TieredScheduler`` has one)."""
+        return 0
+
+    @property
+    def num_decoding(self) -> int:
+        """Sequences in decode: those running and those swapped out.
+
+        The decode load the router weighs: a swapped-out sequence decodes
+        again once it is paged back in.
+        """
+        return len(self.running) + self.num_swapped
+
     def decode_steps_to_admit(self) -> int:
         """Decode steps that must run before a new prompt can be admitted at all.
 
