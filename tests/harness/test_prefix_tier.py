@@ -13,6 +13,7 @@ from yieldgate.harness.engine import Engine, EngineConfig
 from yieldgate.harness.kv_tiers import block_views
 from yieldgate.harness.model import KVCache, ModelConfig
 from yieldgate.harness.prefix_tier import HostPrefixTier, PrefixPager
+from yieldgate.harness.scheduler import SchedulerConfig
 from yieldgate.harness.sequence import SamplingParams, Sequence, SequenceStatus
 
 BLOCK = 16
@@ -196,26 +197,62 @@ def test_a_stored_block_pages_back_bit_for_bit_scales_included(kv_dtype: torch.d
     assert tier.stats().blocks_paged_back == 2
 
 
-def test_aborting_a_sequence_mid_page_back_frees_its_blocks_and_pins_once(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    engine = make_engine(host_prefix_blocks=64)
-    engine.generate([FIRST], PARAMS)
-    for prompt in OTHERS:
-        engine.generate([prompt], PARAMS)
-    tier = pager(engine).tier
-    pool = tier._pool
+def hold_page_backs(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> tuple[threading.Event, threading.Event]:
+    """Make the prefix tier's copies wait for the first event; the second is set once one ran."""
+    pool = pager(engine).tier._pool
     gate, copied = threading.Event(), threading.Event()
     real_copy = pool._copy_in
 
     def held_copy(host_blocks: list[int], device_blocks: list[int]) -> None:
         # Held until the test lets it go; the timeout only ends the wait of an
-        # abort that (wrongly) waits for the copy, which the test then fails.
+        # engine that (wrongly) waits for the copy, which the test then fails.
         gate.wait(timeout=20)
         real_copy(host_blocks, device_blocks)
         copied.set()
 
     monkeypatch.setattr(pool, "_copy_in", held_copy)
+    return gate, copied
+
+
+def evict_first(engine: Engine) -> None:
+    engine.generate([FIRST], PARAMS)
+    for prompt in OTHERS:
+        engine.generate([prompt], PARAMS)
+
+
+def test_a_sequence_paging_back_holds_its_place_in_max_num_seqs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    engine = make_engine(host_prefix_blocks=64, scheduler=SchedulerConfig(max_num_seqs=2))
+    evict_first(engine)
+    gate, _ = hold_page_backs(engine, monkeypatch)
+    seq = engine.add(SECOND, PARAMS)
+    fresh = [engine.add(list(f"{i}: fresh, never seen".encode()), PARAMS) for i in range(2)]
+    step = engine.step()
+    assert step is not None
+    assert pager(engine).incoming  # SECOND pages back, one place of two
+    assert step.seqs == [fresh[0]]  # the other place; fresh[1] waits
+    peak = 0
+    gate.set()
+    while engine.has_work:
+        engine.step()
+        busy = len(engine.scheduler.running) + len(pager(engine).incoming)
+        peak = max(peak, busy)
+    assert peak <= 2
+    assert all(s.is_finished for s in (seq, *fresh))
+    assert engine.stats()["kv_prefix_blocks_paged_back"] == len(SHARED) // BLOCK
+
+
+def test_aborting_a_sequence_mid_page_back_frees_its_blocks_and_pins_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    engine = make_engine(host_prefix_blocks=64)
+    evict_first(engine)
+    tier = pager(engine).tier
+    pool = tier._pool
+    gate, copied = hold_page_backs(engine, monkeypatch)
     other = engine.add(list(b"fresh traffic, never seen before"), PARAMS)  # beside the copy
     seq = engine.add(SECOND, PARAMS)
     while not pager(engine).incoming:

@@ -246,13 +246,13 @@ class PrefixPager:
     def _on_admit(self, seq: Sequence, batched: int) -> Literal["admit", "taken", "wait"]:
         """The scheduler's ``on_admit``: start the page-back of a waiting sequence's prefix."""
         scheduler = self.scheduler
+        # Sequences paging back hold a place in ``max_num_seqs``: they join the batch soon.
+        if len(scheduler.running) + batched + len(self.incoming) >= scheduler.config.max_num_seqs:
+            return "wait"
         plan = self.blocks.plan_prefix(seq.tokens, self.tier.contains)
         hashes = [block_hash for block_hash, block_id in plan if block_id < 0]
         if not hashes:
             return "admit"
-        busy = len(scheduler.running) + batched + len(self.incoming)
-        if busy >= scheduler.config.max_num_seqs:
-            return "wait"
         if not scheduler._room_for(seq, keep_watermark=bool(scheduler.running)):
             return "wait"
         # Pinned before the allocation, whose evictions make room in the tier.
