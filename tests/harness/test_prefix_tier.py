@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import threading
 from typing import Any
 
@@ -304,3 +305,57 @@ def test_counters_are_there_and_zero_without_a_tier_and_reset() -> None:
 def test_a_bad_host_prefix_blocks_is_a_value_error(value: Any) -> None:
     with pytest.raises(ValueError, match="host_prefix_blocks"):
         EngineConfig(host_prefix_blocks=value)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_random_traffic_with_aborts_keeps_every_output_and_gives_everything_back(
+    monkeypatch: pytest.MonkeyPatch, seed: int
+) -> None:
+    # A small pool and tier under prompts from a few shared prefixes, with aborts
+    # anywhere (page-backs included): copies "finish" at seeded random steps.
+    rng = random.Random(seed)
+    engine = make_engine(num_blocks=16, host_prefix_blocks=24)
+    tier = pager(engine).tier
+    real_is_done = tier.is_done
+    monkeypatch.setattr(tier, "is_done", lambda h: real_is_done(h) and rng.random() < 0.5)
+    prefixes = [
+        list(f"{i}: shared prefix number {i}, two blocks long.".encode())[:32] for i in range(3)
+    ]
+    live: list[Sequence] = []
+    done: list[Sequence] = []
+    for _ in range(300):
+        op = rng.random()
+        if op < 0.25 and len(live) < 6:
+            suffix = list(f" q{rng.randrange(1000)}".encode())
+            # Most share a prefix; the others are new and evict what is cached.
+            fill = list(f"{rng.random()} fills the pool".encode())
+            prompt = rng.choice(prefixes) + suffix if rng.random() < 0.6 else fill * 2
+            live.append(engine.add(prompt, SamplingParams(max_tokens=rng.randint(1, 6))))
+        elif op < 0.35 and live:
+            # A sequence paging back first, when there is one.
+            paging = [seq for seq in live if seq.status is SequenceStatus.SWAPPED]
+            victim = rng.choice(paging or live)
+            live.remove(victim)
+            engine.abort(victim)
+        else:
+            engine.step()
+        done += [seq for seq in live if seq.is_finished]
+        live = [seq for seq in live if not seq.is_finished]
+    for _ in range(10_000):
+        if not engine.has_work:
+            break
+        engine.step()
+    done += live
+    assert not engine.has_work
+    stats = engine.stats()
+    assert stats["kv_prefix_page_backs"] > 0
+    for seq in done:
+        assert seq.is_finished
+        prompt = seq.tokens[: seq.num_prompt]
+        assert seq.output == engine.model.greedy_reference(prompt, seq.params.max_tokens)
+    assert stats["kv_blocks_used"] == 0
+    assert stats["kv_prefix_pinned"] == stats["kv_prefix_paging_back"] == 0
+    pool = tier._pool
+    held = [entry.host_block for entry in tier._entries.values()]
+    assert len(set(held)) == len(held) == stats["kv_prefix_host_blocks_used"]
+    assert sorted(held + pool._free) == list(range(tier.num_blocks))
