@@ -57,6 +57,7 @@ FLAGS = {
     "num_blocks": "--kv-blocks",
     "block_size": "--block-size",
     "host_kv_blocks": "--host-kv-blocks",
+    "host_prefix_blocks": "--host-prefix-blocks",
     "kv_dtype": "--kv-dtype",
     "max_num_seqs": "--max-inflight",
     "max_num_batched_tokens": "--max-num-batched-tokens",
@@ -305,6 +306,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help=(
             "KV blocks in host memory that running sequences are paged out to when the "
             "device pool is full (default 0: preempt and recompute instead)"
+        ),
+    )
+    har.add_argument(
+        "--host-prefix-blocks",
+        type=int,
+        default=0,
+        help=(
+            "KV blocks in host memory that cached prefix blocks evicted from the device pool "
+            "are kept in (LRU) and paged back from on a prefix hit (default 0: dropped)"
         ),
     )
     har.add_argument(

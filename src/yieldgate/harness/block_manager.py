@@ -15,6 +15,7 @@ so a collision costs a cache miss, never a wrong answer.
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from yieldgate.harness.sequence import Sequence
@@ -22,6 +23,11 @@ from yieldgate.harness.sequence import Sequence
 __all__ = ["BlockManager", "BlockManagerStats"]
 
 _NO_HASH = -1
+
+# Told of each cached block about to be evicted: its id, hash and tokens (the prefix tier).
+EvictListener = Callable[[int, int, tuple[int, ...]], None]
+# Whether a block with this hash and these tokens is in a lower tier (the prefix tier).
+HostLookup = Callable[[int, tuple[int, ...]], bool]
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +69,8 @@ class BlockManager:
         self._evictable: OrderedDict[int, None] = OrderedDict()
         self._by_hash: dict[int, int] = {}
         self.evictions = 0
+        # Called with a cached block's KV still in place, before the block is reused.
+        self.on_evict: EvictListener | None = None
 
     # -- capacity -------------------------------------------------------------
 
@@ -97,6 +105,60 @@ class BlockManager:
             matched.append(self._blocks[block_id])
             prev = h
         return matched
+
+    def plan_prefix(self, all_tokens: list[int], in_host: HostLookup) -> list[tuple[int, int]]:
+        """The leading full blocks of ``all_tokens`` found on the device or in a lower tier.
+
+        One ``(hash, block id)`` per block, in order, the id ``-1`` for a block
+        only ``in_host`` has; the walk stops at the first block neither has. The
+        device's copy is preferred, so a block the device holds is never paged
+        back. Leaves the last token to compute, as the device cache does.
+        """
+        size = self.block_size
+        plan: list[tuple[int, int]] = []
+        prev = _NO_HASH
+        for start in range(0, len(all_tokens) - 1 - size + 1, size):
+            tokens = tuple(all_tokens[start : start + size])
+            h = chain_hash(prev, tokens)
+            block_id = self._by_hash.get(h)
+            if block_id is not None and self._blocks[block_id].tokens == tokens:
+                plan.append((h, block_id))
+            elif in_host(h, tokens):
+                plan.append((h, -1))
+            else:
+                break
+            prev = h
+        return plan
+
+    def allocate_planned(self, seq: Sequence, plan: list[tuple[int, int]]) -> list[int]:
+        """Give ``seq`` a block table per ``plan`` (``plan_prefix``): the device's blocks shared,
+        fresh blocks for the rest. Returns the fresh blocks the plan's lower-tier blocks go into.
+
+        The counters are left at zero: the KV is not there until the caller has
+        copied it in, then sets them and ``commit``s (which registers the copied blocks).
+        """
+        if seq.block_table:
+            raise RuntimeError(f"{seq!r} already holds blocks")
+        shared = [self._blocks[block_id] for _, block_id in plan if block_id >= 0]
+        if not self._fits(seq, shared):
+            raise MemoryError(f"not enough KV blocks for {seq!r}")
+        # The shared blocks are claimed first: a fresh block taken for an earlier
+        # position must not evict one the plan shares at a later position.
+        for block in shared:
+            if block.ref_count == 0:
+                del self._evictable[block.id]
+            block.ref_count += 1
+        targets: list[int] = []
+        for _, block_id in plan:
+            if block_id < 0:
+                block_id = self._take().id
+                targets.append(block_id)
+            seq.block_table.append(block_id)
+        for _ in range(self.blocks_for(len(seq.tokens)) - len(plan)):
+            seq.block_table.append(self._take().id)
+        seq.num_cached = seq.num_computed = seq.num_committed = 0
+        seq.last_hash = _NO_HASH
+        return targets
 
     def can_allocate(self, seq: Sequence) -> bool:
         """Whether ``allocate(seq)`` would succeed now."""
@@ -216,6 +278,8 @@ class BlockManager:
         else:
             block_id, _ = self._evictable.popitem(last=False)
             block = self._blocks[block_id]
+            if self.on_evict is not None:
+                self.on_evict(block.id, block.hash, block.tokens)
             del self._by_hash[block.hash]
             block.hash, block.tokens = _NO_HASH, ()
             self.evictions += 1

@@ -18,6 +18,7 @@ import torch
 from yieldgate.harness.block_manager import BlockManager
 from yieldgate.harness.kv_tiers import HostKVTier, TieredScheduler, tier_counters
 from yieldgate.harness.model import KVCache, ModelConfig, TinyTransformer, load_checkpoint
+from yieldgate.harness.prefix_tier import HostPrefixTier, PrefixPager, prefix_counters
 from yieldgate.harness.runner import ModelRunner
 from yieldgate.harness.scheduler import Batch, Scheduler, SchedulerConfig
 from yieldgate.harness.sequence import SamplingParams, Sequence, TokenLogprob
@@ -60,12 +61,20 @@ class EngineConfig:
     # ``int8``: KV stored as int8 with a scale per block and head (about 4x
     # smaller than float32), dequantised for attention.
     kv_dtype: str = "float32"
+    # Prefix tier (``prefix_tier``): host blocks that cached prefix blocks evicted
+    # from the device pool are kept in (LRU) and paged back from on a prefix hit;
+    # 0 drops them.
+    host_prefix_blocks: int = 0
 
     def __post_init__(self) -> None:
         if self.num_blocks < 1:
             raise ValueError("num_blocks must be >= 1")
         if self.host_kv_blocks < 0:
             raise ValueError("host_kv_blocks must be >= 0")
+        if type(self.host_prefix_blocks) is not int or self.host_prefix_blocks < 0:
+            raise ValueError(
+                f"host_prefix_blocks must be an integer >= 0, got {self.host_prefix_blocks!r}"
+            )
         if self.kv_dtype not in KV_DTYPES:
             raise ValueError(
                 f"kv_dtype must be one of {', '.join(KV_DTYPES)}, got {self.kv_dtype!r}"
@@ -121,6 +130,10 @@ class Engine:
         if config.host_kv_blocks:
             self.kv_tier = HostKVTier(self.cache, config.host_kv_blocks)
             self.scheduler = TieredScheduler(config.scheduler, self.blocks, self.kv_tier)
+        self.prefix_pager: PrefixPager | None = None
+        if config.host_prefix_blocks:
+            prefix_tier = HostPrefixTier(self.cache, config.host_prefix_blocks)
+            self.prefix_pager = PrefixPager(prefix_tier, self.blocks, self.scheduler)
         self.runner = ModelRunner(model, self.cache)
         self._next_id = 0
         self.speculator: Speculator | None = None
@@ -151,6 +164,8 @@ class Engine:
             self.speculator.reset_counters()
         if isinstance(self.scheduler, TieredScheduler):
             self.scheduler.reset_counters()
+        if self.prefix_pager is not None:
+            self.prefix_pager.reset_counters()
 
     # -- requests -------------------------------------------------------------
 
@@ -243,19 +258,22 @@ class Engine:
 
     def abort(self, seq: Sequence) -> None:
         """Stop ``seq`` now, wherever it is, and free its KV blocks."""
-        if not seq.is_finished:
+        pager = self.prefix_pager
+        if not seq.is_finished and (pager is None or not pager.abort(seq)):
             self.scheduler.abort(seq)
         self.runner.forget(seq)
 
     @property
     def has_work(self) -> bool:
-        return self.scheduler.has_work
+        pager = self.prefix_pager
+        return self.scheduler.has_work or (pager is not None and pager.has_work)
 
     # -- stepping -------------------------------------------------------------
 
     def step(self) -> StepResult | None:
         """Run one prefill or decode step; ``None`` when nothing is runnable."""
-        batch = self.scheduler.schedule()
+        pager = self.prefix_pager
+        batch = pager.schedule() if pager is not None else self.scheduler.schedule()
         if batch is None:
             return None
         if self.speculator is not None and not batch.is_prefill:
@@ -390,6 +408,7 @@ class Engine:
             "kv_dtype": self.config.kv_dtype,
             "kv_bytes_per_block": self.cache.bytes_per_block,
             **tier_counters(self.scheduler),
+            **prefix_counters(self.prefix_pager),
         }
 
 

@@ -83,11 +83,23 @@ def block_views(cache: KVCache) -> list[Tensor]:
 class PageIn:
     """A page-in under way: host blocks being copied into a sequence's device blocks."""
 
-    __slots__ = ("_event", "_future", "_index", "_staged", "device_blocks", "host_blocks")
+    __slots__ = (
+        "_event",
+        "_future",
+        "_index",
+        "_staged",
+        "device_blocks",
+        "host_blocks",
+        "keep_host",
+    )
 
-    def __init__(self, host_blocks: list[int], device_blocks: list[int]) -> None:
+    def __init__(
+        self, host_blocks: list[int], device_blocks: list[int], *, keep_host: bool = False
+    ) -> None:
         self.host_blocks = host_blocks
         self.device_blocks = device_blocks
+        # The host blocks stay their owner's once copied (the prefix tier keeps them).
+        self.keep_host = keep_host
         self._future: Future[None] | None = None
         self._event: torch.cuda.Event | None = None
         self._staged: list[Tensor] = []
@@ -169,11 +181,17 @@ class HostKVTier:
 
     # -- page-in --------------------------------------------------------------
 
-    def page_in(self, host_blocks: list[int], device_blocks: list[int]) -> PageIn:
-        """Start copying ``host_blocks`` into ``device_blocks``; ``finish`` before reading them."""
+    def page_in(
+        self, host_blocks: list[int], device_blocks: list[int], *, keep_host: bool = False
+    ) -> PageIn:
+        """Start copying ``host_blocks`` into ``device_blocks``; ``finish`` before reading them.
+
+        ``keep_host``: ``finish`` and ``discard`` leave the host blocks taken (a
+        copy, not a move: the prefix tier keeps them), to be given back with ``free``.
+        """
         if len(host_blocks) != len(device_blocks):
             raise ValueError("page_in needs one device block per host block")
-        handle = PageIn(list(host_blocks), list(device_blocks))
+        handle = PageIn(list(host_blocks), list(device_blocks), keep_host=keep_host)
         if self._stream is not None:
             # The index is made on the compute stream, the only one that reads it.
             handle._index = torch.tensor(device_blocks, device=self.device)
@@ -224,7 +242,8 @@ class HostKVTier:
         elif handle._future is not None:
             handle._future.result()  # re-raises a failed copy
         self.blocks_in += len(handle.host_blocks)
-        self._free.extend(handle.host_blocks)
+        if not handle.keep_host:
+            self._free.extend(handle.host_blocks)
 
     def discard(self, handle: PageIn) -> None:
         """Free the host blocks of a page-in that ``is_done`` whose KV is not wanted (an abort).
@@ -235,7 +254,8 @@ class HostKVTier:
         if not self.is_done(handle):
             raise RuntimeError("discard of a page-in still under way")
         handle._staged = []
-        self._free.extend(handle.host_blocks)
+        if not handle.keep_host:
+            self._free.extend(handle.host_blocks)
 
     def wait(self, handle: PageIn) -> None:
         """Block until ``is_done(handle)`` (time not counted as stall: no step needed it)."""

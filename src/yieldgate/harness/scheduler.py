@@ -16,12 +16,19 @@ recompute is often cheap.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Literal
 
 from yieldgate.harness.block_manager import BlockManager
 from yieldgate.harness.sequence import Sequence, SequenceStatus
 
-__all__ = ["Batch", "Scheduler", "SchedulerConfig"]
+__all__ = ["AdmitHook", "Batch", "Scheduler", "SchedulerConfig"]
+
+# Asked about the head of the waiting queue before it is given blocks, with the
+# sequences this step has taken so far: "admit" it as usual, it was "taken" off
+# the queue (the prefix tier pages its blocks back first), or it must "wait".
+AdmitHook = Callable[[Sequence, int], Literal["admit", "taken", "wait"]]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -77,6 +84,7 @@ class Scheduler:
         self.ready: deque[Sequence] = deque()
         self.num_preemptions = 0
         self._watermark_blocks = int(config.watermark * blocks.num_blocks)
+        self.on_admit: AdmitHook | None = None
 
     @property
     def has_work(self) -> bool:
@@ -185,7 +193,10 @@ class Scheduler:
             seqs.append(seq)
         while self.waiting and len(self.running) + len(seqs) < cfg.max_num_seqs:
             seq = self.waiting[0]
-            if not self._room_for(seq, keep_watermark=bool(self.running)):
+            verdict = "admit" if self.on_admit is None else self.on_admit(seq, len(seqs))
+            if verdict == "taken":
+                continue
+            if verdict == "wait" or not self._room_for(seq, keep_watermark=bool(self.running)):
                 break
             self.blocks.allocate(seq)
             new_tokens = len(seq.tokens) - seq.num_computed
