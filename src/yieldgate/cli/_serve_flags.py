@@ -332,9 +332,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     har.add_argument(
         "--priority-age-bound",
         type=int,
-        default=64,
+        default=1000,
         metavar="STEPS",
-        help="engine steps after which a waiting request is served as if high (default 64)",
+        help="engine steps after which a waiting request is served as if high (default 1000)",
     )
     har.add_argument(
         "--default-max-tokens",

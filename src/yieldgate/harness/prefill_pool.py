@@ -138,7 +138,7 @@ class PrefillPool:
         on_failed: Callable[[int, str], None],
         on_dead: Callable[[int], None],
         priority: bool = False,
-        age_bound: int = 64,
+        age_bound: int = 1000,
         window_tokens: int | None = None,
     ) -> None:
         if num_workers < 0:

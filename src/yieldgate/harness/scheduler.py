@@ -54,7 +54,7 @@ class SchedulerConfig:
     # Serve and preempt by the sequences' priority (off: first come, first served).
     priority: bool = True
     # Steps a waiting sequence waits before it is served as if it were high priority.
-    priority_age_bound: int = 64
+    priority_age_bound: int = 1000
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1:
