@@ -8,13 +8,16 @@ from typing import Any
 import anyio
 import pytest
 
+from tests.conftest import run_cli
 from yieldgate.harness.backend import HarnessBackend, HarnessConfig
 from yieldgate.harness.block_manager import BlockManager
+from yieldgate.harness.disagg import Disaggregation
 from yieldgate.harness.engine import Engine, EngineConfig
 from yieldgate.harness.kv_tiers import TieredScheduler
 from yieldgate.harness.model import ModelConfig
 from yieldgate.harness.prefill_pool import PrefillPool, WorkerState
 from yieldgate.harness.prefill_worker import WorkerSpec
+from yieldgate.harness.router import Router, RouterConfig
 from yieldgate.harness.scheduler import Scheduler, SchedulerConfig
 from yieldgate.harness.sequence import SamplingParams, Sequence, SequenceStatus
 from yieldgate.harness.transfer import decode_message
@@ -98,6 +101,13 @@ def test_the_age_bound_is_validated() -> None:
     for bad in (0, -3, 2.5, True):
         with pytest.raises(ValueError, match="priority_age_bound"):
             SchedulerConfig(priority_age_bound=bad)
+
+
+def test_the_cli_names_the_flag_of_a_bad_age_bound() -> None:
+    result = run_cli("serve", "--backend", "harness", "--priority-age-bound", "0")
+    assert result.returncode == 2
+    assert "--priority-age-bound must be an integer >= 1" in result.stderr
+    assert "Traceback" not in result.stderr
 
 
 def test_a_front_request_that_does_not_fit_still_blocks_the_lower_ones_behind_it() -> None:
@@ -247,20 +257,29 @@ class FakeConn:
         self.sent.append(message["id"])
 
 
+SPEC = WorkerSpec(
+    model={},
+    checkpoint=None,
+    device="cpu",
+    num_blocks=16,
+    block_size=4,
+    max_batch_tokens=8,  # a window of 16 tokens: one of the jobs below at a time
+    torch_threads=1,
+    timeout_s=5.0,
+)
+
+
+def fake_worker(pool: PrefillPool) -> tuple[WorkerState, FakeConn]:
+    conn = FakeConn()
+    worker = WorkerState(index=0, rank=1, process=None, conn=conn)  # type: ignore[arg-type]
+    pool.workers.append(worker)  # no link thread: the test plays the worker's side
+    return worker, conn
+
+
 def make_pool(*, priority: bool, age_bound: int = 64) -> tuple[PrefillPool, WorkerState, FakeConn]:
-    spec = WorkerSpec(
-        model={},
-        checkpoint=None,
-        device="cpu",
-        num_blocks=16,
-        block_size=4,
-        max_batch_tokens=8,
-        torch_threads=1,
-        timeout_s=5.0,
-    )
     pool = PrefillPool(
         1,
-        spec,
+        SPEC,
         on_kv=lambda *_: None,
         on_failed=lambda *_: None,
         on_dead=lambda _: None,
@@ -268,9 +287,7 @@ def make_pool(*, priority: bool, age_bound: int = 64) -> tuple[PrefillPool, Work
         age_bound=age_bound,
         window_tokens=10,
     )
-    conn = FakeConn()
-    worker = WorkerState(index=0, rank=1, process=None, conn=conn)  # type: ignore[arg-type]
-    pool.workers.append(worker)  # no link thread: the test plays the worker's side
+    worker, conn = fake_worker(pool)
     return pool, worker, conn
 
 
@@ -318,4 +335,28 @@ def test_cancelling_a_held_job_forgets_it_and_an_unsent_job_is_never_sent() -> N
     assert not pool.cancel(1)  # sent already: its KV comes back and is ignored
     assert pool._unassign(worker, 1)
     assert conn.sent == [1]
+    assert (worker.assigned, worker.jobs.sent, worker.jobs.held) == ({}, {}, [])
+
+
+def test_an_aborted_request_whose_prefill_job_is_held_gives_everything_back() -> None:
+    engine = make_engine(block_size=4)
+    router = Router(
+        RouterConfig(prefill_length_threshold=8, busy_length_threshold=8, max_prefill_queue=64)
+    )
+    disagg = Disaggregation(engine, router, 0, SPEC, lambda op, payload: None)
+    worker, conn = fake_worker(disagg.pool)
+    seqs = [engine.create(list(range(i, i + 12)), ONE, p) for i, p in enumerate([LOW, LOW, HIGH])]
+    for seq in seqs:
+        disagg.place(seq, seq.priority)
+    assert all(seq.status is SequenceStatus.REMOTE for seq in seqs)
+    assert conn.sent == [0]
+    disagg.abort(seqs[1])  # a held low job: dropped here, never sent
+    assert [job.request_id for job, _ in worker.jobs.held] == [2]
+    assert disagg.pool._unassign(worker, 0)  # the first one's KV came: the high one goes next
+    assert conn.sent == [0, 2]
+    disagg.abort(seqs[0])
+    disagg.abort(seqs[2])  # sent: its KV will come back and be ignored
+    assert disagg.pool._unassign(worker, 2)
+    assert all(seq.is_finished for seq in seqs)
+    assert engine.blocks.stats().num_used == 0
     assert (worker.assigned, worker.jobs.sent, worker.jobs.held) == ({}, {}, [])
