@@ -147,7 +147,10 @@ def _harness_backend(args: argparse.Namespace) -> Any:
         host_prefix_blocks=args.host_prefix_blocks,
         kv_dtype=args.kv_dtype,
         scheduler=SchedulerConfig(
-            max_num_seqs=args.max_inflight, max_num_batched_tokens=args.max_num_batched_tokens
+            max_num_seqs=args.max_inflight,
+            max_num_batched_tokens=args.max_num_batched_tokens,
+            priority=args.engine_priority,
+            priority_age_bound=args.priority_age_bound,
         ),
         speculative=(
             SpeculativeConfig(k=args.speculative_k, draft_layers=args.draft_layers)

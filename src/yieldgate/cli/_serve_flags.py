@@ -61,6 +61,7 @@ FLAGS = {
     "kv_dtype": "--kv-dtype",
     "max_num_seqs": "--max-inflight",
     "max_num_batched_tokens": "--max-num-batched-tokens",
+    "priority_age_bound": "--priority-age-bound",
     "default_max_tokens": "--default-max-tokens",
     "torch_threads": "--torch-threads",
     "prefill_workers": "--prefill-workers",
@@ -328,6 +329,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         type=int,
         default=2048,
         help="prompt tokens one prefill step may compute; longer prompts are refused",
+    )
+    har.add_argument(
+        "--no-engine-priority",
+        dest="engine_priority",
+        action="store_false",
+        help=(
+            "serve the engine's waiting and prefill queues first come, first served "
+            "(default: high before normal before low, and low preempted first)"
+        ),
+    )
+    har.add_argument(
+        "--priority-age-bound",
+        type=int,
+        default=1000,
+        metavar="STEPS",
+        help="engine steps after which a waiting request is served as if high (default 1000)",
     )
     har.add_argument(
         "--default-max-tokens",

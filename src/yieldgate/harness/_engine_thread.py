@@ -161,7 +161,9 @@ class EngineThread:
             request: Request = payload
             self._tokens_taken += len(request.prompt)
             try:
-                request.seq = seq = engine.create(request.prompt, request.sampling)
+                request.seq = seq = engine.create(
+                    request.prompt, request.sampling, request.priority
+                )
             except ValueError as exc:
                 self._post([(request, None, False)], error=exc)
                 return
@@ -177,7 +179,10 @@ class EngineThread:
         elif op == "abort":
             request = payload
             if request.seq is not None and self._live.pop(request.seq.id, None) is not None:
-                engine.abort(request.seq)
+                if disagg is not None:
+                    disagg.abort(request.seq)
+                else:
+                    engine.abort(request.seq)
         elif disagg is not None and op == "kv":
             request_id, start, kv, transfer = payload
             with self._metrics_lock:

@@ -69,6 +69,8 @@ class Disaggregation:
             on_kv=lambda rid, start, kv, stats: post("kv", (rid, start, kv, stats)),
             on_failed=lambda rid, reason: post("remote_failed", (rid, reason)),
             on_dead=lambda index: post("worker_dead", index),
+            priority=engine.config.scheduler.priority,
+            age_bound=engine.config.scheduler.priority_age_bound,
         )
         # By worker index (indices are never reused).
         self.trackers: dict[int, PrefixTracker] = {}
@@ -112,17 +114,24 @@ class Disaggregation:
             )
         return tracker
 
-    def worker_loads(self, tokens: list[int]) -> list[WorkerLoad]:
-        return [
-            WorkerLoad(
-                index=worker.index,
-                alive=worker.active,
-                queued=worker.queued,
-                queued_tokens=worker.queued_tokens,
-                cached_tokens=self._tracker(worker.index).match(tokens),
+    def worker_loads(self, tokens: list[int], rank: int = 1) -> list[WorkerLoad]:
+        """Each worker's load as a job of ``rank`` sees it: with priority on, only
+        the jobs it would wait behind."""
+        loads = []
+        for worker in list(self.pool.workers):
+            queued, queued_tokens = worker.queued, worker.queued_tokens
+            if self.pool.priority:
+                queued, queued_tokens = worker.jobs.queued_for(rank)
+            loads.append(
+                WorkerLoad(
+                    index=worker.index,
+                    alive=worker.active,
+                    queued=queued,
+                    queued_tokens=queued_tokens,
+                    cached_tokens=self._tracker(worker.index).match(tokens),
+                )
             )
-            for worker in list(self.pool.workers)
-        ]
+        return loads
 
     def remote_queued_tokens(self) -> int:
         """Prompt tokens queued at the prefill workers, per live worker (they run in parallel)."""
@@ -141,7 +150,7 @@ class Disaggregation:
             prompt_tokens=len(seq.tokens),
             prefix_hit_tokens=self.engine.blocks.cached_prefix(seq.tokens),
             decode_running=self.engine.scheduler.num_decoding,
-            workers=self.worker_loads(seq.tokens),
+            workers=self.worker_loads(seq.tokens, seq.rank),
             keep_local=keep_local,
         )
         if degrader is not None and route.reason == "yield_to_high":
@@ -158,8 +167,7 @@ class Disaggregation:
             self.fallbacks += 1
             worker = None
         if route.remote and worker is not None and self.engine.reserve_remote(seq):
-            high = priority is Priority.HIGH
-            if self.pool.submit(worker, seq.id, seq.tokens, seq.num_cached, high=high):
+            if self.pool.submit(worker, seq.id, seq.tokens, seq.num_cached, rank=seq.rank):
                 self._tracker(worker).record(seq.tokens)
                 self.remote_prefills += 1
                 return route
@@ -171,6 +179,12 @@ class Disaggregation:
         return route
 
     # -- events from the pool (through the engine's inbox) ---------------------
+
+    def abort(self, seq: Sequence) -> None:
+        """Stop ``seq``: a prefill job still held for a worker is dropped, unsent."""
+        if seq.status is SequenceStatus.REMOTE:
+            self.pool.cancel(seq.id)
+        self.engine.abort(seq)
 
     def kv_arrived(self, seq: Sequence | None, start: int, kv: torch.Tensor) -> None:
         self._stop_drained()

@@ -23,6 +23,7 @@ from yieldgate.harness.runner import ModelRunner
 from yieldgate.harness.scheduler import Batch, Scheduler, SchedulerConfig
 from yieldgate.harness.sequence import SamplingParams, Sequence, TokenLogprob
 from yieldgate.harness.speculative import SpeculativeConfig, Speculator
+from yieldgate.protocol import Priority
 
 __all__ = ["Engine", "EngineConfig", "StepResult", "pick_device"]
 
@@ -200,16 +201,20 @@ class Engine:
             cfg.num_blocks * cfg.block_size,
         )
 
-    def add(self, prompt: list[int], params: SamplingParams) -> Sequence:
+    def add(
+        self, prompt: list[int], params: SamplingParams, priority: Priority = Priority.NORMAL
+    ) -> Sequence:
         """Queue a request; it joins the running batch at the next step that has room."""
-        seq = self.create(prompt, params)
+        seq = self.create(prompt, params, priority)
         self.scheduler.add(seq)
         return seq
 
-    def create(self, prompt: list[int], params: SamplingParams) -> Sequence:
+    def create(
+        self, prompt: list[int], params: SamplingParams, priority: Priority = Priority.NORMAL
+    ) -> Sequence:
         """A checked sequence, not scheduled yet: ``scheduler.add`` or ``reserve_remote`` it."""
         self.check(len(prompt), params)
-        seq = Sequence(self._next_id, prompt, params)
+        seq = Sequence(self._next_id, prompt, params, priority)
         self._next_id += 1
         return seq
 

@@ -14,9 +14,10 @@ at every step, so paging single blocks of a sequence that keeps running
 would page them back in at the very next step. The unit is therefore the
 whole sequence, and the cold one is the one the scheduler would preempt:
 the newest running sequence (the least progress, the last in first-come
-order). Sequences come back oldest first, and no new prompt is admitted
-while any sequence is swapped out, as a recomputed sequence at the head of
-the waiting queue would block them too.
+order; with priority on, of the lowest priority). Sequences come back oldest
+first (highest priority first, then oldest, with priority on), and no new
+prompt is admitted while any sequence is swapped out, as a recomputed
+sequence at the head of the waiting queue would block them too.
 
 Prefetch. Page-ins are issued as soon as blocks free up, at the end of a
 step (``finish_step``), and run beside the next step: on CUDA on a side
@@ -303,7 +304,7 @@ class TieredScheduler(Scheduler):
     def __init__(self, config: SchedulerConfig, blocks: BlockManager, tier: HostKVTier) -> None:
         super().__init__(config, blocks)
         self.tier = tier
-        self.swapped: list[_Swapped] = []  # oldest first
+        self.swapped: list[_Swapped] = []  # the next to come back first (``_return_key``)
         self.incoming: list[_Swapped] = []  # page-in under way
         # Aborted while paging in: their device and host blocks go back once
         # the copy is done (``_reap_aborted``), never waited for by the abort.
@@ -364,7 +365,12 @@ class TieredScheduler(Scheduler):
         self.blocks.free(seq)
         seq.status = SequenceStatus.SWAPPED
         self.num_swap_outs += 1
-        bisect.insort(self.swapped, record, key=_arrival)
+        bisect.insort(self.swapped, record, key=self._return_key)
+
+    def _return_key(self, record: _Swapped) -> tuple[int, int]:
+        """Swapped sequences come back oldest first, of the highest priority first when on."""
+        seq = record.seq
+        return (seq.rank if self.config.priority else 0, seq.id)
 
     def schedule(self) -> Batch | None:
         self._reap_aborted()
@@ -399,7 +405,7 @@ class TieredScheduler(Scheduler):
         return done
 
     def prefetch(self) -> None:
-        """Start page-ins, oldest swapped sequence first, while the device pool has room.
+        """Start page-ins, in ``swapped`` order, while the device pool has room.
 
         A sequence comes back when its blocks, one more for its next token and
         the watermark fit (only its blocks when nothing else holds a slot), and
@@ -470,10 +476,6 @@ def tier_counters(scheduler: Scheduler) -> dict[str, int | float]:
         "kv_page_out_ms": stats.page_out_ms if stats else 0.0,
         "kv_stall_ms": stats.stall_ms if stats else 0.0,
     }
-
-
-def _arrival(record: _Swapped) -> int:
-    return record.seq.id
 
 
 def _tokens_left(seq: Sequence) -> int:

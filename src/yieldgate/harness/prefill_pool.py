@@ -20,6 +20,9 @@ Each worker has a gloo group of its own (world size 2: this process is rank
 while serving (the planner's ``launch_worker`` / ``adopt`` and ``retire``).
 A retired worker takes no new job, finishes those it has, and is then told
 to stop; its exit is not a death (no ``on_dead``).
+
+With ``priority`` on, jobs beyond a worker's window are held here and sent
+in priority order (``_prefill_queue``); off, every job is sent at once.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ from typing import Any
 
 import torch
 
+from yieldgate.harness._prefill_queue import JobQueue
 from yieldgate.harness.prefill_worker import WorkerSpec
 from yieldgate.harness.transfer import (
     DTYPES,
@@ -84,6 +88,7 @@ class WorkerState:
     stopped: bool = False
     assigned: dict[int, int] = field(default_factory=dict)  # request id -> tokens
     high: set[int] = field(default_factory=set)  # of those, the high-priority ones
+    jobs: JobQueue = field(default_factory=JobQueue)  # of those, the sent and the held
     lock: threading.Lock = field(default_factory=threading.Lock)
     jobs_total: int = 0
     transfers: int = 0
@@ -133,10 +138,17 @@ class PrefillPool:
         on_kv: Callable[[int, int, torch.Tensor, TransferStats], None],
         on_failed: Callable[[int, str], None],
         on_dead: Callable[[int], None],
+        priority: bool = False,
+        age_bound: int = 1000,
+        window_tokens: int | None = None,
     ) -> None:
         if num_workers < 0:
             raise ValueError("num_workers must be >= 0")
         self.num_workers = num_workers
+        self.priority = priority
+        self.age_bound = age_bound
+        # About two batches: one computing, one waiting to be batched next.
+        self.window_tokens = 2 * spec.max_batch_tokens if window_tokens is None else window_tokens
         self.spec = spec
         self._on_kv = on_kv
         self._on_failed = on_failed
@@ -280,17 +292,26 @@ class PrefillPool:
         raise KeyError(index)
 
     def submit(
-        self, index: int, request_id: int, tokens: list[int], start: int, *, high: bool = False
+        self, index: int, request_id: int, tokens: list[int], start: int, *, rank: int = 1
     ) -> bool:
-        """Send a prefill job to worker ``index``; ``False`` if it is gone or retired."""
+        """Give a prefill job to worker ``index``; ``False`` if it is gone or retired.
+
+        ``rank`` is the request's (``Sequence.rank``; 0: high priority). With
+        priority on the job may be held here first; a failed send then ends the link.
+        """
         worker = self.worker(index)
         with worker.lock:
             if not worker.active:
                 return False
             worker.assigned[request_id] = len(tokens) - 1 - start
-            if high:
+            if rank == 0:
                 worker.high.add(request_id)
             worker.jobs_total += 1
+            if self.priority:
+                worker.jobs.hold(request_id, tokens, start, rank)
+                self._pump(worker)
+                return True
+            worker.jobs.mark_sent(request_id, worker.assigned[request_id])
             try:
                 worker.conn.send_bytes(
                     encode_message(
@@ -298,10 +319,36 @@ class PrefillPool:
                     )
                 )
             except OSError:
-                del worker.assigned[request_id]
-                worker.high.discard(request_id)
+                self._forget(worker, request_id)
                 return False
         return True
+
+    def _pump(self, worker: WorkerState) -> None:
+        """Send held jobs in priority order while the window has room (``worker.lock`` held)."""
+        while worker.alive:
+            job = worker.jobs.next_to_send(self.age_bound, self.window_tokens)
+            if job is None:
+                return
+            try:
+                worker.conn.send_bytes(encode_message(job.message()))
+            except OSError:
+                return  # the link sees the connection gone and fails what is assigned
+
+    def cancel(self, request_id: int) -> bool:
+        """Drop a job still held here (its request was aborted); whether one was."""
+        for worker in list(self.workers):
+            with worker.lock:
+                if worker.jobs.is_held(request_id):
+                    self._forget(worker, request_id)
+                    return True
+        return False
+
+    @staticmethod
+    def _forget(worker: WorkerState, request_id: int) -> bool:
+        """Remove every record of a job (``worker.lock`` held); whether it was assigned."""
+        worker.high.discard(request_id)
+        worker.jobs.remove(request_id)
+        return worker.assigned.pop(request_id, None) is not None
 
     def high_jobs_queued(self) -> int:
         """High-priority prefills queued or running at live workers."""
@@ -374,8 +421,9 @@ class PrefillPool:
 
     def _unassign(self, worker: WorkerState, request_id: int) -> bool:
         with worker.lock:
-            worker.high.discard(request_id)
-            return worker.assigned.pop(request_id, None) is not None
+            found = self._forget(worker, request_id)
+            self._pump(worker)  # room in the window: the next held job goes
+            return found
 
     def _lose(self, worker: WorkerState) -> None:
         with worker.lock:
@@ -383,6 +431,7 @@ class PrefillPool:
             orphans = list(worker.assigned)
             worker.assigned.clear()
             worker.high.clear()
+            worker.jobs.clear()
         for request_id in orphans:
             self._on_failed(request_id, f"prefill worker {worker.index} died")
         if not self._closing and not worker.stopped:
@@ -421,6 +470,7 @@ class PrefillPool:
                 "alive": worker.alive,
                 "state": worker.state,
                 "queued": worker.queued,
+                "held": len(worker.jobs.held),
                 "jobs_total": worker.jobs_total,
                 "transfers": worker.transfers,
                 "checksum_failures": worker.checksum_failures,

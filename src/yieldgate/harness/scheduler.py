@@ -11,6 +11,18 @@ sequence is preempted: its blocks are freed and it goes back to the head of
 the waiting queue, to be prefilled again over its prompt and its output so
 far (recompute). Its full blocks usually survive in the prefix cache, so the
 recompute is often cheap.
+
+Priority (``SchedulerConfig.priority``, on by default). The waiting queue is
+served high before normal before low, in arrival order within a priority; a
+sequence that arrived ``priority_age_bound`` steps ago or more is served as if
+it were high (in arrival order among the high ones), so a steady stream of
+high requests delays a low one by at most that many steps before it is at
+the front. A sequence preempted by recompute keeps its arrival, so an old one
+goes back near the front, where first-come-first-served puts it too. The
+front of the queue still blocks the rest when it does not fit, as in
+first-come-first-served: nothing smaller slips past it. Preemption takes the
+lowest priority first, the newest within a priority. Off, every priority is
+served alike: first come, first served.
 """
 
 from __future__ import annotations
@@ -46,6 +58,10 @@ class SchedulerConfig:
     max_num_seqs: int = 16
     max_num_batched_tokens: int = 2048
     watermark: float = 0.01
+    # Serve and preempt by the sequences' priority (off: first come, first served).
+    priority: bool = True
+    # Steps a waiting sequence waits before it is served as if it were high priority.
+    priority_age_bound: int = 1000
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1:
@@ -54,6 +70,10 @@ class SchedulerConfig:
             raise ValueError("max_num_batched_tokens must be >= 1")
         if not 0.0 <= self.watermark < 1.0:
             raise ValueError("watermark must be in [0, 1)")
+        if type(self.priority_age_bound) is not int or self.priority_age_bound < 1:
+            raise ValueError(
+                f"priority_age_bound must be an integer >= 1, got {self.priority_age_bound!r}"
+            )
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +103,8 @@ class Scheduler:
         self.remote: dict[int, Sequence] = {}
         self.ready: deque[Sequence] = deque()
         self.num_preemptions = 0
+        # Steps scheduled so far: the clock that waiting sequences age by.
+        self.clock = 0
         self._watermark_blocks = int(config.watermark * blocks.num_blocks)
         self.on_admit: AdmitHook | None = None
 
@@ -123,6 +145,7 @@ class Scheduler:
         if not self._room_for(seq, keep_watermark=True):
             return False
         self.blocks.allocate(seq)
+        seq.arrival_step = self.clock
         seq.status = SequenceStatus.REMOTE
         seq.prefix_hit_tokens += seq.num_cached
         self.remote[seq.id] = seq
@@ -151,7 +174,26 @@ class Scheduler:
 
     def add(self, seq: Sequence) -> None:
         seq.status = SequenceStatus.WAITING
+        seq.arrival_step = self.clock
         self.waiting.append(seq)
+
+    def waiting_order(self) -> list[Sequence]:
+        """The waiting sequences in the order they are served (see the module docstring)."""
+        if not self.config.priority:
+            return list(self.waiting)
+        horizon = self.clock - self.config.priority_age_bound
+        return sorted(
+            self.waiting, key=lambda s: (0 if s.arrival_step <= horizon else s.rank, s.id)
+        )
+
+    def protection_order(self) -> list[Sequence]:
+        """The running sequences, the last the first to be preempted.
+
+        Admission order (the running list's), grouped by priority when it is on.
+        """
+        if not self.config.priority:
+            return list(self.running)
+        return sorted(self.running, key=lambda s: s.rank)  # stable: admission order kept
 
     def abort(self, seq: Sequence) -> None:
         """Drop ``seq`` wherever it is and free its blocks."""
@@ -171,9 +213,11 @@ class Scheduler:
     def schedule(self) -> Batch | None:
         """The next step's batch, or ``None`` when nothing can run."""
         batch = self._schedule_prefill()
+        if batch is None:
+            batch = self._schedule_decode()
         if batch is not None:
-            return batch
-        return self._schedule_decode()
+            self.clock += 1
+        return batch
 
     def _schedule_prefill(self) -> Batch | None:
         cfg = self.config
@@ -191,10 +235,11 @@ class Scheduler:
             seq.status = SequenceStatus.RUNNING
             seq.prefill_tokens += new_tokens
             seqs.append(seq)
-        while self.waiting and len(self.running) + len(seqs) < cfg.max_num_seqs:
-            seq = self.waiting[0]
+        for seq in self.waiting_order() if self.waiting else ():
+            if len(self.running) + len(seqs) >= cfg.max_num_seqs:
+                break
             verdict = "admit" if self.on_admit is None else self.on_admit(seq, len(seqs))
-            if verdict == "taken":
+            if verdict == "taken":  # the hook took it out of the queue (a page-back)
                 continue
             if verdict == "wait" or not self._room_for(seq, keep_watermark=bool(self.running)):
                 break
@@ -204,7 +249,7 @@ class Scheduler:
                 self.blocks.free(seq)  # does not fit this step: first in the next one
                 break
             budget -= new_tokens
-            self.waiting.popleft()
+            self.waiting.remove(seq)
             seq.status = SequenceStatus.RUNNING
             seq.prefix_hit_tokens += seq.num_cached
             seq.prefill_tokens += new_tokens
@@ -216,11 +261,14 @@ class Scheduler:
 
     def _schedule_decode(self) -> Batch | None:
         seqs: list[Sequence] = []
-        for seq in list(self.running):
+        # The most protected first: a victim is always at or after the sequence
+        # that needs its blocks, never one already in this step's batch.
+        order = self.protection_order()
+        for seq in order:
             if seq.status is not SequenceStatus.RUNNING:
-                continue  # preempted below to make room for an older sequence
+                continue  # preempted below to make room for a more protected sequence
             while not self.blocks.can_append(seq):
-                victim = self.running[-1]
+                victim = next(s for s in reversed(order) if s.status is SequenceStatus.RUNNING)
                 self._preempt(victim)
                 if victim is seq:
                     break

@@ -6,10 +6,15 @@ import enum
 import math
 from dataclasses import dataclass
 
+from yieldgate.protocol import Priority
+
 __all__ = ["MAX_TOP_LOGPROBS", "SamplingParams", "Sequence", "SequenceStatus", "TokenLogprob"]
 
 # The most alternatives a token's log-probability comes with (OpenAI's limit).
 MAX_TOP_LOGPROBS = 20
+
+# The order the engine serves priorities in: the lower rank first.
+_RANK = {Priority.HIGH: 0, Priority.NORMAL: 1, Priority.LOW: 2}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -73,9 +78,15 @@ class Sequence:
     cache; ``num_cached`` how many of those came from the prefix cache at the
     last admission. After a preemption the sequence is prefilled again over
     its prompt and its output so far (recompute), so the counters restart.
+
+    ``priority`` is the request's; the scheduler serves a lower ``rank``
+    first and preempts a higher one first. ``arrival_step`` is the
+    scheduler's step count when the sequence arrived (its age bound counts
+    from there).
     """
 
     __slots__ = (
+        "arrival_step",
         "block_table",
         "id",
         "last_hash",
@@ -88,14 +99,25 @@ class Sequence:
         "params",
         "prefill_tokens",
         "prefix_hit_tokens",
+        "priority",
         "status",
         "tokens",
     )
 
-    def __init__(self, seq_id: int, prompt: list[int], params: SamplingParams) -> None:
+    def __init__(
+        self,
+        seq_id: int,
+        prompt: list[int],
+        params: SamplingParams,
+        priority: Priority = Priority.NORMAL,
+    ) -> None:
         if not prompt:
             raise ValueError("a prompt needs at least one token")
+        if not isinstance(priority, Priority):
+            raise TypeError(f"priority must be a Priority, got {priority!r}")
         self.id = seq_id
+        self.priority = priority
+        self.arrival_step = 0
         self.tokens = list(prompt)
         self.num_prompt = len(prompt)
         self.params = params
@@ -119,6 +141,11 @@ class Sequence:
 
     def __repr__(self) -> str:
         return f"Sequence(id={self.id}, len={len(self.tokens)}, status={self.status.value})"
+
+    @property
+    def rank(self) -> int:
+        """0 for high priority, 1 for normal, 2 for low: the order the engine serves them in."""
+        return _RANK[self.priority]
 
     @property
     def num_output(self) -> int:
