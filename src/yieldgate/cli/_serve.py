@@ -144,6 +144,7 @@ def _harness_backend(args: argparse.Namespace) -> Any:
         num_blocks=args.kv_blocks,
         block_size=args.block_size,
         host_kv_blocks=args.host_kv_blocks,
+        dtype=args.dtype,
         kv_dtype=args.kv_dtype,
         scheduler=SchedulerConfig(
             max_num_seqs=args.max_inflight, max_num_batched_tokens=args.max_num_batched_tokens

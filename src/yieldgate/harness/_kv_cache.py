@@ -3,7 +3,8 @@
 The paged storage the model's attention writes and reads (``model``); which
 block belongs to which sequence is the block manager's. Stored as int8, each
 block keeps one scale per layer and head for keys and one for values
-(``_quantize_into``), and reads dequantise to float32. Apart from the model
+(``_quantize_into``), and reads dequantise to the model's dtype (float32,
+bfloat16 or float16: ``compute_dtype``). Apart from the model
 because it is storage and its quantisation: no layer, no attention.
 """
 
@@ -34,9 +35,19 @@ class KVCache:
         block_size: int,
         device: torch.device,
         dtype: torch.dtype = torch.float32,
+        compute_dtype: torch.dtype | None = None,
     ) -> None:
         if num_blocks < 1 or block_size < 1:
             raise ValueError("num_blocks and block_size must be >= 1")
+        # What the model computes in: float storage must be that dtype (keys are
+        # copied in as they are); int8 dequantises into it.
+        if compute_dtype is None:
+            compute_dtype = torch.float32 if dtype == torch.int8 else dtype
+        if dtype not in (torch.int8, compute_dtype):
+            raise ValueError(
+                f"a {dtype} KV cache for a {compute_dtype} model: store int8 or the model's dtype"
+            )
+        self.compute_dtype = compute_dtype
         self.num_blocks = num_blocks
         self.block_size = block_size
         shape = (config.n_layers, num_blocks * block_size, config.n_heads, config.head_dim)
@@ -87,14 +98,17 @@ class KVCache:
         )
 
     def read(self, layer: int, slots: Tensor) -> tuple[Tensor, Tensor]:
-        """The keys and values at ``slots`` of ``layer``, dequantised to float32 if stored int8."""
+        """The keys and values at ``slots`` of ``layer``, dequantised to ``compute_dtype`` if int8.
+
+        The scale is applied in float32 and the product rounded once to the model's dtype.
+        """
         if not self.quantized:
             return self.k[layer].index_select(0, slots), self.v[layer].index_select(0, slots)
         blocks = torch.div(slots, self.block_size, rounding_mode="floor")
         scales = self.kv_scale[layer].index_select(0, blocks).unsqueeze(-1)  # (N, 2, H, 1)
         k = self.k[layer].index_select(0, slots).float().mul_(scales[:, 0])
         v = self.v[layer].index_select(0, slots).float().mul_(scales[:, 1])
-        return k, v
+        return k.to(self.compute_dtype), v.to(self.compute_dtype)
 
 
 _INT8_MAX = 127.0

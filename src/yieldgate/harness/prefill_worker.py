@@ -68,6 +68,7 @@ class WorkerSpec:
     torch_threads: int
     timeout_s: float
     corrupt_first: int = 0  # testing only: send this many corrupted transfers first
+    dtype: str = "float32"  # the decode engine's model dtype: the KV is sent in it
 
     def engine_config(self) -> EngineConfig:
         return EngineConfig(
@@ -76,6 +77,7 @@ class WorkerSpec:
             device=self.device,
             num_blocks=self.num_blocks,
             block_size=self.block_size,
+            dtype=self.dtype,
         )
 
 
