@@ -14,6 +14,7 @@ import torch
 from torch import Tensor
 
 from yieldgate.harness._model_config import ModelConfig
+from yieldgate.harness._sync import to_host
 
 __all__ = ["KVCache"]
 
@@ -153,16 +154,30 @@ def _quantize_into(
         amax = amax.index_select(0, blocks)
     old = scale.index_select(0, blocks).masked_fill_(restart.view(-1, 1, 1), 0.0)
     new = torch.maximum(old, amax)  # (N, 2, n_heads), each token's block's
-    grown = ((new > old) & (old > 0)).flatten(1).any(1)  # blocks quantised too finely so far
-    if bool(grown.any()):
-        rows = blocks[grown]
-        ratio = (old[grown] / new[grown])[:, :, None, :, None]
-        for i, store in enumerate(stores):
-            blocked = store.view(scale.shape[0], block_size, *store.shape[1:])
-            requantised = torch.mul(blocked.index_select(0, rows), ratio[:, i]).round_()
-            blocked.index_copy_(0, rows, requantised.to(torch.int8))
+    grown = (new > old) & (old > 0)  # (N, 2, n_heads): quantised too finely so far
+    if one_per_block:
+        # Decode: every touched block is requantised, by 1 where its scale did not
+        # grow (exact: int8 values times 1, rounded, are themselves). A block per
+        # token costs less than the attention that reads the whole context, and
+        # no host read of ``grown`` (a device sync each layer) decides it.
+        ratio = torch.where(grown, old / new, 1.0)[:, :, None, :, None]
+        _requantise(stores, scale.shape[0], block_size, blocks, ratio)
+    elif to_host(grown.any())[0]:  # a prefill's write: most have nothing to requantise
+        rows = blocks[grown.flatten(1).any(1)]
+        ratio = torch.where(grown, old / new, 1.0)[grown.flatten(1).any(1)]
+        _requantise(stores, scale.shape[0], block_size, rows, ratio[:, :, None, :, None])
     scale.index_copy_(0, blocks, new)
     safe = torch.where(new > 0, new, 1.0).unsqueeze(-1)
     q = torch.div(x, safe).round_().clamp_(-_INT8_MAX, _INT8_MAX).to(torch.int8)
     for i, store in enumerate(stores):
         store.index_copy_(0, slots, q[:, i])
+
+
+def _requantise(
+    stores: tuple[Tensor, Tensor], num_blocks: int, block_size: int, rows: Tensor, ratio: Tensor
+) -> None:
+    """Scale blocks ``rows`` of ``stores`` by ``ratio`` ``(rows, 2, 1, n_heads, 1)``, rounded."""
+    for i, store in enumerate(stores):
+        blocked = store.view(num_blocks, block_size, *store.shape[1:])
+        requantised = torch.mul(blocked.index_select(0, rows), ratio[:, i]).round_()
+        blocked.index_copy_(0, rows, requantised.to(torch.int8))
