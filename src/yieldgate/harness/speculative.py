@@ -24,7 +24,11 @@ One speculative decode step, for the greedy sequences of a decode batch:
    sequence its last token and its drafts, plus one extra row per branch
    (at most ``max_extra_tokens``, the least confident first). A branch row
    attends over the main row's keys up to the divergence, which the same
-   layer has just written, and keeps its own key in a scratch slot.
+   layer has just written, and keeps its own key in a scratch slot. The
+   branches are chosen on the device and the step verifies a fixed number
+   of branch rows (``max_extra_tokens`` or one per drafting sequence, if
+   fewer; rows past the candidates are computed and ignored), so that the
+   host never waits for the drafts before the verify.
 4. *Accept.* The longest prefix of drafts equal to the target's greedy
    choices is kept, then the target's own next token; where the draft went
    wrong exactly at a branch and the branch's token is the target's choice,
@@ -150,24 +154,25 @@ class Speculator:
     def step(self, batch: Batch) -> SpeculativeStep:
         """Decode ``batch`` (a scheduled decode batch) by one or more tokens per sequence.
 
-        The host waits for the device once, after the verify forward (drafts,
-        verdicts and plain rows' samples read together); with branches on,
-        once more after drafting, since which positions branch shapes the verify.
+        The host waits for the device once, after the verify forward: drafts,
+        branches, verdicts and plain rows' samples are read together.
         """
         seqs = batch.seqs
         started = time.perf_counter()
         ks = [self._lookahead(seq) for seq in seqs]
         inputs = self._inputs(seqs, ks)
-        drafted = self._draft(seqs, ks, inputs)
-        drafts: list[list[int]] | None = None
-        branches: list[_Branch] = []
-        if drafted is not None and self.config.branch_threshold > 0:
-            drafts, branches = self._branches(ks, to_host(*drafted))
-        drafted_at = time.perf_counter()
         scratch = Sequence(-1, [0], SamplingParams())
-        branches = self._scratch_for(scratch, branches)
         try:
-            kept, logprobs = self._verify(seqs, ks, inputs, drafted, drafts, branches, scratch)
+            # Branch rows verified this step: a fixed number, chosen on the device,
+            # so that the verify's shape does not wait for the drafts to be read.
+            wanted = 0
+            if self.config.branch_threshold > 0:
+                wanted = min(self.config.max_extra_tokens, sum(1 for k in ks if k))
+            extra = self.blocks.grow(scratch, wanted) if wanted else 0
+            drafted = self._draft(seqs, ks, inputs)
+            picked = self._pick_branches(ks, inputs, drafted, extra) if drafted else None
+            drafted_at = time.perf_counter()
+            kept, logprobs = self._verify(seqs, ks, inputs, drafted, picked, scratch)
         finally:
             self.blocks.shrink(scratch, 0)
         self.draft_s += drafted_at - started
@@ -200,17 +205,18 @@ class Speculator:
         """The step's index tensors, made in one copy to the device."""
         width = max(len(seq.block_table) for seq in seqs)
         active = [[i for i, k in enumerate(ks) if k > j] for j in range(max(ks, default=0))]
-        tables, last, lengths, *rows = to_device(
+        tables, last, lengths, ks_t, *rows = to_device(
             [
                 [block for seq in seqs for block in pad(seq.block_table, width)],
                 [seq.tokens[-1] for seq in seqs],
                 [len(seq.tokens) for seq in seqs],
+                ks,
                 *active,
             ],
             self.device,
         )
         slots = tables.view(len(seqs), width, 1) * self.block_size + self._offsets
-        return _Inputs(slots.reshape(len(seqs), -1), last, lengths, rows)
+        return _Inputs(slots.reshape(len(seqs), -1), last, lengths, ks_t, rows)
 
     def _draft(
         self, seqs: list[Sequence], ks: list[int], inputs: _Inputs
@@ -242,23 +248,38 @@ class Speculator:
         self.drafted += sum(ks)
         return tokens, top1, second
 
-    def _branches(self, ks: list[int], read: list[Any]) -> tuple[list[list[int]], list[_Branch]]:
-        """The drafts as lists, and the branch candidates: per row its first position
-        below ``branch_threshold``, the least confident first."""
-        tokens, top1, second = read
-        candidates: dict[int, _Branch] = {}
-        for j in range(len(tokens)):
-            for i, k in enumerate(ks):
-                if k > j and top1[j][i] < self.config.branch_threshold and i not in candidates:
-                    candidates[i] = _Branch(i, j, second[j][i], top1[j][i])
-        chosen = sorted(candidates.values(), key=lambda b: b.confidence)
-        return _rows(tokens, ks), chosen[: self.config.max_extra_tokens]
+    def _pick_branches(
+        self,
+        ks: list[int],
+        inputs: _Inputs,
+        drafted: tuple[Tensor, Tensor, Tensor],
+        count: int,
+    ) -> tuple[Tensor, ...] | None:
+        """``count`` branch rows, chosen on the device: per sequence its first draft
+        position below ``branch_threshold``, the least confident sequences first.
 
-    def _scratch_for(self, scratch: Sequence, branches: list[_Branch]) -> list[_Branch]:
-        """Scratch KV slots for the branch rows; as many branches as slots could be had."""
-        if not branches:
-            return branches
-        return branches[: self.blocks.grow(scratch, len(branches))]
+        Returns, per branch row, the sequence's row, the draft position it
+        replaces, its token (the draft's second choice), its confidence and
+        whether it is real (a row past the candidates is computed and ignored).
+        """
+        if not count:
+            return None
+        _, top1, second = drafted
+        steps = torch.arange(top1.shape[0], device=self.device).unsqueeze(1)
+        below = (top1 < self.config.branch_threshold) & (steps < inputs.ks.unsqueeze(0))
+        real = below.any(0)
+        first = below.to(torch.int8).argmax(0)  # the first position below, per row
+        confidence = top1.gather(0, first.unsqueeze(0)).squeeze(0)
+        key = torch.where(real, confidence, torch.inf)
+        rows = torch.sort(key, stable=True).indices[:count]
+        token = second.gather(0, first.unsqueeze(0)).squeeze(0)
+        return (
+            rows,
+            first.index_select(0, rows),
+            token.index_select(0, rows),
+            confidence.index_select(0, rows),
+            real.index_select(0, rows),
+        )
 
     def _grid_attention(
         self, matrix: Tensor, first: Tensor, counts: list[int], slot_mapping: Tensor
@@ -294,15 +315,14 @@ class Speculator:
         ks: list[int],
         inputs: _Inputs,
         drafted: tuple[Tensor, Tensor, Tensor] | None,
-        drafts: list[list[int]] | None,
-        branches: list[_Branch],
+        picked: tuple[Tensor, ...] | None,
         scratch: Sequence,
     ) -> tuple[list[list[int]], list[list[TokenLogprob | None]]]:
-        n, steps = len(seqs), len(inputs.rows)
+        n = len(seqs)
         positions: list[int] = []
         slot_mapping: list[int] = []
         first: list[int] = []
-        source: list[int] = []  # each new token's index in (last tokens, drafts, branch tokens)
+        source: list[int] = []  # each new token's index in (last tokens, drafts)
         starts = [0]
         for i, (seq, k) in enumerate(zip(seqs, ks, strict=True)):
             m = len(seq.tokens)
@@ -311,53 +331,50 @@ class Speculator:
             first.append(m - 1)
             source += [i, *(n + j * n + i for j in range(k))]
             starts.append(starts[-1] + 1 + k)
-        scratch_slots = [self._slot(scratch.block_table, b) for b in range(len(branches))]
-        at = [len(seqs[branch.row].tokens) + branch.index for branch in branches]
-        positions += at
-        slot_mapping += scratch_slots
-        first += at
-        source += range(n + steps * n, n + steps * n + len(branches))
+        extra = 0 if picked is None else picked[0].shape[0]
+        scratch_slots = [self._slot(scratch.block_table, b) for b in range(extra)]
         plain = [i for i, k in enumerate(ks) if not k]
         uploaded = to_device(
             [
                 positions,
-                slot_mapping,
+                slot_mapping + scratch_slots,
                 first,
                 source,
-                [branch.row for branch in branches],
-                at,
                 scratch_slots,
-                [branch.token for branch in branches],
                 [starts[i] for i in plain],
             ],
             self.device,
         )
-        positions_t, slots_t, first_t, source_t, rows_t, at_t, scratch_t, branch_t, plain_t = (
-            uploaded
-        )
+        positions_t, slots_t, first_t, source_t, scratch_t, plain_t = uploaded
         pool = [inputs.last] + ([drafted[0].reshape(-1)] if drafted is not None else [])
-        tokens = torch.cat([*pool, branch_t]).index_select(0, source_t)
+        tokens = torch.cat(pool).index_select(0, source_t)
         longest = max(len(seq.tokens) + k for seq, k in zip(seqs, ks, strict=True))
         matrix = inputs.slots[:, :longest]
-        if branches:
+        if picked is not None:
             # A branch row sees its sequence's slots up to the position it replaces,
-            # where its own key sits in a scratch slot.
-            own = matrix.index_select(0, rows_t).scatter(
-                1, at_t.unsqueeze(1), scratch_t.unsqueeze(1)
-            )
+            # where its own key sits in a scratch slot. (A row that is no real
+            # branch is clamped into the grid; its output is ignored.)
+            rows, index, token = picked[0], picked[1], picked[2]
+            at = (inputs.lengths.index_select(0, rows) + index).clamp_(max=longest - 1)
+            own = matrix.index_select(0, rows).scatter(1, at.unsqueeze(1), scratch_t.unsqueeze(1))
             matrix = torch.cat((matrix, own))
-        counts = [1 + k for k in ks] + [1] * len(branches)
+            tokens = torch.cat((tokens, token))
+            positions_t = torch.cat((positions_t, at))
+            first_t = torch.cat((first_t, at))
+        counts = [1 + k for k in ks] + [1] * extra
         attention = self._grid_attention(matrix.contiguous(), first_t, counts, slots_t)
         logits = self.model.forward_paged(
             tokens,
             positions_t,
             self.cache,
             attention,
-            torch.arange(len(positions), device=self.device),
+            torch.arange(len(positions) + extra, device=self.device),
         )
         reads = [logits.argmax(dim=-1)]
-        if drafted is not None and drafts is None:
+        if drafted is not None:
             reads.append(drafted[0])
+        if picked is not None:
+            reads += picked
         plain_seqs = [seqs[i] for i in plain]
         lp_rows: list[int] = []
         if plain:
@@ -369,8 +386,14 @@ class Speculator:
             self.plain_rows += len(plain)
         read = to_host(*reads)  # the step's one wait for the device
         greedy: list[int] = read.pop(0)
-        if drafts is None:
-            drafts = _rows(read.pop(0), ks) if drafted is not None else [[] for _ in seqs]
+        drafts = _rows(read.pop(0), ks) if drafted is not None else [[] for _ in seqs]
+        branches: dict[int, tuple[int, _Branch]] = {}
+        if picked is not None:
+            b_rows, b_index, b_token, b_confidence, b_real = (read.pop(0) for _ in range(5))
+            for b in range(extra):
+                if b_real[b]:
+                    branch = _Branch(b_rows[b], b_index[b], b_token[b], b_confidence[b])
+                    branches[branch.row] = (b, branch)
         chosen: list[int] = read.pop(0) if plain else []
         plain_logprobs = logprob_entries(plain_seqs, lp_rows, chosen, read)
         return self._accept(
@@ -381,7 +404,7 @@ class Speculator:
         self,
         seqs: list[Sequence],
         drafts: list[list[int]],
-        branches: list[_Branch],
+        by_row: dict[int, tuple[int, _Branch]],
         scratch_slots: list[int],
         greedy: list[int],
         starts: list[int],
@@ -391,7 +414,6 @@ class Speculator:
         """What each sequence keeps: the drafts the target agreed with, then its own token."""
         kept: list[list[int]] = []
         logprobs: list[list[TokenLogprob | None]] = []
-        by_row = {branch.row: (b, branch) for b, branch in enumerate(branches)}
         plain_at = {i: n for n, i in enumerate(i for i, draft in enumerate(drafts) if not draft)}
         copies: list[tuple[int, int]] = []  # (scratch slot, the sequence's slot)
         for i, draft in enumerate(drafts):
@@ -442,6 +464,7 @@ class _Inputs:
     slots: Tensor  # (rows, blocks * block_size): every slot of each row's blocks
     last: Tensor  # (rows,): each row's last token
     lengths: Tensor  # (rows,): each row's tokens
+    ks: Tensor  # (rows,): how many tokens each row drafts
     rows: list[Tensor]  # per draft step, the rows that draft at it
 
 
