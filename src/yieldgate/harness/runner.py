@@ -157,8 +157,9 @@ class ModelRunner:
             return rows, []
         # The distribution each token was drawn from: greedy reports the model's own (T = 1).
         temperatures = [seqs[row].params.temperature or 1.0 for row in rows]
-        (index,) = to_device([rows], logits.device)
-        (divisor,) = to_device([temperatures], logits.device, torch.float32)
+        # One copy: the row numbers ride along as floats (exact far beyond any batch).
+        (packed,) = to_device([rows + temperatures], logits.device, torch.float32)
+        index, divisor = packed[: len(rows)].long(), packed[len(rows) :]
         logp = torch.log_softmax(logits.index_select(0, index).float() / divisor[:, None], -1)
         picked = logp.gather(1, chosen.index_select(0, index)[:, None]).squeeze(1)
         k = max(seqs[row].params.logprobs or 0 for row in rows)
