@@ -36,7 +36,7 @@ def anyio_backend() -> str:
 
 async def started(**overrides: Any) -> HarnessBackend:
     config = HarnessConfig(
-        engine=EngineConfig(device="cpu", num_blocks=256),
+        engine=overrides.pop("engine", EngineConfig(device="cpu", num_blocks=256)),
         prefill_workers=overrides.pop("prefill_workers", 2),
         router=overrides.pop("router", ROUTER),
         worker_timeout_s=60,
@@ -176,3 +176,30 @@ async def test_a_dead_prefill_worker_costs_no_request() -> None:
         assert stats["kv_blocks_used"] == 0
     finally:
         await harness.aclose()
+
+
+async def test_a_bfloat16_prefill_worker_sends_its_kv_in_bfloat16() -> None:
+    from yieldgate.harness.engine import Engine
+    from yieldgate.harness.sequence import SamplingParams
+
+    engine = EngineConfig(device="cpu", num_blocks=256, dtype="bfloat16")
+    harness = await started(prefill_workers=1, engine=engine)
+    try:
+        texts = await generate(harness, [LONG, OTHER_LONG])
+        stats = harness.stats()
+    finally:
+        await harness.aclose()
+    # The worker ran the decode worker's dtype: 2 bytes a value, every byte checked.
+    assert stats["remote_prefills"] == 2
+    worker = stats["prefill_workers"][0]
+    assert worker["transfers"] >= 2
+    assert worker["checksum_failures"] == 0
+    cfg = engine.model
+    per_token = 2 * cfg.n_layers * cfg.d_model * 2  # keys and values, bfloat16
+    prompt_tokens = len(LONG.encode()) - 1 + len(OTHER_LONG.encode()) - 1
+    assert stats["transfer_bytes_total"] == per_token * prompt_tokens
+    # And the outputs are a bfloat16 engine's, prefilled on the spot.
+    local = Engine(engine).generate(
+        [list(LONG.encode()), list(OTHER_LONG.encode())], SamplingParams(max_tokens=10)
+    )
+    assert texts == [bytes(out).decode("utf-8", errors="replace") for out in local]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import pytest
@@ -261,8 +262,13 @@ def test_the_verify_grid_gives_the_full_forward_logits() -> None:
     at = len(first.tokens) + 1
     spare = Sequence(-1, [0], SamplingParams())
     engine.blocks.grow(spare, 1)
-    scratch = speculator._slots(spare)[:1]
-    own = [speculator._slots(seq) for seq in seqs]
+
+    def slots_of(seq: Sequence) -> torch.Tensor:
+        every = range(len(seq.block_table) * engine.config.block_size)
+        return torch.tensor([speculator._slot(seq.block_table, p) for p in every])
+
+    scratch = slots_of(spare)[:1]
+    own = [slots_of(seq) for seq in seqs]
     tokens, positions, contexts, starts, cached, mapping = [], [], [], [0], [], []
     for seq, more, slots in zip(seqs, extra, own, strict=True):
         n = len(seq.tokens)
@@ -278,7 +284,9 @@ def test_the_verify_grid_gives_the_full_forward_logits() -> None:
     starts.append(starts[-1] + 1)
     cached.append(at)
     mapping.append(scratch)
-    attention = speculator._grid_attention(contexts, cached, starts, torch.cat(mapping))
+    matrix = torch.nn.utils.rnn.pad_sequence(contexts, batch_first=True)
+    counts = [hi - lo for lo, hi in itertools.pairwise(starts)]
+    attention = speculator._grid_attention(matrix, torch.tensor(cached), counts, torch.cat(mapping))
     logits = engine.model.forward_paged(
         torch.tensor(tokens),
         torch.tensor(positions),
@@ -295,7 +303,7 @@ def test_the_verify_grid_gives_the_full_forward_logits() -> None:
 
 
 def test_speculation_refuses_int8_kv_and_keeps_exact_over_the_host_tier() -> None:
-    with pytest.raises(ValueError, match="float32"):
+    with pytest.raises(ValueError, match="a float kv_dtype"):
         EngineConfig(speculative=SpeculativeConfig(k=4), kv_dtype="int8")
     # Pages out and in under speculation: still exactly the plain greedy output.
     tight = {"num_blocks": 14, "host_kv_blocks": 64}

@@ -145,6 +145,7 @@ def _harness_backend(args: argparse.Namespace) -> Any:
         block_size=args.block_size,
         host_kv_blocks=args.host_kv_blocks,
         host_prefix_blocks=args.host_prefix_blocks,
+        dtype=args.dtype,
         kv_dtype=args.kv_dtype,
         scheduler=SchedulerConfig(
             max_num_seqs=args.max_inflight,

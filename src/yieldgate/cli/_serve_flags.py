@@ -59,6 +59,7 @@ FLAGS = {
     "host_kv_blocks": "--host-kv-blocks",
     "host_prefix_blocks": "--host-prefix-blocks",
     "kv_dtype": "--kv-dtype",
+    "dtype": "--dtype",
     "max_num_seqs": "--max-inflight",
     "max_num_batched_tokens": "--max-num-batched-tokens",
     "priority_age_bound": "--priority-age-bound",
@@ -319,10 +320,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         ),
     )
     har.add_argument(
-        "--kv-dtype",
-        choices=("float32", "int8"),
+        "--dtype",
         default="float32",
-        help="KV cache storage; int8 keeps a scale per block and head (default float32)",
+        help=(
+            "the model's weights, activations and attention: float32, bfloat16 or float16 "
+            "(default float32)"
+        ),
+    )
+    har.add_argument(
+        "--kv-dtype",
+        choices=("auto", "float32", "bfloat16", "float16", "int8"),
+        default="auto",
+        help=(
+            "KV cache storage: auto (--dtype), or int8 with a float32 scale per block and "
+            "head (default auto)"
+        ),
     )
     har.add_argument(
         "--max-num-batched-tokens",

@@ -96,6 +96,7 @@ class HarnessConfig:
             torch_threads=self.torch_threads,
             timeout_s=self.worker_timeout_s,
             corrupt_first=self.corrupt_transfers,
+            dtype=engine.dtype,
         )
 
 

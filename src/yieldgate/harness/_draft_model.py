@@ -45,9 +45,9 @@ class DraftModel(nn.Module):
         self.target = [target]  # a list: not registered as a submodule
         self.num_layers = num_layers
         d, vocab = target.config.d_model, target.config.vocab_size
-        device = target.head.weight.device
-        self.ln = nn.LayerNorm(d, device=device)
-        self.head = nn.Linear(d, vocab, device=device)
+        device, dtype = target.head.weight.device, target.head.weight.dtype
+        self.ln = nn.LayerNorm(d, device=device, dtype=dtype)
+        self.head = nn.Linear(d, vocab, device=device, dtype=dtype)
         with torch.no_grad():
             self.ln.load_state_dict(target.ln_f.state_dict())
             self.head.load_state_dict(target.head.state_dict())
@@ -101,7 +101,11 @@ class DraftModel(nn.Module):
             lo = len(prompt) - 1  # the positions whose next token the draft will propose
             hidden.append(self.hidden_full(seq)[lo:-1])
             teacher.append(target.forward_full(seq)[lo:-1])
-        x, y = torch.cat(hidden), torch.cat(teacher)
+        # Fitted in float32 whatever the model's dtype (Adam's small steps vanish in
+        # bfloat16's 8-bit mantissa), then rounded back to it.
+        dtype = self.head.weight.dtype
+        self.float()
+        x, y = torch.cat(hidden).float(), torch.cat(teacher).float()
         wanted = y.argmax(-1)
         before = self._agreement(x, wanted)
         soft = y.softmax(-1)
@@ -117,10 +121,12 @@ class DraftModel(nn.Module):
                 optimiser.step()
             for param in params:
                 param.requires_grad_(False)
+        after = self._agreement(x, wanted)
+        self.to(dtype)
         return {
             "seconds": time.perf_counter() - started,
             "agreement_before": before,
-            "agreement_after": self._agreement(x, wanted),
+            "agreement_after": after,
             "positions": float(x.shape[0]),
         }
 
@@ -141,6 +147,7 @@ def _greedy_batch(
         num_blocks=per_seq * len(prompts),
         block_size=block_size,
         device=model.head.weight.device,
+        dtype=model.head.weight.dtype,
     )
     blocks = BlockManager(cache.num_blocks, block_size)
     scheduler = Scheduler(

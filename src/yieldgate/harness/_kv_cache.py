@@ -3,7 +3,8 @@
 The paged storage the model's attention writes and reads (``model``); which
 block belongs to which sequence is the block manager's. Stored as int8, each
 block keeps one scale per layer and head for keys and one for values
-(``_quantize_into``), and reads dequantise to float32. Apart from the model
+(``_quantize_into``), and reads dequantise to the model's dtype (float32,
+bfloat16 or float16: ``compute_dtype``). Apart from the model
 because it is storage and its quantisation: no layer, no attention.
 """
 
@@ -13,6 +14,7 @@ import torch
 from torch import Tensor
 
 from yieldgate.harness._model_config import ModelConfig
+from yieldgate.harness._sync import to_host
 
 __all__ = ["KVCache"]
 
@@ -34,9 +36,19 @@ class KVCache:
         block_size: int,
         device: torch.device,
         dtype: torch.dtype = torch.float32,
+        compute_dtype: torch.dtype | None = None,
     ) -> None:
         if num_blocks < 1 or block_size < 1:
             raise ValueError("num_blocks and block_size must be >= 1")
+        # What the model computes in: float storage must be that dtype (keys are
+        # copied in as they are); int8 dequantises into it.
+        if compute_dtype is None:
+            compute_dtype = torch.float32 if dtype == torch.int8 else dtype
+        if dtype not in (torch.int8, compute_dtype):
+            raise ValueError(
+                f"a {dtype} KV cache for a {compute_dtype} model: store int8 or the model's dtype"
+            )
+        self.compute_dtype = compute_dtype
         self.num_blocks = num_blocks
         self.block_size = block_size
         shape = (config.n_layers, num_blocks * block_size, config.n_heads, config.head_dim)
@@ -87,14 +99,17 @@ class KVCache:
         )
 
     def read(self, layer: int, slots: Tensor) -> tuple[Tensor, Tensor]:
-        """The keys and values at ``slots`` of ``layer``, dequantised to float32 if stored int8."""
+        """The keys and values at ``slots`` of ``layer``, dequantised to ``compute_dtype`` if int8.
+
+        The scale is applied in float32 and the product rounded once to the model's dtype.
+        """
         if not self.quantized:
             return self.k[layer].index_select(0, slots), self.v[layer].index_select(0, slots)
         blocks = torch.div(slots, self.block_size, rounding_mode="floor")
         scales = self.kv_scale[layer].index_select(0, blocks).unsqueeze(-1)  # (N, 2, H, 1)
         k = self.k[layer].index_select(0, slots).float().mul_(scales[:, 0])
         v = self.v[layer].index_select(0, slots).float().mul_(scales[:, 1])
-        return k, v
+        return k.to(self.compute_dtype), v.to(self.compute_dtype)
 
 
 _INT8_MAX = 127.0
@@ -139,16 +154,30 @@ def _quantize_into(
         amax = amax.index_select(0, blocks)
     old = scale.index_select(0, blocks).masked_fill_(restart.view(-1, 1, 1), 0.0)
     new = torch.maximum(old, amax)  # (N, 2, n_heads), each token's block's
-    grown = ((new > old) & (old > 0)).flatten(1).any(1)  # blocks quantised too finely so far
-    if bool(grown.any()):
-        rows = blocks[grown]
-        ratio = (old[grown] / new[grown])[:, :, None, :, None]
-        for i, store in enumerate(stores):
-            blocked = store.view(scale.shape[0], block_size, *store.shape[1:])
-            requantised = torch.mul(blocked.index_select(0, rows), ratio[:, i]).round_()
-            blocked.index_copy_(0, rows, requantised.to(torch.int8))
+    grown = (new > old) & (old > 0)  # (N, 2, n_heads): quantised too finely so far
+    if one_per_block:
+        # Decode: every touched block is requantised, by 1 where its scale did not
+        # grow (exact: int8 values times 1, rounded, are themselves). A block per
+        # token costs less than the attention that reads the whole context, and
+        # no host read of ``grown`` (a device sync each layer) decides it.
+        ratio = torch.where(grown, old / new, 1.0)[:, :, None, :, None]
+        _requantise(stores, scale.shape[0], block_size, blocks, ratio)
+    elif to_host(grown.any())[0]:  # a prefill's write: most have nothing to requantise
+        rows = blocks[grown.flatten(1).any(1)]
+        ratio = torch.where(grown, old / new, 1.0)[grown.flatten(1).any(1)]
+        _requantise(stores, scale.shape[0], block_size, rows, ratio[:, :, None, :, None])
     scale.index_copy_(0, blocks, new)
     safe = torch.where(new > 0, new, 1.0).unsqueeze(-1)
     q = torch.div(x, safe).round_().clamp_(-_INT8_MAX, _INT8_MAX).to(torch.int8)
     for i, store in enumerate(stores):
         store.index_copy_(0, slots, q[:, i])
+
+
+def _requantise(
+    stores: tuple[Tensor, Tensor], num_blocks: int, block_size: int, rows: Tensor, ratio: Tensor
+) -> None:
+    """Scale blocks ``rows`` of ``stores`` by ``ratio`` ``(rows, 2, 1, n_heads, 1)``, rounded."""
+    for i, store in enumerate(stores):
+        blocked = store.view(num_blocks, block_size, *store.shape[1:])
+        requantised = torch.mul(blocked.index_select(0, rows), ratio[:, i]).round_()
+        blocked.index_copy_(0, rows, requantised.to(torch.int8))

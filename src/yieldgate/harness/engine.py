@@ -25,13 +25,21 @@ from yieldgate.harness.sequence import SamplingParams, Sequence, TokenLogprob
 from yieldgate.harness.speculative import SpeculativeConfig, Speculator
 from yieldgate.protocol import Priority
 
-__all__ = ["Engine", "EngineConfig", "StepResult", "pick_device"]
+__all__ = ["DTYPES", "Engine", "EngineConfig", "StepResult", "pick_device"]
 
 # Weight of the newest measurement in the step-time averages.
 _EWMA_ALPHA = 0.2
 
-# How the KV cache may store keys and values (``EngineConfig.kv_dtype``).
-KV_DTYPES = ("float32", "int8")
+# What the model's weights and activations may be (``EngineConfig.dtype``).
+DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+}
+
+# How the KV cache may store keys and values (``EngineConfig.kv_dtype``): ``auto``
+# is the model's dtype; a float dtype must be the model's (attention runs in it).
+KV_DTYPES = ("auto", *DTYPES, "int8")
 
 
 def pick_device(name: str = "auto") -> torch.device:
@@ -59,9 +67,12 @@ class EngineConfig:
     # KV memory hierarchy (``kv_tiers``): host blocks that running sequences'
     # KV is paged out to when the device pool is full; 0 preempts by recompute.
     host_kv_blocks: int = 0
-    # ``int8``: KV stored as int8 with a scale per block and head (about 4x
-    # smaller than float32), dequantised for attention.
-    kv_dtype: str = "float32"
+    # The model's weights and activations, and so attention: float32, bfloat16 or float16.
+    dtype: str = "float32"
+    # ``auto``: KV stored in ``dtype``. ``int8``: stored as int8 with a float32
+    # scale per block and head (about 4x smaller than float32), dequantised
+    # into ``dtype`` for attention.
+    kv_dtype: str = "auto"
     # Prefix tier (``prefix_tier``): host blocks that cached prefix blocks evicted
     # from the device pool are kept in (LRU) and paged back from on a prefix hit;
     # 0 drops them.
@@ -76,18 +87,30 @@ class EngineConfig:
             raise ValueError(
                 f"host_prefix_blocks must be an integer >= 0, got {self.host_prefix_blocks!r}"
             )
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
         if self.kv_dtype not in KV_DTYPES:
             raise ValueError(
                 f"kv_dtype must be one of {', '.join(KV_DTYPES)}, got {self.kv_dtype!r}"
             )
+        if self.kv_dtype not in ("auto", "int8", self.dtype):
+            raise ValueError(
+                f"kv_dtype {self.kv_dtype} with dtype {self.dtype}: a float KV cache is "
+                "in the model's dtype (auto), or int8"
+            )
         if self.block_size < 1:
             raise ValueError("block_size must be >= 1")
-        if self.speculative is not None and self.kv_dtype != "float32":
+        if self.speculative is not None and self.kv_dtype == "int8":
             # A rejected draft's keys can raise a block's scale and requantise the
             # tokens already there: greedy output would no longer match plain decoding.
-            raise ValueError("speculative decoding needs kv_dtype='float32' (int8 KV is lossy)")
+            raise ValueError("speculative decoding needs a float kv_dtype (int8 KV is lossy)")
         if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
             raise ValueError(f"device must be auto, cpu or cuda[:N], got {self.device!r}")
+
+    @property
+    def kv_storage(self) -> str:
+        """The KV cache's storage dtype by name: ``int8`` or the model's ``dtype``."""
+        return self.dtype if self.kv_dtype == "auto" else self.kv_dtype
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,17 +136,20 @@ class Engine:
     def __init__(self, config: EngineConfig | None = None) -> None:
         self.config = config = config or EngineConfig()
         self.device = pick_device(config.device)
+        dtype = DTYPES[config.dtype]
         if config.checkpoint is not None:
-            model = load_checkpoint(config.checkpoint, self.device)
+            model = load_checkpoint(config.checkpoint, self.device, dtype)
         else:
-            model = TinyTransformer(config.model).to(self.device)
+            # Drawn in float32 (``reset_parameters``), then rounded: every dtype starts alike.
+            model = TinyTransformer(config.model).to(device=self.device, dtype=dtype)
         self.model = model
         self.cache = KVCache(
             model.config,
             num_blocks=config.num_blocks,
             block_size=config.block_size,
             device=self.device,
-            dtype=torch.int8 if config.kv_dtype == "int8" else torch.float32,
+            dtype=torch.int8 if config.kv_storage == "int8" else dtype,
+            compute_dtype=dtype,
         )
         self.blocks = BlockManager(config.num_blocks, config.block_size)
         self.scheduler = Scheduler(config.scheduler, self.blocks)
@@ -235,7 +261,8 @@ class Engine:
         if start != seq.num_cached or start + count > len(seq.tokens) - 1:
             raise ValueError(f"KV for {start}..{start + count} does not fit {seq!r}")
         slots = self.runner.slots(seq, start + count)[start:]
-        kv = kv.to(self.device)
+        # A worker runs the same dtype; a cast here only guards a mismatched peer.
+        kv = kv.to(self.device, self.cache.compute_dtype)
         if self.cache.quantized:
             for layer in range(self.model.config.n_layers):
                 self.cache.write(layer, slots, kv[0, layer], kv[1, layer])
@@ -410,7 +437,8 @@ class Engine:
     def _kv_stats(self) -> dict[str, Any]:
         """The KV storage and the host tier's counters (zeros when there is no tier)."""
         return {
-            "kv_dtype": self.config.kv_dtype,
+            "dtype": self.config.dtype,
+            "kv_dtype": self.config.kv_storage,
             "kv_bytes_per_block": self.cache.bytes_per_block,
             **tier_counters(self.scheduler),
             **prefix_counters(self.prefix_pager),

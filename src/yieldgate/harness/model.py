@@ -194,7 +194,8 @@ class _Block(nn.Module):
     ) -> Tensor:
         # The scales are per key, so they are applied to the scores and the
         # probabilities ((B, H, 1, L) each) rather than to the keys and values
-        # (D times larger): the cache's int8 values are only converted to float.
+        # (D times larger): the cache's int8 values are only converted, to the
+        # model's dtype (exact: every int8 value is a bfloat16 and a float16).
         padded = batch.context_slots
         assert isinstance(padded, Tensor)
         assert batch.context_mask is not None
@@ -202,10 +203,12 @@ class _Block(nn.Module):
         flat = padded.reshape(-1)
         shape = (b, length, self.n_heads, self.head_dim)
         # Heads before positions while still int8 (a quarter of the bytes to move).
-        k = cache.k[layer].index_select(0, flat).view(shape).transpose(1, 2).contiguous().float()
-        v = cache.v[layer].index_select(0, flat).view(shape).transpose(1, 2).contiguous().float()
+        dtype = q.dtype
+        k = cache.k[layer].index_select(0, flat).view(shape).transpose(1, 2).contiguous().to(dtype)
+        v = cache.v[layer].index_select(0, flat).view(shape).transpose(1, 2).contiguous().to(dtype)
         blocks = torch.div(flat, cache.block_size, rounding_mode="floor")
-        scales = cache.kv_scale[layer].index_select(0, blocks).view(b, length, 2, self.n_heads)
+        scales = cache.kv_scale[layer].index_select(0, blocks).to(dtype)
+        scales = scales.view(b, length, 2, self.n_heads)
         k_scale = scales[:, :, 0].transpose(1, 2).unsqueeze(2)  # (B, H, 1, L)
         v_scale = scales[:, :, 1].transpose(1, 2).unsqueeze(2)
         scores = torch.matmul(q.unsqueeze(2), k.transpose(2, 3))  # (B, H, 1, L)
@@ -383,8 +386,10 @@ def save_checkpoint(model: TinyTransformer, path: str | Path) -> None:
     torch.save({"config": config, "state_dict": model.state_dict()}, Path(path))
 
 
-def load_checkpoint(path: str | Path, device: torch.device | str = "cpu") -> TinyTransformer:
-    """Load what ``save_checkpoint`` wrote. No pickle: ``weights_only`` loading only."""
+def load_checkpoint(
+    path: str | Path, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32
+) -> TinyTransformer:
+    """Load what ``save_checkpoint`` wrote, in ``dtype``. No pickle: ``weights_only`` only."""
     try:
         data = torch.load(Path(path), map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
@@ -405,4 +410,4 @@ def load_checkpoint(path: str | Path, device: torch.device | str = "cpu") -> Tin
         model.load_state_dict(data["state_dict"])
     except RuntimeError as exc:
         raise ValueError(f"{path}: weights do not fit the config: {exc}") from exc
-    return model.to(device)
+    return model.to(device=device, dtype=dtype)

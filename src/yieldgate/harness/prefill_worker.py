@@ -76,6 +76,7 @@ class WorkerSpec:
     torch_threads: int
     timeout_s: float
     corrupt_first: int = 0  # testing only: send this many corrupted transfers first
+    dtype: str = "float32"  # the decode engine's model dtype: the KV is sent in it
 
     def engine_config(self) -> EngineConfig:
         return EngineConfig(
@@ -84,6 +85,7 @@ class WorkerSpec:
             device=self.device,
             num_blocks=self.num_blocks,
             block_size=self.block_size,
+            dtype=self.dtype,
         )
 
     def holds(self, num_prompt: int) -> bool:

@@ -5,13 +5,20 @@ Sampling: greedy at temperature 0, else a draw from ``softmax(logits / T)``
 seeded when it asks. Where sequences ask for log-probabilities, their rows'
 ``log_softmax`` is taken in one batched call, gathered at the sampled tokens
 and cut to the top alternatives; rows that did not ask cost nothing.
+
+A step's tokens and log-probabilities stay on the device until one read at
+its end (``_sync.to_host``), and a decode step's index tensors go over in one
+copy (``_sync.to_device``): one wait for the device per step.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import Tensor
 
+from yieldgate.harness._sync import to_device, to_host
 from yieldgate.harness.model import AttentionBatch, KVCache, TinyTransformer
 from yieldgate.harness.scheduler import Batch
 from yieldgate.harness.sequence import Sequence, TokenLogprob
@@ -43,9 +50,11 @@ class ModelRunner:
         else:
             tokens, positions, attention, last = self._prepare_decode(batch.seqs)
         logits = self.model.forward_paged(tokens, positions, self.cache, attention, last)
-        chosen = self._sample(batch.seqs, logits)
-        self.logprobs = self._logprobs(batch.seqs, logits, chosen)
-        return chosen
+        chosen = self.sample(batch.seqs, logits)
+        rows, tensors = self.logprob_tensors(batch.seqs, logits, chosen)
+        chosen_ids, *read = to_host(chosen, *tensors)
+        self.logprobs = logprob_entries(batch.seqs, rows, chosen_ids, read)
+        return list(chosen_ids)
 
     def forget(self, seq: Sequence) -> None:
         """Drop per-sequence state (its sampling generator) once it has finished."""
@@ -99,20 +108,22 @@ class ModelRunner:
         device = self.device
         lengths = [len(seq.tokens) for seq in seqs]
         width = max(len(seq.block_table) for seq in seqs)
-        tables = torch.tensor(
-            [seq.block_table + [0] * (width - len(seq.block_table)) for seq in seqs],
-            device=device,
+        padded = [block for seq in seqs for block in pad(seq.block_table, width)]
+        tables, tokens, lengths_t = to_device(
+            [padded, [seq.tokens[-1] for seq in seqs], lengths], device
         )
         # Every slot of every block of every sequence, then cut to the longest context.
-        slots = (tables.unsqueeze(2) * self.block_size + self._offsets).reshape(len(seqs), -1)
+        slots = (tables.view(len(seqs), width, 1) * self.block_size + self._offsets).reshape(
+            len(seqs), -1
+        )
         slots = slots[:, : max(lengths)].contiguous()
-        positions, attention = decode_attention(slots, lengths)
-        tokens = torch.tensor([seq.tokens[-1] for seq in seqs], device=device)
+        positions, attention = decode_attention(slots, lengths_t)
         last = torch.arange(len(seqs), device=device)
         return tokens, positions, attention, last
 
-    def _sample(self, seqs: list[Sequence], logits: Tensor) -> list[int]:
-        chosen: list[int] = logits.argmax(dim=-1).tolist()
+    def sample(self, seqs: list[Sequence], logits: Tensor) -> Tensor:
+        """Each row's next token, on the device: argmax, or a draw where it samples."""
+        chosen = logits.argmax(dim=-1)
         for row, seq in enumerate(seqs):
             temperature = seq.params.temperature
             if temperature == 0:
@@ -128,47 +139,66 @@ class ModelRunner:
             probs = torch.softmax(logits[row].float() / temperature, dim=-1)
             if seq.params.top_p < 1:
                 probs = _nucleus(probs, seq.params.top_p)
-            chosen[row] = int(torch.multinomial(probs, 1, generator=gen))
+            # Written in place on the device: the draw is read with the step's other tokens.
+            chosen[row : row + 1] = torch.multinomial(probs, 1, generator=gen)
         return chosen
 
-    def _logprobs(
-        self, seqs: list[Sequence], logits: Tensor, chosen: list[int]
-    ) -> list[TokenLogprob | None]:
+    def logprob_tensors(
+        self, seqs: list[Sequence], logits: Tensor, chosen: Tensor
+    ) -> tuple[list[int], list[Tensor]]:
+        """The rows that asked for log-probabilities, and theirs on the device (none: ``[]``).
+
+        The tensors are the sampled tokens' log-probabilities, then, when any
+        row asked for alternatives, the top values and their ids; read them
+        with the step's tokens and give them to ``logprob_entries``.
+        """
         rows = [row for row, seq in enumerate(seqs) if seq.params.logprobs is not None]
-        out: list[TokenLogprob | None] = [None] * len(seqs)
         if not rows:
-            return out
-        device = logits.device
-        index = torch.tensor(rows, device=device)
+            return rows, []
         # The distribution each token was drawn from: greedy reports the model's own (T = 1).
-        temperatures = torch.tensor(
-            [seqs[row].params.temperature or 1.0 for row in rows], device=device
-        )
-        logp = torch.log_softmax(logits.index_select(0, index).float() / temperatures[:, None], -1)
-        sampled = torch.tensor([chosen[row] for row in rows], device=device)
-        picked: list[float] = logp.gather(1, sampled[:, None]).squeeze(1).tolist()
+        temperatures = [seqs[row].params.temperature or 1.0 for row in rows]
+        # One copy: the row numbers ride along as floats (exact far beyond any batch).
+        (packed,) = to_device([rows + temperatures], logits.device, torch.float32)
+        index, divisor = packed[: len(rows)].long(), packed[len(rows) :]
+        logp = torch.log_softmax(logits.index_select(0, index).float() / divisor[:, None], -1)
+        picked = logp.gather(1, chosen.index_select(0, index)[:, None]).squeeze(1)
         k = max(seqs[row].params.logprobs or 0 for row in rows)
-        top_values: list[list[float]] = [[] for _ in rows]
-        top_ids: list[list[int]] = [[] for _ in rows]
-        if k:
-            values, ids = logp.topk(k, dim=-1)
-            top_values, top_ids = values.tolist(), ids.tolist()
-        for i, row in enumerate(rows):
-            n = seqs[row].params.logprobs or 0
-            top = tuple(zip(top_ids[i][:n], top_values[i][:n], strict=True))
-            out[row] = TokenLogprob(chosen[row], picked[i], top)
+        if not k:
+            return rows, [picked]
+        values, ids = logp.topk(k, dim=-1)
+        return rows, [picked, values, ids]
+
+
+def logprob_entries(
+    seqs: list[Sequence], rows: list[int], chosen: list[int], read: list[Any]
+) -> list[TokenLogprob | None]:
+    """``ModelRunner.logprob_tensors``' output, read (``read``), as one entry per sequence."""
+    out: list[TokenLogprob | None] = [None] * len(seqs)
+    if not rows:
         return out
+    picked: list[float] = read[0]
+    top_values: list[list[float]] = read[1] if len(read) > 1 else [[] for _ in rows]
+    top_ids: list[list[int]] = read[2] if len(read) > 1 else [[] for _ in rows]
+    for i, row in enumerate(rows):
+        n = seqs[row].params.logprobs or 0
+        top = tuple(zip(top_ids[i][:n], top_values[i][:n], strict=True))
+        out[row] = TokenLogprob(chosen[row], picked[i], top)
+    return out
 
 
-def decode_attention(slots: Tensor, lengths: list[int]) -> tuple[Tensor, AttentionBatch]:
+def pad(table: list[int], width: int) -> list[int]:
+    """A block table padded with block 0 to ``width`` (the padding is masked, never read)."""
+    return table + [0] * (width - len(table))
+
+
+def decode_attention(slots: Tensor, lengths: Tensor) -> tuple[Tensor, AttentionBatch]:
     """One query per row, at the last of its ``lengths[r]`` context slots: ``slots`` holds
     each row's KV slots, padded to the longest context. The queries' positions, and
     the batch that attends over those slots (writing the new KV at the last)."""
-    lengths_t = torch.tensor(lengths, device=slots.device)
-    longest = slots.shape[1]
+    rows, longest = slots.shape
     columns = torch.arange(longest, device=slots.device)
-    mask = (columns.unsqueeze(0) < lengths_t.unsqueeze(1)).view(len(lengths), 1, 1, longest)
-    positions = lengths_t - 1
+    mask = (columns.unsqueeze(0) < lengths.unsqueeze(1)).view(rows, 1, 1, longest)
+    positions = lengths - 1
     attention = AttentionBatch(
         is_prefill=False,
         slot_mapping=slots.gather(1, positions.unsqueeze(1)).squeeze(1),
