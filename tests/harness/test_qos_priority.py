@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from yieldgate.harness.backend import HarnessBackend, HarnessConfig
+from yieldgate.harness.degrade import DegradeConfig, Degrader
 from yieldgate.harness.disagg import Disaggregation
 from yieldgate.harness.engine import Engine, EngineConfig
 from yieldgate.harness.model import ModelConfig
@@ -93,6 +94,24 @@ def test_a_high_request_is_admitted_past_a_low_backlog_only_with_engine_priority
     assert hint(check(on, LOW)) == hint(check(off, LOW)) == 641 - 500
     assert on.qos is not None
     assert on.qos.stats()["rejected"] == {"high": 0, "normal": 0, "low": 1}
+
+
+@pytest.mark.parametrize(
+    ("degraded", "pressure"),
+    [(frozenset({LOW}), 641 / 500), (frozenset({NORMAL}), 1 / 200)],
+    ids=["low", "normal"],
+)
+def test_degradation_pressure_is_the_degraded_priorities_queue_whoever_asks(
+    degraded: frozenset[Priority], pressure: float
+) -> None:
+    harness = harness_with_backlog(True, "engine")
+    harness.degrader = Degrader(DegradeConfig(priorities=degraded))
+    harness._degrade_objective = 500.0 if LOW in degraded else 200.0
+    for priority in (HIGH, NORMAL, LOW):
+        check(harness, priority)
+        # Degrading normal is not called for by a low backlog the engine serves
+        # after it; degrading low is, even when the reading comes with a high request.
+        assert harness.degrader.stats(0.0)["pressure"] == pytest.approx(pressure)
 
 
 def test_a_low_request_counts_every_priority_ahead_of_it() -> None:
