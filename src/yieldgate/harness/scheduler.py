@@ -196,16 +196,16 @@ class Scheduler:
         step for the SLO check. A sequence that ages while the new one waits
         is not counted, so with priority on this is a lower bound.
         """
-        by_rank = [0, 0, 0]
+        ready = sum(len(seq.tokens) - seq.num_computed for seq in self.ready)
+        if not self.config.priority:
+            total = ready + sum(len(seq.tokens) - seq.num_computed for seq in self.waiting)
+            return total, total, total
+        by_rank = [ready, 0, 0]
         horizon = self.clock - self.config.priority_age_bound
         for seq in self.waiting:
             rank = 0 if seq.arrival_step <= horizon else seq.rank
             by_rank[rank] += len(seq.tokens) - seq.num_computed
-        high = sum(len(seq.tokens) - seq.num_computed for seq in self.ready) + by_rank[0]
-        if not self.config.priority:
-            total = high + by_rank[1] + by_rank[2]
-            return total, total, total
-        return high, high + by_rank[1], high + by_rank[1] + by_rank[2]
+        return by_rank[0], by_rank[0] + by_rank[1], by_rank[0] + by_rank[1] + by_rank[2]
 
     def protection_order(self) -> list[Sequence]:
         """The running sequences, the last the first to be preempted.
