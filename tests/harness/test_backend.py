@@ -10,6 +10,7 @@ import pytest
 
 from yieldgate.harness.backend import HarnessBackend, HarnessConfig
 from yieldgate.harness.engine import EngineConfig
+from yieldgate.harness.qos import EngineLoad
 from yieldgate.harness.scheduler import SchedulerConfig
 from yieldgate.server.backends import BackendError, Work
 from yieldgate.server.governor import Governor, GovernorConfig
@@ -171,7 +172,7 @@ async def test_estimates_count_the_decode_steps_swapped_sequences_hold_a_request
     assert step_ms is not None
     base = backend.estimate_ms(work("x", max_tokens=2))
     assert base is not None
-    monkeypatch.setattr(backend, "_load_now", (0, 0, 50))
+    monkeypatch.setattr(backend, "_load_now", EngineLoad(steps_ahead=50))
     assert backend.estimate_ms(work("x", max_tokens=2)) == pytest.approx(base + 50 * step_ms)
 
 

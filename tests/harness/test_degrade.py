@@ -12,6 +12,7 @@ import pytest
 from yieldgate.harness.backend import HarnessBackend, HarnessConfig
 from yieldgate.harness.degrade import DegradeConfig, DegradeLevel, Degrader, Verdict
 from yieldgate.harness.engine import EngineConfig
+from yieldgate.harness.qos import EngineLoad
 from yieldgate.protocol import Priority
 from yieldgate.server.backends import Work
 from yieldgate.server.governor import AdmissionRequest, Governor, GovernorConfig, Rejection
@@ -191,11 +192,11 @@ async def test_sustained_overload_cuts_low_priority_output_and_says_so(
 @pytest.mark.anyio
 @pytest.mark.parametrize(
     "load",
-    [(5000, 0, 0), (0, 1, 5000)],
+    [EngineLoad((5000, 5000, 5000), 0, 0), EngineLoad((0, 0, 0), 1, 5000)],
     ids=["queued-prompts", "steps-behind-swapped-sequences"],
 )
 async def test_the_admission_check_reads_pressure_and_rejects_at_the_last_level(
-    harness: HarnessBackend, load: tuple[int, int, int]
+    harness: HarnessBackend, load: EngineLoad
 ) -> None:
     assert harness.qos is not None
     estimator = harness.qos.estimator

@@ -26,8 +26,8 @@ import anyio
 from yieldgate.harness.disagg import Disaggregation
 from yieldgate.harness.engine import Engine, StepResult
 from yieldgate.harness.metrics import ServingMetrics
-from yieldgate.harness.qos import QosPolicy
-from yieldgate.harness.sequence import SamplingParams, Sequence, SequenceStatus
+from yieldgate.harness.qos import EngineLoad, QosPolicy
+from yieldgate.harness.sequence import SamplingParams, Sequence, SequenceStatus, rank_of
 from yieldgate.protocol import Priority
 
 __all__ = ["EngineThread", "Request"]
@@ -79,11 +79,11 @@ class EngineThread:
     qos: QosPolicy | None
     _inbox: queue.SimpleQueue[tuple[str, Any]]
     _live: dict[int, Request]
-    _load_now: tuple[int, int, int]
+    _load_now: EngineLoad
     _loop: asyncio.AbstractEventLoop | None
     _metrics_lock: threading.Lock
     _stopped: bool
-    _tokens_taken: int
+    _tokens_taken: list[int]
 
     # -- the engine thread ----------------------------------------------------
 
@@ -159,7 +159,7 @@ class EngineThread:
         disagg = self.disagg
         if op == "add":
             request: Request = payload
-            self._tokens_taken += len(request.prompt)
+            self._tokens_taken[rank_of(request.priority)] += len(request.prompt)
             try:
                 request.seq = seq = engine.create(
                     request.prompt, request.sampling, request.priority
@@ -211,12 +211,12 @@ class EngineThread:
 
     def _publish_load(self, engine: Engine) -> None:
         sched = engine.scheduler
-        queued = sum(len(s.tokens) - s.num_computed for s in sched.waiting)
-        queued += sum(len(s.tokens) - s.num_computed for s in sched.ready)
+        ahead = sched.queued_tokens_ahead()
         if self.disagg is not None:
-            queued += self.disagg.remote_queued_tokens()
-        # One assignment, so the routing thread reads the three together.
-        self._load_now = (queued, len(sched.running), sched.decode_steps_to_admit())
+            remote = self.disagg.remote_tokens_ahead()
+            ahead = (ahead[0] + remote[0], ahead[1] + remote[1], ahead[2] + remote[2])
+        # One assignment, so the routing thread reads the load whole.
+        self._load_now = EngineLoad(ahead, len(sched.running), sched.decode_steps_to_admit())
 
     def _forget(self, engine: Engine, request: Request) -> None:
         """Drop a request whose placement failed, wherever it got to."""

@@ -88,11 +88,34 @@ class JobQueue:
     def is_held(self, request_id: int) -> bool:
         return any(job.request_id == request_id for job, _ in self.held)
 
-    def queued_for(self, rank: int) -> tuple[int, int]:
+    def queued_for(self, rank: int, age_bound: int | None = None) -> tuple[int, int]:
         """Jobs and prompt tokens a new job of ``rank`` would wait behind: every one
-        sent, and those held of the same or a higher priority."""
-        ahead = [tokens for job, tokens in self.held if job.rank <= rank]
-        return len(self.sent) + len(ahead), self.sent_tokens + sum(ahead)
+        sent, and those held of the same or a higher priority (with ``age_bound``,
+        a held job passed over that many sends counts as high, as ``next_to_send``
+        sends it)."""
+        return self.ahead(age_bound)[rank]
+
+    def ahead(self, age_bound: int | None = None) -> tuple[tuple[int, int], ...]:
+        """``queued_for`` of ranks 0, 1 and 2 in one pass.
+
+        Lock-free for the engine thread, which reads it every step: it works
+        on a copy of ``held`` and reads ``sent`` once, so a link thread that
+        changes them meanwhile makes the figures at most one job stale.
+        """
+        held = list(self.held)
+        sent = list(self.sent.values())
+        horizon = self.sends - age_bound if age_bound is not None else None
+        jobs = [len(sent), 0, 0]
+        tokens = [sum(sent), 0, 0]
+        for job, count in held:
+            rank = 0 if horizon is not None and job.sends_at <= horizon else job.rank
+            jobs[rank] += 1
+            tokens[rank] += count
+        return (
+            (jobs[0], tokens[0]),
+            (jobs[0] + jobs[1], tokens[0] + tokens[1]),
+            (sum(jobs), sum(tokens)),
+        )
 
     def clear(self) -> None:
         self.sent.clear()

@@ -71,9 +71,9 @@ from yieldgate.harness.engine import Engine
 from yieldgate.harness.metrics import ServingMetrics
 from yieldgate.harness.planner import Capacity, Planner, PlannerConfig
 from yieldgate.harness.planner_driver import PlannerDriver
-from yieldgate.harness.qos import QosPolicy, TtftEstimator
+from yieldgate.harness.qos import EngineLoad, QosPolicy, TtftEstimator
 from yieldgate.harness.router import Router, RouterConfigFile
-from yieldgate.harness.sequence import SamplingParams
+from yieldgate.harness.sequence import SamplingParams, rank_of
 from yieldgate.protocol import Priority
 from yieldgate.server.backends import BackendError, Emit, StopText, Work, stop_sequences
 from yieldgate.server.governor import AdmissionHook, AdmissionRequest, Governor, Rejection
@@ -126,15 +126,13 @@ class HarnessBackend(EngineThread):
             degrade_objective(cfg.degrade, cfg.slo) if cfg.degrade is not None else None
         )
         self.planner: PlannerDriver | None = None
-        # (prompt tokens waiting for a prefill, running sequences, decode steps
-        # before a new prompt can be admitted): published by the engine thread
-        # for the admission hook, as one tuple.
-        self._load_now: tuple[int, int, int] = (0, 0, 0)
+        # Published by the engine thread for the admission hook, as one tuple.
+        self._load_now = EngineLoad()
         # Prompt tokens handed to the engine thread (written on the loop only) and
-        # taken in by it (written on the engine thread only): the difference is
-        # what waits in the inbox, a queue the engine has not seen yet.
-        self._tokens_sent = 0
-        self._tokens_taken = 0
+        # taken in by it (written on the engine thread only), by rank: the
+        # difference is what waits in the inbox, a queue the engine has not seen yet.
+        self._tokens_sent = [0, 0, 0]
+        self._tokens_taken = [0, 0, 0]
 
     # -- lifecycle ------------------------------------------------------------
 
@@ -198,6 +196,16 @@ class HarnessBackend(EngineThread):
             self.disagg = disagg
         return engine
 
+    def _inbox_tokens_ahead(self, rank: int) -> int:
+        """Prompt tokens in the inbox that a new request of ``rank`` will wait behind.
+
+        With priority inside the engine, those of its own or a higher priority
+        (the engine takes them in before it, then serves by priority); off, all.
+        """
+        ranks = rank + 1 if self.config.engine.scheduler.priority else 3
+        sent, taken = self._tokens_sent, self._tokens_taken
+        return sum(max(0, sent[r] - taken[r]) for r in range(ranks))
+
     def _check_slo(self, request: AdmissionRequest) -> Rejection | None:
         """Early rejection and degradation: yield ``slo`` when this request must not run now.
 
@@ -207,16 +215,20 @@ class HarnessBackend(EngineThread):
         """
         assert self.qos is not None
         queued, running, steps_ahead = self._load_now
-        in_inbox = max(0, self._tokens_sent - self._tokens_taken)
         prompt_tokens = len(request.body.encode("utf-8"))
-        queued_tokens = queued + in_inbox
+        rank = rank_of(request.priority)
+        queued_tokens = queued[rank] + self._inbox_tokens_ahead(rank)
         degrader = self.degrader
         if degrader is not None:
             assert self._degrade_objective is not None
+            # Pressure is the degraded priorities' (the lowest of them sees the
+            # most queued ahead), whichever priority this reading comes with.
+            pressure_rank = max(rank_of(p) for p in degrader.config.priorities)
             excess = self.qos.excess_ms(
                 self._degrade_objective,
                 prompt_tokens=prompt_tokens,
-                queued_prefill_tokens=queued_tokens,
+                queued_prefill_tokens=queued[pressure_rank]
+                + self._inbox_tokens_ahead(pressure_rank),
                 decode_running=running,
                 decode_steps_ahead=steps_ahead,
             )
@@ -319,7 +331,7 @@ class HarnessBackend(EngineThread):
         if engine is None:
             return None
         # The steps ahead as the engine thread last published them (this is the loop's thread).
-        steps_ahead = self._load_now[2]
+        steps_ahead = self._load_now.steps_ahead
         return engine.estimate_ms(len(prompt), sampling.max_tokens, steps_ahead=steps_ahead)
 
     async def execute(self, work: Work, emit: Emit | None) -> Any:
@@ -335,7 +347,7 @@ class HarnessBackend(EngineThread):
         pieces: list[str] = []
         tokens: list[int] = []
         logprobs: list[dict[str, Any]] = []
-        self._tokens_sent += len(prompt)
+        self._tokens_sent[rank_of(work.priority)] += len(prompt)
         self._inbox.put(("add", request))
         try:
             while True:

@@ -121,7 +121,7 @@ class Disaggregation:
         for worker in list(self.pool.workers):
             queued, queued_tokens = worker.queued, worker.queued_tokens
             if self.pool.priority:
-                queued, queued_tokens = worker.jobs.queued_for(rank)
+                queued, queued_tokens = worker.jobs.queued_for(rank, self.pool.age_bound)
             loads.append(
                 WorkerLoad(
                     index=worker.index,
@@ -133,12 +133,26 @@ class Disaggregation:
             )
         return loads
 
-    def remote_queued_tokens(self) -> int:
-        """Prompt tokens queued at the prefill workers, per live worker (they run in parallel)."""
+    def remote_tokens_ahead(self) -> tuple[int, int, int]:
+        """Prompt tokens queued at the prefill workers ahead of a new job of rank 0, 1 and 2.
+
+        Per live worker (they run in parallel). With priority on, a worker's
+        queue as ``worker_loads`` shows it to the router for that rank: the jobs
+        sent and the held ones served first; off, every job at every rank.
+        """
         alive = [worker for worker in list(self.pool.workers) if worker.alive]
         if not alive:
-            return 0
-        return sum(worker.queued_tokens for worker in alive) // len(alive)
+            return 0, 0, 0
+        totals = [0, 0, 0]
+        for worker in alive:
+            if self.pool.priority:
+                ahead = [tokens for _, tokens in worker.jobs.ahead(self.pool.age_bound)]
+            else:
+                ahead = [worker.queued_tokens] * 3
+            for rank in range(3):
+                totals[rank] += ahead[rank]
+        high, normal, low = (total // len(alive) for total in totals)
+        return high, normal, low
 
     def route(self, seq: Sequence, priority: Priority = Priority.NORMAL) -> Route:
         """Where ``seq``'s prompt should be prefilled now."""

@@ -19,9 +19,15 @@ it. Hence only queued work ahead causes a rejection, and ``retry_hint_ms``
 is how long that queue takes to drain enough: the estimate's excess over
 that bound, since the queue drains one estimated millisecond per millisecond.
 
+"Queued ahead" follows the engine's order (``EngineLoad``): with priority
+inside the engine on, a new request waits only behind the waiting work of its
+own or a higher priority (and work aged past the age bound, served as high),
+so a low-priority backlog does not count against a high request; off, every
+queued token is ahead of every request.
+
 The estimator is written by the engine's thread and read by the routing
 thread; each average is one float assignment, so a reader sees either the
-old or the new value.
+old or the new value. The load is published the same way: one ``EngineLoad``.
 """
 
 from __future__ import annotations
@@ -29,12 +35,12 @@ from __future__ import annotations
 import math
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
 from yieldgate.protocol import Priority
 from yieldgate.server.governor import Rejection
 
-__all__ = ["QosPolicy", "SloConfig", "TtftEstimator"]
+__all__ = ["EngineLoad", "QosPolicy", "SloConfig", "TtftEstimator"]
 
 _DEFAULT_ALPHA: Final = 0.2
 
@@ -78,6 +84,23 @@ class SloConfig:
         if priority is Priority.NORMAL:
             return self.ttft_ms_normal
         return self.ttft_ms_low
+
+
+class EngineLoad(NamedTuple):
+    """The load the engine thread publishes after every step, read by the SLO check as one.
+
+    ``queued_ahead[r]``: prompt tokens waiting for a prefill ahead of a new
+    request of rank ``r`` (``rank_of``: 0 high, 1 normal, 2 low), in the
+    engine and at the prefill workers (``Scheduler.queued_tokens_ahead``,
+    ``Disaggregation.remote_tokens_ahead``); all three equal with priority
+    off. ``running``: sequences decoding. ``steps_ahead``: decode steps before
+    any new prompt can be admitted (``Scheduler.decode_steps_to_admit``), the
+    same for every priority: swapped-out sequences come back first.
+    """
+
+    queued_ahead: tuple[int, int, int] = (0, 0, 0)
+    running: int = 0
+    steps_ahead: int = 0
 
 
 class TtftEstimator:

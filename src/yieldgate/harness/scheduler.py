@@ -186,6 +186,27 @@ class Scheduler:
             self.waiting, key=lambda s: (0 if s.arrival_step <= horizon else s.rank, s.id)
         )
 
+    def queued_tokens_ahead(self) -> tuple[int, int, int]:
+        """Prompt tokens a new sequence of rank 0, 1 and 2 would wait behind to be prefilled.
+
+        The ``ready`` ones (prefilled first, whatever their priority) and the
+        waiting ones served before it by ``waiting_order``: with priority on,
+        those of the same or a lower rank, an aged one as rank 0; off, all of
+        them. One pass over the queue: the engine thread publishes this every
+        step for the SLO check. A sequence that ages while the new one waits
+        is not counted, so with priority on this is a lower bound.
+        """
+        ready = sum(len(seq.tokens) - seq.num_computed for seq in self.ready)
+        if not self.config.priority:
+            total = ready + sum(len(seq.tokens) - seq.num_computed for seq in self.waiting)
+            return total, total, total
+        by_rank = [ready, 0, 0]
+        horizon = self.clock - self.config.priority_age_bound
+        for seq in self.waiting:
+            rank = 0 if seq.arrival_step <= horizon else seq.rank
+            by_rank[rank] += len(seq.tokens) - seq.num_computed
+        return by_rank[0], by_rank[0] + by_rank[1], by_rank[0] + by_rank[1] + by_rank[2]
+
     def protection_order(self) -> list[Sequence]:
         """The running sequences, the last the first to be preempted.
 

@@ -8,13 +8,25 @@ from dataclasses import dataclass
 
 from yieldgate.protocol import Priority
 
-__all__ = ["MAX_TOP_LOGPROBS", "SamplingParams", "Sequence", "SequenceStatus", "TokenLogprob"]
+__all__ = [
+    "MAX_TOP_LOGPROBS",
+    "SamplingParams",
+    "Sequence",
+    "SequenceStatus",
+    "TokenLogprob",
+    "rank_of",
+]
 
 # The most alternatives a token's log-probability comes with (OpenAI's limit).
 MAX_TOP_LOGPROBS = 20
 
 # The order the engine serves priorities in: the lower rank first.
 _RANK = {Priority.HIGH: 0, Priority.NORMAL: 1, Priority.LOW: 2}
+
+
+def rank_of(priority: Priority) -> int:
+    """0 for high priority, 1 for normal, 2 for low: the order the engine serves them in."""
+    return _RANK[priority]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
