@@ -89,8 +89,11 @@ bench: $(STAMP)
 	$(PY) bench/harness_decode.py
 	$(PY) bench/harness_disagg.py
 	$(PY) bench/harness_kv.py
+	$(PY) bench/harness_prefix.py
+	$(PY) bench/harness_half.py
 	$(PY) bench/harness_spec.py
 	$(PY) bench/harness_degrade.py
+	$(PY) bench/harness_priority.py
 	$(PY) bench/harness_planner.py
 
 # The clients that cannot share the main env (openai 2.x on httpx, LiteLLM, the
