@@ -44,6 +44,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from yieldgate.harness._sync import to_device
 from yieldgate.harness.block_manager import BlockManager
 from yieldgate.harness.model import KVCache
 from yieldgate.harness.scheduler import Batch, Scheduler, SchedulerConfig
@@ -154,7 +155,8 @@ class HostKVTier:
             raise MemoryError("not enough host KV blocks")
         started = time.perf_counter()
         host = [self._free.pop() for _ in device_blocks]
-        index = torch.tensor(device_blocks, device=self.device)
+        # Queued, not waited for, on CUDA (pinned): a page-out happens mid-step.
+        (index,) = to_device([device_blocks], self.device)
         if self._stream is not None:
             compute = torch.cuda.current_stream(self.device)
             # The gather runs on the compute stream, so later kernels that
@@ -195,7 +197,7 @@ class HostKVTier:
         handle = PageIn(list(host_blocks), list(device_blocks), keep_host=keep_host)
         if self._stream is not None:
             # The index is made on the compute stream, the only one that reads it.
-            handle._index = torch.tensor(device_blocks, device=self.device)
+            (handle._index,) = to_device([device_blocks], self.device)
             with torch.cuda.stream(self._stream):
                 for pool in self._host:
                     staged = torch.empty(
