@@ -12,11 +12,28 @@ reported (nearest rank, ``yieldgate._stats.percentile``: the lower middle
 round of an even number), and the figure that matters is the ratio of decode
 tokens/s at 16 streams to 1 stream, measured in the same run (goal on CPU: >= 4x).
 
+The roofline. That ratio grows when one stream gets slower, so the 16-stream
+figure is also put against what this CPU's matmuls can do for this model:
+
+    FLOPs per token = 2 x P + 4 x n_layers x d_model x C
+
+where P is the number of weights in the model's matmuls (every linear layer,
+the output head included; embeddings are lookups, biases are left out) and C
+the mean context a decode step attends over (``--prompt-tokens`` plus half of
+``--max-tokens``: query-key scores and the probability-weighted values, two
+FLOPs per multiply-add each). The share is FLOPs per token x decode tokens/s
+at 16 streams over the GFLOP/s that ``torch.nn.functional.linear`` reaches on
+one thread for 16 rows through the model's own weight matrices, in the model's
+order, measured in each round beside the decode runs (goal: >= 0.5). With
+``--profile``, one 16-stream decode also runs under ``torch.profiler`` and the
+operators taking the most time are listed.
+
 torch runs on one thread (``--threads``), as a harness worker process does.
 
 Run it (from the repository root)::
 
     .venv/bin/python bench/harness_decode.py
+    .venv/bin/python bench/harness_decode.py --rounds 1 --profile
     .venv/bin/python bench/harness_decode.py --rounds 5 --max-tokens 128 --device cuda \\
         --json bench-harness-decode.json
 """
@@ -37,7 +54,9 @@ from yieldgate._stats import percentile
 from yieldgate.harness import Engine, EngineConfig, SamplingParams, SchedulerConfig
 
 GOAL_RATIO = 4.0
+GOAL_ROOFLINE = 0.5
 CONCURRENCY = (1, 4, 16)
+ROOFLINE_ROWS = 16
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,6 +115,81 @@ def run_once(streams: int, args: argparse.Namespace) -> Run:
     return Run(streams=streams, decode_tokens=tokens, decode_s=elapsed, decode_steps=steps)
 
 
+def flops_per_token(model: torch.nn.Module, context: float) -> float:
+    """2 x the matmul weights plus the attention over ``context`` tokens, per layer."""
+    config = model.config
+    weights = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
+    return 2.0 * weights + 4.0 * config.n_layers * config.d_model * context
+
+
+def matmul_gflops(model: torch.nn.Module, repeats: int = 7, passes: int = 50) -> float:
+    """GFLOP/s of ``F.linear`` on one thread, 16 rows through every linear layer of ``model``.
+
+    The median of ``repeats`` timings of ``passes`` passes over the layers.
+    """
+    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    inputs = [torch.randn(ROOFLINE_ROWS, m.in_features, device=m.weight.device) for m in linears]
+    flops = sum(2.0 * ROOFLINE_ROWS * m.weight.numel() for m in linears) * passes
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with torch.no_grad():
+            times = []
+            for _ in range(repeats + 1):  # the first is a warm-up
+                started = time.perf_counter()
+                for _ in range(passes):
+                    for m, x in zip(linears, inputs, strict=True):
+                        torch.nn.functional.linear(x, m.weight, m.bias)
+                if inputs[0].device.type == "cuda":
+                    torch.cuda.synchronize()
+                times.append(time.perf_counter() - started)
+    finally:
+        torch.set_num_threads(threads)
+    return flops / percentile(times[1:], 50) / 1e9
+
+
+def profile_decode(args: argparse.Namespace, top: int = 12) -> None:
+    """One 16-stream decode under ``torch.profiler``: the operators by self CPU time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    engine = Engine(
+        EngineConfig(
+            device=args.device,
+            num_blocks=args.kv_blocks,
+            scheduler=SchedulerConfig(max_num_seqs=max(CONCURRENCY)),
+        )
+    )
+    engine.generate(prompts(2, 64), SamplingParams(max_tokens=8))
+    seqs = [
+        engine.add(p, SamplingParams(max_tokens=args.max_tokens))
+        for p in prompts(max(CONCURRENCY), args.prompt_tokens)
+    ]
+    engine.step()  # the prefill, outside the profile
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        steps = 0
+        started = time.perf_counter()
+        while not all(seq.is_finished for seq in seqs):
+            engine.step()
+            steps += 1
+        wall = time.perf_counter() - started
+    events = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)
+    total = sum(e.self_cpu_time_total for e in events)
+    print(
+        f"profile of one {max(CONCURRENCY)}-stream decode: {steps} steps, "
+        f"{wall / steps * 1000:.2f} ms a step under the profiler; by self CPU time:"
+    )
+    print(
+        f"  operators: {total / steps / 1000:.2f} ms a step of {wall / steps * 1000:.2f}; the "
+        "rest is Python around them (scheduling, input preparation, sampling, the profiler)"
+    )
+    for e in events[:top]:
+        per_step_ms = e.self_cpu_time_total / steps / 1000
+        print(
+            f"  {e.key[:48]:<48} {e.self_cpu_time_total / total:>6.1%} "
+            f"{e.count / steps:>6.1f} calls/step {per_step_ms:>7.3f} ms/step"
+        )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--rounds", type=int, default=3)
@@ -104,17 +198,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--kv-blocks", type=int, default=1024)
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     parser.add_argument("--device", default="auto", help="auto, cpu or cuda")
+    parser.add_argument("--profile", action="store_true", help="also profile one 16-stream decode")
     parser.add_argument("--json", help="also write the results to this file")
     args = parser.parse_args(argv)
+    if args.rounds < 1:
+        raise ValueError(f"--rounds must be >= 1, got {args.rounds}")
     torch.set_num_threads(args.threads)
 
+    probe = Engine(EngineConfig(device=args.device, num_blocks=1))
+    device, model = probe.device, probe.model
     runs: dict[int, list[Run]] = {n: [] for n in CONCURRENCY}
+    gflops: list[float] = []
     for round_no in range(args.rounds):
         order = CONCURRENCY if round_no % 2 == 0 else tuple(reversed(CONCURRENCY))
         for streams in order:
             runs[streams].append(run_once(streams, args))
+            if streams == max(CONCURRENCY):
+                gflops.append(matmul_gflops(model))
 
-    device = Engine(EngineConfig(device=args.device, num_blocks=1)).device
     print(
         f"harness decode, {args.rounds} rounds, prompts of {args.prompt_tokens} tokens, "
         f"{args.max_tokens} tokens each, device {device}, {args.threads} torch thread(s), "
@@ -128,6 +229,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     ratio = medians[16] / medians[1]
     verdict = "met" if ratio >= GOAL_RATIO else "NOT met"
     print(f"ratio 16 vs 1 stream: {ratio:.2f}x (goal >= {GOAL_RATIO:.0f}x: {verdict})")
+
+    context = args.prompt_tokens + args.max_tokens / 2
+    per_token = flops_per_token(model, context)
+    top = max(CONCURRENCY)
+    shares = [
+        r.tokens_per_s * per_token / (g * 1e9) for r, g in zip(runs[top], gflops, strict=True)
+    ]
+    share = percentile(shares, 50)
+    peak = percentile(gflops, 50)
+    verdict = "met" if share >= GOAL_ROOFLINE else "NOT met"
+    print(
+        f"roofline: {per_token / 1e6:.2f} MFLOP per token (mean context {context:.0f}); "
+        f"F.linear, {ROOFLINE_ROWS} rows through the model's weights, one thread: "
+        f"{peak:.1f} GFLOP/s (rounds {min(gflops):.1f}-{max(gflops):.1f}); "
+        f"{top} streams reach {medians[top] * per_token / 1e9:.1f} GFLOP/s"
+    )
+    print(
+        f"share of the roofline at {top} streams: {share:.2f} "
+        f"(rounds {min(shares):.2f}-{max(shares):.2f}; goal >= {GOAL_ROOFLINE}: {verdict})"
+    )
+    if args.profile:
+        profile_decode(args)
     if args.json:
         payload = {
             "device": str(device),
@@ -137,6 +260,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             "tokens_per_s": {str(n): medians[n] for n in CONCURRENCY},
             "step_ms": {str(n): step_ms[n] for n in CONCURRENCY},
             "ratio_16_vs_1": ratio,
+            "flops_per_token": per_token,
+            "matmul_gflops": gflops,
+            "roofline_share": share,
+            "roofline_shares": shares,
             "runs": {str(n): [asdict(r) for r in runs[n]] for n in CONCURRENCY},
         }
         with open(args.json, "w", encoding="utf-8") as f:
