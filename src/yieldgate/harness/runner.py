@@ -107,17 +107,15 @@ class ModelRunner:
     ) -> tuple[Tensor, Tensor, AttentionBatch, Tensor]:
         device = self.device
         lengths = [len(seq.tokens) for seq in seqs]
-        width = max(len(seq.block_table) for seq in seqs)
-        padded = [block for seq in seqs for block in pad(seq.block_table, width)]
+        # The blocks that hold the longest context (a table may hold more).
+        width = -(-max(lengths) // self.block_size)
+        padded = [block for seq in seqs for block in pad(seq.block_table[:width], width)]
         tables, tokens, lengths_t = to_device(
             [padded, [seq.tokens[-1] for seq in seqs], lengths], device
         )
-        # Every slot of every block of every sequence, then cut to the longest context.
-        slots = (tables.view(len(seqs), width, 1) * self.block_size + self._offsets).reshape(
-            len(seqs), -1
+        positions, attention = decode_attention_by_block(
+            tables.view(len(seqs), width), lengths_t, self.block_size
         )
-        slots = slots[:, : max(lengths)].contiguous()
-        positions, attention = decode_attention(slots, lengths_t)
         last = torch.arange(len(seqs), device=device)
         return tokens, positions, attention, last
 
@@ -203,6 +201,26 @@ def decode_attention(slots: Tensor, lengths: Tensor) -> tuple[Tensor, AttentionB
         is_prefill=False,
         slot_mapping=slots.gather(1, positions.unsqueeze(1)).squeeze(1),
         context_slots=slots,
+        context_mask=mask,
+    )
+    return positions, attention
+
+
+def decode_attention_by_block(
+    tables: Tensor, lengths: Tensor, block_size: int
+) -> tuple[Tensor, AttentionBatch]:
+    """``decode_attention`` with each row's context given by its blocks, ``tables``
+    (``(rows, blocks)``, padded): the model gathers whole blocks, and the mask
+    covers every slot of them, the last block's unused tail and the padding false."""
+    rows, width = tables.shape
+    columns = torch.arange(width * block_size, device=tables.device)
+    mask = (columns.unsqueeze(0) < lengths.unsqueeze(1)).view(rows, 1, 1, -1)
+    positions = lengths - 1
+    block = tables.gather(1, torch.div(positions, block_size, rounding_mode="floor").unsqueeze(1))
+    attention = AttentionBatch(
+        is_prefill=False,
+        slot_mapping=block.squeeze(1) * block_size + positions % block_size,
+        context_blocks=tables,
         context_mask=mask,
     )
     return positions, attention
