@@ -65,6 +65,9 @@ class KVCache:
         # gathers each layer's whole context, and fresh tensors of that size cost
         # the allocator (pages mapped and zeroed) as much as the copy itself.
         self._gathered: tuple[Tensor, Tensor] | None = None
+        # The stores seen a block at a time, (n_layers, num_blocks, block_size, H, D).
+        blocked = (config.n_layers, num_blocks, block_size, config.n_heads, config.head_dim)
+        self._k_blocks, self._v_blocks = self.k.view(blocked), self.v.view(blocked)
 
     @property
     def k_scale(self) -> Tensor:
@@ -122,12 +125,11 @@ class KVCache:
                 torch.empty(shape, device=device, dtype=dtype),
             )
         flat = blocks.reshape(-1)
-        out = []
-        for store, buffer in zip((self.k[layer], self.v[layer]), self._gathered, strict=True):
-            by_block = store.view(self.num_blocks, self.block_size, *store.shape[1:])
-            torch.index_select(by_block, 0, flat, out=buffer[:count])
-            out.append(buffer[:count].view(rows, width * self.block_size, *store.shape[1:]))
-        return out[0], out[1]
+        k_buffer, v_buffer = self._gathered
+        k = torch.index_select(self._k_blocks[layer], 0, flat, out=k_buffer[:count])
+        v = torch.index_select(self._v_blocks[layer], 0, flat, out=v_buffer[:count])
+        shape = (rows, width * self.block_size, *self.k.shape[2:])
+        return k.view(shape), v.view(shape)
 
     def read(self, layer: int, slots: Tensor) -> tuple[Tensor, Tensor]:
         """The keys and values at ``slots`` of ``layer``, dequantised to ``compute_dtype`` if int8.

@@ -105,19 +105,24 @@ class ModelRunner:
     def _prepare_decode(
         self, seqs: list[Sequence]
     ) -> tuple[Tensor, Tensor, AttentionBatch, Tensor]:
-        device = self.device
-        lengths = [len(seq.tokens) for seq in seqs]
+        device, size = self.device, self.block_size
+        # Each new token's position (its sequence's last) and cache slot, on the host.
+        positions = [len(seq.tokens) - 1 for seq in seqs]
+        slots = [
+            seq.block_table[p // size] * size + p % size
+            for seq, p in zip(seqs, positions, strict=True)
+        ]
         # The blocks that hold the longest context (a table may hold more).
-        width = -(-max(lengths) // self.block_size)
+        width = max(positions) // size + 1
         padded = [block for seq in seqs for block in pad(seq.block_table[:width], width)]
-        tables, tokens, lengths_t = to_device(
-            [padded, [seq.tokens[-1] for seq in seqs], lengths], device
+        tables, tokens, positions_t, slots_t = to_device(
+            [padded, [seq.tokens[-1] for seq in seqs], positions, slots], device
         )
-        positions, attention = decode_attention_by_block(
-            tables.view(len(seqs), width), lengths_t, self.block_size
+        attention = decode_attention_by_block(
+            tables.view(len(seqs), width), positions_t, slots_t, size
         )
         last = torch.arange(len(seqs), device=device)
-        return tokens, positions, attention, last
+        return tokens, positions_t, attention, last
 
     def sample(self, seqs: list[Sequence], logits: Tensor) -> Tensor:
         """Each row's next token, on the device: argmax, or a draw where it samples."""
@@ -207,23 +212,18 @@ def decode_attention(slots: Tensor, lengths: Tensor) -> tuple[Tensor, AttentionB
 
 
 def decode_attention_by_block(
-    tables: Tensor, lengths: Tensor, block_size: int
-) -> tuple[Tensor, AttentionBatch]:
-    """``decode_attention`` with each row's context given by its blocks, ``tables``
-    (``(rows, blocks)``, padded): the model gathers whole blocks, and the mask
-    covers every slot of them, the last block's unused tail and the padding false."""
+    tables: Tensor, positions: Tensor, slots: Tensor, block_size: int
+) -> AttentionBatch:
+    """One query per row, at ``positions[r]``, its new KV written at ``slots[r]``,
+    attending over its blocks ``tables`` (``(rows, blocks)``, padded) up to its
+    position: the model gathers whole blocks, and the mask covers every slot of
+    them, the last block's unused tail and the padding false."""
     rows, width = tables.shape
     columns = torch.arange(width * block_size, device=tables.device)
-    mask = (columns.unsqueeze(0) < lengths.unsqueeze(1)).view(rows, 1, 1, -1)
-    positions = lengths - 1
-    block = tables.gather(1, torch.div(positions, block_size, rounding_mode="floor").unsqueeze(1))
-    attention = AttentionBatch(
-        is_prefill=False,
-        slot_mapping=block.squeeze(1) * block_size + positions % block_size,
-        context_blocks=tables,
-        context_mask=mask,
+    mask = (columns.unsqueeze(0) <= positions.unsqueeze(1)).view(rows, 1, 1, -1)
+    return AttentionBatch(
+        is_prefill=False, slot_mapping=slots, context_blocks=tables, context_mask=mask
     )
-    return positions, attention
 
 
 def _nucleus(probs: Tensor, top_p: float) -> Tensor:
