@@ -61,6 +61,13 @@ class KVCache:
         self.kv_scale = torch.zeros(
             (config.n_layers, num_blocks, 2, heads), device=device, dtype=torch.float32
         )
+        # ``gather_blocks``' keys and values, kept between decode steps: a step
+        # gathers each layer's whole context, and fresh tensors of that size cost
+        # the allocator (pages mapped and zeroed) as much as the copy itself.
+        self._gathered: tuple[Tensor, Tensor] | None = None
+        # The stores seen a block at a time, (n_layers, num_blocks, block_size, H, D).
+        blocked = (config.n_layers, num_blocks, block_size, config.n_heads, config.head_dim)
+        self._k_blocks, self._v_blocks = self.k.view(blocked), self.v.view(blocked)
 
     @property
     def k_scale(self) -> Tensor:
@@ -97,6 +104,32 @@ class KVCache:
             self.block_size,
             one_per_block=one_per_block,
         )
+
+    def gather_blocks(self, layer: int, blocks: Tensor) -> tuple[Tensor, Tensor]:
+        """The keys and values of ``layer`` in ``blocks`` ``(rows, width)``, as stored.
+
+        Each is ``(rows, width * block_size, n_heads, head_dim)``: row ``r``
+        holds every slot of its blocks, in order. Copied a whole block per index
+        into buffers this cache keeps and reuses (grown, doubling, when a batch
+        needs more), so the result is valid only until the next call: attend
+        over it, or copy it, before gathering again.
+        """
+        rows, width = blocks.shape
+        count = rows * width
+        if self._gathered is None or self._gathered[0].shape[0] < count:
+            grown = max(count, 2 * self._gathered[0].shape[0] if self._gathered else 0)
+            shape = (grown, self.block_size, *self.k.shape[2:])
+            device, dtype = self.k.device, self.k.dtype
+            self._gathered = (
+                torch.empty(shape, device=device, dtype=dtype),
+                torch.empty(shape, device=device, dtype=dtype),
+            )
+        flat = blocks.reshape(-1)
+        k_buffer, v_buffer = self._gathered
+        k = torch.index_select(self._k_blocks[layer], 0, flat, out=k_buffer[:count])
+        v = torch.index_select(self._v_blocks[layer], 0, flat, out=v_buffer[:count])
+        shape = (rows, width * self.block_size, *self.k.shape[2:])
+        return k.view(shape), v.view(shape)
 
     def read(self, layer: int, slots: Tensor) -> tuple[Tensor, Tensor]:
         """The keys and values at ``slots`` of ``layer``, dequantised to ``compute_dtype`` if int8.

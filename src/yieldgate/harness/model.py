@@ -53,6 +53,12 @@ class AttentionBatch:
     ``context_slots[j]`` of a padded matrix whose ``context_mask`` is true
     where a slot is real.
 
+    A decode batch may give its context by block instead (``context_blocks``,
+    ``(rows, blocks)``, padded with any block): row ``j``'s context is every
+    slot of its blocks in order, ``block_size`` each, and ``context_mask``
+    covers that many columns. Gathering whole blocks moves the same bytes as
+    gathering slots, in runs of a block (``_gather_context``).
+
     A decode batch with ``query_index`` set has several new tokens per row
     (speculative verification): new token ``i`` is query ``query_index[i]``
     of the flattened ``(rows, queries)`` grid, and ``context_mask`` has a
@@ -65,7 +71,8 @@ class AttentionBatch:
 
     is_prefill: bool
     slot_mapping: Tensor
-    context_slots: list[Tensor] | Tensor
+    context_slots: list[Tensor] | Tensor | None = None
+    context_blocks: Tensor | None = None
     query_starts: list[int] | None = None
     num_cached: list[int] | None = None
     context_mask: Tensor | None = None
@@ -114,7 +121,7 @@ class _Block(nn.Module):
         elif batch.query_index is not None:
             out = self._attend_multi(q, k_cache, v_cache, batch)
         else:
-            out = self._attend_decode(q, k_cache, v_cache, batch)
+            out = self._attend_decode(q, layer, cache, batch)
         x = x + self.proj(out)
         return x + self._mlp(x)
 
@@ -196,19 +203,23 @@ class _Block(nn.Module):
         # probabilities ((B, H, 1, L) each) rather than to the keys and values
         # (D times larger): the cache's int8 values are only converted, to the
         # model's dtype (exact: every int8 value is a bfloat16 and a float16).
-        padded = batch.context_slots
-        assert isinstance(padded, Tensor)
         assert batch.context_mask is not None
-        b, length = padded.shape
-        flat = padded.reshape(-1)
-        shape = (b, length, self.n_heads, self.head_dim)
+        b, size = q.shape[0], cache.block_size
         # Heads before positions while still int8 (a quarter of the bytes to move).
         dtype = q.dtype
-        k = cache.k[layer].index_select(0, flat).view(shape).transpose(1, 2).contiguous().to(dtype)
-        v = cache.v[layer].index_select(0, flat).view(shape).transpose(1, 2).contiguous().to(dtype)
-        blocks = torch.div(flat, cache.block_size, rounding_mode="floor")
-        scales = cache.kv_scale[layer].index_select(0, blocks).to(dtype)
-        scales = scales.view(b, length, 2, self.n_heads)
+        gathered = _gather_context(cache, layer, batch)
+        k, v = (t.transpose(1, 2).contiguous().to(dtype) for t in gathered)
+        length = k.shape[2]
+        if batch.context_blocks is not None:
+            blocks = batch.context_blocks.reshape(-1)
+            scales = cache.kv_scale[layer].index_select(0, blocks).to(dtype)
+            # A block's scale for each of its slots: (B, blocks, 1, 2, H) to (B, L, 2, H).
+            scales = scales.view(b, -1, 1, 2, self.n_heads).expand(-1, -1, size, -1, -1)
+        else:
+            assert isinstance(batch.context_slots, Tensor)
+            blocks = torch.div(batch.context_slots.reshape(-1), size, rounding_mode="floor")
+            scales = cache.kv_scale[layer].index_select(0, blocks).to(dtype)
+        scales = scales.reshape(b, length, 2, self.n_heads)
         k_scale = scales[:, :, 0].transpose(1, 2).unsqueeze(2)  # (B, H, 1, L)
         v_scale = scales[:, :, 1].transpose(1, 2).unsqueeze(2)
         scores = torch.matmul(q.unsqueeze(2), k.transpose(2, 3))  # (B, H, 1, L)
@@ -230,6 +241,7 @@ class _Block(nn.Module):
     ) -> Tensor:
         assert batch.query_starts is not None
         assert batch.num_cached is not None
+        assert batch.context_slots is not None
         outs = []
         starts = batch.query_starts
         for j, slots in enumerate(batch.context_slots):
@@ -251,15 +263,11 @@ class _Block(nn.Module):
         return outs[0] if len(outs) == 1 else torch.cat(outs)
 
     def _attend_decode(
-        self, q: Tensor, k_cache: Tensor, v_cache: Tensor, batch: AttentionBatch
+        self, q: Tensor, layer: int, cache: KVCache, batch: AttentionBatch
     ) -> Tensor:
-        slots = batch.context_slots
-        assert isinstance(slots, Tensor)
         assert batch.context_mask is not None
-        b, length = slots.shape
-        flat = slots.reshape(-1)
-        k = k_cache.index_select(0, flat).view(b, length, self.n_heads, self.head_dim)
-        v = v_cache.index_select(0, flat).view(b, length, self.n_heads, self.head_dim)
+        b = q.shape[0]
+        k, v = _gather_context(cache, layer, batch)
         out = F.scaled_dot_product_attention(
             q.unsqueeze(2),  # (B, H, 1, D)
             k.transpose(1, 2),
@@ -288,6 +296,19 @@ class _Block(nn.Module):
             attn_mask=mask,
         )
         return out.transpose(1, 2).reshape(b * queries, -1).index_select(0, index)
+
+
+def _gather_context(cache: KVCache, layer: int, batch: AttentionBatch) -> tuple[Tensor, Tensor]:
+    """A decode batch's context, each row's keys and values of ``layer`` as ``cache`` stores
+    them: ``(rows, columns, H, D)`` each. By block (``KVCache.gather_blocks``: valid
+    until the next gather) when the batch has ``context_blocks``, else by slot."""
+    if batch.context_blocks is not None:
+        return cache.gather_blocks(layer, batch.context_blocks)
+    slots = batch.context_slots
+    assert isinstance(slots, Tensor)
+    rows, length = slots.shape
+    k, v = (t.index_select(0, slots.reshape(-1)) for t in (cache.k[layer], cache.v[layer]))
+    return k.view(rows, length, *k.shape[1:]), v.view(rows, length, *v.shape[1:])
 
 
 _PRINTABLE = torch.tensor([10, *range(32, 127)])

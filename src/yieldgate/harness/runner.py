@@ -105,21 +105,24 @@ class ModelRunner:
     def _prepare_decode(
         self, seqs: list[Sequence]
     ) -> tuple[Tensor, Tensor, AttentionBatch, Tensor]:
-        device = self.device
-        lengths = [len(seq.tokens) for seq in seqs]
-        width = max(len(seq.block_table) for seq in seqs)
-        padded = [block for seq in seqs for block in pad(seq.block_table, width)]
-        tables, tokens, lengths_t = to_device(
-            [padded, [seq.tokens[-1] for seq in seqs], lengths], device
+        device, size = self.device, self.block_size
+        # Each new token's position (its sequence's last) and cache slot, on the host.
+        positions = [len(seq.tokens) - 1 for seq in seqs]
+        slots = [
+            seq.block_table[p // size] * size + p % size
+            for seq, p in zip(seqs, positions, strict=True)
+        ]
+        # The blocks that hold the longest context (a table may hold more).
+        width = max(positions) // size + 1
+        padded = [block for seq in seqs for block in pad(seq.block_table[:width], width)]
+        tables, tokens, positions_t, slots_t = to_device(
+            [padded, [seq.tokens[-1] for seq in seqs], positions, slots], device
         )
-        # Every slot of every block of every sequence, then cut to the longest context.
-        slots = (tables.view(len(seqs), width, 1) * self.block_size + self._offsets).reshape(
-            len(seqs), -1
+        attention = decode_attention_by_block(
+            tables.view(len(seqs), width), positions_t, slots_t, size
         )
-        slots = slots[:, : max(lengths)].contiguous()
-        positions, attention = decode_attention(slots, lengths_t)
         last = torch.arange(len(seqs), device=device)
-        return tokens, positions, attention, last
+        return tokens, positions_t, attention, last
 
     def sample(self, seqs: list[Sequence], logits: Tensor) -> Tensor:
         """Each row's next token, on the device: argmax, or a draw where it samples."""
@@ -206,6 +209,21 @@ def decode_attention(slots: Tensor, lengths: Tensor) -> tuple[Tensor, AttentionB
         context_mask=mask,
     )
     return positions, attention
+
+
+def decode_attention_by_block(
+    tables: Tensor, positions: Tensor, slots: Tensor, block_size: int
+) -> AttentionBatch:
+    """One query per row, at ``positions[r]``, its new KV written at ``slots[r]``,
+    attending over its blocks ``tables`` (``(rows, blocks)``, padded) up to its
+    position: the model gathers whole blocks, and the mask covers every slot of
+    them, the last block's unused tail and the padding false."""
+    rows, width = tables.shape
+    columns = torch.arange(width * block_size, device=tables.device)
+    mask = (columns.unsqueeze(0) <= positions.unsqueeze(1)).view(rows, 1, 1, -1)
+    return AttentionBatch(
+        is_prefill=False, slot_mapping=slots, context_blocks=tables, context_mask=mask
+    )
 
 
 def _nucleus(probs: Tensor, top_p: float) -> Tensor:
