@@ -21,8 +21,10 @@ the front. A sequence preempted by recompute keeps its arrival, so an old one
 goes back near the front, where first-come-first-served puts it too. The
 front of the queue still blocks the rest when it does not fit, as in
 first-come-first-served: nothing smaller slips past it. Preemption takes the
-lowest priority first, the newest within a priority. Off, every priority is
-served alike: first come, first served.
+lowest priority first, the newest within a priority. The ``ready`` sequences
+(their KV already in their blocks) are prefilled before the waiting ones, in the
+same order and with the same age bound. Off, every priority is served alike:
+first come, first served.
 """
 
 from __future__ import annotations
@@ -179,12 +181,18 @@ class Scheduler:
 
     def waiting_order(self) -> list[Sequence]:
         """The waiting sequences in the order they are served (see the module docstring)."""
+        return self._serving_order(self.waiting)
+
+    def ready_order(self) -> list[Sequence]:
+        """The ``ready`` sequences in the order they are prefilled: as ``waiting_order``."""
+        return self._serving_order(self.ready)
+
+    def _serving_order(self, queue: deque[Sequence]) -> list[Sequence]:
+        """``queue`` by priority, an aged sequence as high, then by id; as it is when off."""
         if not self.config.priority:
-            return list(self.waiting)
+            return list(queue)
         horizon = self.clock - self.config.priority_age_bound
-        return sorted(
-            self.waiting, key=lambda s: (0 if s.arrival_step <= horizon else s.rank, s.id)
-        )
+        return sorted(queue, key=lambda s: (0 if s.arrival_step <= horizon else s.rank, s.id))
 
     def queued_tokens_ahead(self) -> tuple[int, int, int]:
         """Prompt tokens a new sequence of rank 0, 1 and 2 would wait behind to be prefilled.
@@ -244,15 +252,16 @@ class Scheduler:
         cfg = self.config
         seqs: list[Sequence] = []
         budget = cfg.max_num_batched_tokens
-        # Sequences that already hold their blocks (KV from a prefill worker) first:
-        # usually one token each, the last of the prompt.
-        while self.ready:
-            seq = self.ready[0]
+        # Sequences that already hold their blocks (KV from a prefill worker, or paged
+        # back by the prefix tier) first: usually one token each, the last of the prompt.
+        # They hold their blocks already, so only the token budget limits them, and the
+        # front blocks the rest as in the waiting queue.
+        for seq in self.ready_order() if self.ready else ():
             new_tokens = len(seq.tokens) - seq.num_computed
             if seqs and new_tokens > budget:
                 break
             budget -= new_tokens
-            self.ready.popleft()
+            self.ready.remove(seq)
             seq.status = SequenceStatus.RUNNING
             seq.prefill_tokens += new_tokens
             seqs.append(seq)
