@@ -28,12 +28,18 @@ order, measured in each round beside the decode runs (goal: >= 0.5). With
 ``--profile``, one 16-stream decode also runs under ``torch.profiler`` and the
 operators taking the most time are listed.
 
+``--dtype`` sets the model's dtype and ``--kv-dtype`` the KV cache's storage
+(``EngineConfig.dtype`` and ``kv_dtype``; defaults float32 and auto); the
+roofline's matmuls then run in the model's dtype, weights and inputs alike.
+
 torch runs on one thread (``--threads``), as a harness worker process does.
 
 Run it (from the repository root)::
 
     .venv/bin/python bench/harness_decode.py
     .venv/bin/python bench/harness_decode.py --rounds 1 --profile
+    .venv/bin/python bench/harness_decode.py --dtype bfloat16
+    .venv/bin/python bench/harness_decode.py --kv-dtype int8
     .venv/bin/python bench/harness_decode.py --rounds 5 --max-tokens 128 --device cuda \\
         --json bench-harness-decode.json
 """
@@ -89,6 +95,8 @@ def run_once(streams: int, args: argparse.Namespace) -> Run:
         EngineConfig(
             device=args.device,
             num_blocks=args.kv_blocks,
+            dtype=args.dtype,
+            kv_dtype=args.kv_dtype,
             scheduler=SchedulerConfig(max_num_seqs=max(CONCURRENCY)),
         )
     )
@@ -125,10 +133,15 @@ def flops_per_token(model: torch.nn.Module, context: float) -> float:
 def matmul_gflops(model: torch.nn.Module, repeats: int = 7, passes: int = 50) -> float:
     """GFLOP/s of ``F.linear`` on one thread, 16 rows through every linear layer of ``model``.
 
-    The median of ``repeats`` timings of ``passes`` passes over the layers.
+    Inputs are in the weights' dtype, so a bfloat16 model is put against bfloat16
+    matmuls (the decode computes in that dtype too). The median of ``repeats``
+    timings of ``passes`` passes over the layers.
     """
     linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
-    inputs = [torch.randn(ROOFLINE_ROWS, m.in_features, device=m.weight.device) for m in linears]
+    inputs = [
+        torch.randn(ROOFLINE_ROWS, m.in_features, device=m.weight.device, dtype=m.weight.dtype)
+        for m in linears
+    ]
     flops = sum(2.0 * ROOFLINE_ROWS * m.weight.numel() for m in linears) * passes
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -156,6 +169,8 @@ def profile_decode(args: argparse.Namespace, top: int = 12) -> None:
         EngineConfig(
             device=args.device,
             num_blocks=args.kv_blocks,
+            dtype=args.dtype,
+            kv_dtype=args.kv_dtype,
             scheduler=SchedulerConfig(max_num_seqs=max(CONCURRENCY)),
         )
     )
@@ -198,6 +213,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--kv-blocks", type=int, default=1024)
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     parser.add_argument("--device", default="auto", help="auto, cpu or cuda")
+    parser.add_argument(
+        "--dtype",
+        default="float32",
+        choices=("float32", "bfloat16", "float16"),
+        help="the model's dtype (default float32)",
+    )
+    parser.add_argument(
+        "--kv-dtype",
+        default="auto",
+        choices=("auto", "int8"),
+        help="KV cache storage: auto (the model's dtype, default) or int8",
+    )
     parser.add_argument("--profile", action="store_true", help="also profile one 16-stream decode")
     parser.add_argument("--json", help="also write the results to this file")
     args = parser.parse_args(argv)
@@ -205,7 +232,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise ValueError(f"--rounds must be >= 1, got {args.rounds}")
     torch.set_num_threads(args.threads)
 
-    probe = Engine(EngineConfig(device=args.device, num_blocks=1))
+    probe = Engine(
+        EngineConfig(device=args.device, num_blocks=1, dtype=args.dtype, kv_dtype=args.kv_dtype)
+    )
     device, model = probe.device, probe.model
     runs: dict[int, list[Run]] = {n: [] for n in CONCURRENCY}
     gflops: list[float] = []
@@ -218,7 +247,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     print(
         f"harness decode, {args.rounds} rounds, prompts of {args.prompt_tokens} tokens, "
-        f"{args.max_tokens} tokens each, device {device}, {args.threads} torch thread(s), "
+        f"{args.max_tokens} tokens each, device {device}, dtype {args.dtype}, "
+        f"KV {args.kv_dtype}, {args.threads} torch thread(s), "
         f"torch {torch.__version__}, {platform.processor() or platform.machine()}"
     )
     print(f"{'streams':>7} {'decode tok/s':>13} {'step ms':>8} {'vs 1 stream':>12}")
@@ -254,6 +284,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.json:
         payload = {
             "device": str(device),
+            "dtype": args.dtype,
+            "kv_dtype": args.kv_dtype,
             "threads": args.threads,
             "prompt_tokens": args.prompt_tokens,
             "max_tokens": args.max_tokens,
