@@ -90,7 +90,8 @@ def prompts(n: int, length: int) -> list[list[int]]:
     return out
 
 
-def run_once(streams: int, args: argparse.Namespace) -> Run:
+def warm_engine(args: argparse.Namespace) -> Engine:
+    """A fresh engine as the options describe it, warmed up (two short requests)."""
     engine = Engine(
         EngineConfig(
             device=args.device,
@@ -100,7 +101,12 @@ def run_once(streams: int, args: argparse.Namespace) -> Run:
             scheduler=SchedulerConfig(max_num_seqs=max(CONCURRENCY)),
         )
     )
-    engine.generate(prompts(2, 64), SamplingParams(max_tokens=8))  # warm-up
+    engine.generate(prompts(2, 64), SamplingParams(max_tokens=8))
+    return engine
+
+
+def run_once(streams: int, args: argparse.Namespace) -> Run:
+    engine = warm_engine(args)
     seqs = [
         engine.add(prompt, SamplingParams(max_tokens=args.max_tokens))
         for prompt in prompts(streams, args.prompt_tokens)
@@ -165,16 +171,7 @@ def profile_decode(args: argparse.Namespace, top: int = 12) -> None:
     """One 16-stream decode under ``torch.profiler``: the operators by self CPU time."""
     from torch.profiler import ProfilerActivity, profile
 
-    engine = Engine(
-        EngineConfig(
-            device=args.device,
-            num_blocks=args.kv_blocks,
-            dtype=args.dtype,
-            kv_dtype=args.kv_dtype,
-            scheduler=SchedulerConfig(max_num_seqs=max(CONCURRENCY)),
-        )
-    )
-    engine.generate(prompts(2, 64), SamplingParams(max_tokens=8))
+    engine = warm_engine(args)
     seqs = [
         engine.add(p, SamplingParams(max_tokens=args.max_tokens))
         for p in prompts(max(CONCURRENCY), args.prompt_tokens)
