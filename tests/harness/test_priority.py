@@ -131,9 +131,8 @@ def test_a_front_request_that_does_not_fit_still_blocks_the_lower_ones_behind_it
 # -- preemption ----------------------------------------------------------------
 
 
-def test_preemption_takes_low_then_normal_newest_first_and_never_high() -> None:
-    # 4 blocks of 4 tokens, four one-block prompts: every decode step needs blocks.
-    engine = make_engine(num_blocks=4, block_size=4, max_num_seqs=4)
+def record_victims(engine: Engine) -> list[int]:
+    """The ids of the sequences ``engine``'s scheduler preempts, in order, as it preempts them."""
     victims: list[int] = []
     sched = engine.scheduler
     preempt = sched._preempt
@@ -143,6 +142,13 @@ def test_preemption_takes_low_then_normal_newest_first_and_never_high() -> None:
         preempt(seq)
 
     sched._preempt = record  # type: ignore[method-assign]
+    return victims
+
+
+def test_preemption_takes_low_then_normal_newest_first_and_never_high() -> None:
+    # 4 blocks of 4 tokens, four one-block prompts: every decode step needs blocks.
+    engine = make_engine(num_blocks=4, block_size=4, max_num_seqs=4)
+    victims = record_victims(engine)
     params = SamplingParams(max_tokens=6)
     seqs = [engine.add(prompt(i), params, p) for i, p in enumerate([HIGH, LOW, NORMAL, LOW])]
     engine.run_until_done(seqs)
@@ -153,15 +159,7 @@ def test_preemption_takes_low_then_normal_newest_first_and_never_high() -> None:
 
 def test_with_priority_off_preemption_takes_the_newest_whatever_its_priority() -> None:
     engine = make_engine(num_blocks=4, block_size=4, max_num_seqs=4, priority=False)
-    victims: list[int] = []
-    sched = engine.scheduler
-    preempt = sched._preempt
-
-    def record(seq: Sequence) -> None:
-        victims.append(seq.id)
-        preempt(seq)
-
-    sched._preempt = record  # type: ignore[method-assign]
+    victims = record_victims(engine)
     params = SamplingParams(max_tokens=6)
     seqs = [engine.add(prompt(i), params, p) for i, p in enumerate([LOW, LOW, NORMAL, HIGH])]
     engine.run_until_done(seqs)
