@@ -1,5 +1,5 @@
 """A fleet's quota buckets: ``take``, ``refund``, ``observe``, ``finished``, ``settle``,
-``shapes``, and the first reading (``first``, ``probed``).
+``shapes``, and the first reading (``first``, ``probed``, ``abandon_first``).
 
 The provider's request and token buckets, shared so that the fleet paces as
 one, with the core's accounting of readings against sends not yet answered
@@ -33,7 +33,11 @@ class BucketOps(Drivers):
             )
 
         def decode(raw: Any) -> Take:
-            return Take(read_flag(raw[0]), int(raw[1]), float(raw[2]))
+            # Refused: each bucket that had no room, by its place in ``wants``.
+            waits = tuple(
+                (wants[int(raw[i]) - 1][0], float(raw[i + 1])) for i in range(3, len(raw) - 1, 2)
+            )
+            return Take(read_flag(raw[0]), int(raw[1]), float(raw[2]), waits)
 
         amounts = [(bucket, amount) for bucket, amount, _, _ in wants]
 
@@ -54,8 +58,11 @@ class BucketOps(Drivers):
         ``observe``). If every amount fits, all are deducted and counted as
         unseen (in flight, not answered yet), and the take gets the
         upstream's next send number: ``Take(True, seq, 0.0)``. Otherwise
-        nothing changes: ``Take(False, 0, wait_s)``, the longest refill needed.
-        With no ``wants`` it only hands out a send number.
+        nothing changes: ``Take(False, 0, wait_s, waits)``, the longest refill
+        needed and, for each bucket that had no room, its own. Each amount
+        stays unseen until ``observe`` applies a reading of its bucket for this
+        take, or ``finished`` (answered without one) or ``refund`` (never
+        sent) settles it. With no ``wants`` it only hands out a send number.
         """
         return await self._arun(self._take(upstream, wants))
 
@@ -191,9 +198,12 @@ class BucketOps(Drivers):
         def decode(raw: Any) -> FirstReading:
             return FirstReading(read_text(raw[0]), _read_shapes(raw[1:]))
 
+        def undo(got: FirstReading) -> Op[bool] | None:
+            return self._abandon_first(upstream) if got.state == "mine" else None
+
         keys = (self.keys.shapes(upstream), self.keys.first(upstream))
         ttl_ms = max(1, math.ceil(check_number("ttl_s", ttl_s, positive=True) * 1000))
-        return Op("first", keys, (self.member, ttl_ms), decode)
+        return Op("first", keys, (self.member, ttl_ms), decode, undo=undo)
 
     async def first(self, upstream: str, ttl_s: float) -> FirstReading | None:
         """For a member that has had no answer yet: the fleet's shapes if it knows them;
@@ -206,6 +216,20 @@ class BucketOps(Drivers):
     def first_sync(self, upstream: str, ttl_s: float) -> FirstReading | None:
         """``first``, blocking (within the budget)."""
         return self._run(self._first(upstream, ttl_s))
+
+    def _abandon_first(self, upstream: str) -> Op[bool]:
+        return Op("abandon_first", (self.keys.first(upstream),), (self.member,), read_flag)
+
+    async def abandon_first(self, upstream: str) -> bool | None:
+        """This member's probe of the first reading ended without an answer (never
+        sent, failed, cancelled): it goes back, and the next member to ask ``first``
+        takes it (``True``), instead of every member waiting out its ``ttl_s``.
+        Another member's probe, or a reading settled, is left as it is (``False``)."""
+        return await self._arun(self._abandon_first(upstream))
+
+    def abandon_first_sync(self, upstream: str) -> bool | None:
+        """``abandon_first``, blocking (within the budget)."""
+        return self._run(self._abandon_first(upstream))
 
     def _probed(
         self, upstream: str, shapes: Mapping[str, tuple[str, float, float]], ttl_s: float
@@ -245,7 +269,9 @@ class BucketOps(Drivers):
         return self._run(self._shapes(upstream))
 
     async def finished(self, upstream: str, amounts: Sequence[tuple[str, float]]) -> bool | None:
-        """A take was answered without a reading: its amounts are no longer unseen."""
+        """A take's request is over, and these amounts of it were settled by no
+        reading (no answer, or an answer without a reading of those buckets): they
+        are no longer unseen."""
         return await self._arun(self._amounts("finished", upstream, amounts))
 
     def finished_sync(self, upstream: str, amounts: Sequence[tuple[str, float]]) -> bool | None:

@@ -2,10 +2,11 @@
 
 ``Fleet`` is its groups of operations, one module each: the quota buckets
 (``_buckets``), hint holds (``_holds``), in-flight leases (``_leases``),
-membership (``_members``), the retry budget (``_budget``) and the breaker
-(``_breaker``). Each operation is built as an ``Op`` and run by the two
-drivers, ``Fleet._run`` (sync) and ``Fleet._arun`` (asyncio), in
-``_driver``. Here: the constructor, the statistics and the lifecycle.
+membership (``_members``), the retry budget (``_budget``), the breaker
+(``_breaker``) and the audit (``_audit``). Each operation is built as an
+``Op`` and run by the two drivers, ``Fleet._run`` (sync) and ``Fleet._arun``
+(asyncio), in ``_driver``. Here: the constructor, the statistics and the
+lifecycle.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import Self
 
+from yieldgate.fleet._audit import AuditOps
 from yieldgate.fleet._breaker import BreakerOps
 from yieldgate.fleet._buckets import BucketOps
 from yieldgate.fleet._budget import BudgetOps
@@ -41,7 +43,7 @@ def _default_member() -> str:
 
 # The groups last to first: the API reference lists a class's inherited members from
 # its last base to its first, and the groups read best buckets first.
-class Fleet(BreakerOps, BudgetOps, MemberOps, LeaseOps, HoldOps, BucketOps):
+class Fleet(AuditOps, BreakerOps, BudgetOps, MemberOps, LeaseOps, HoldOps, BucketOps):
     """One Gate's state shared with the other members of its fleet, in Redis (or Valkey).
 
     ``shared`` is a URL (``redis://host:port/db``, ``rediss://`` for TLS,

@@ -53,6 +53,9 @@ class Keys:
     def holds(self, upstream: str) -> str:
         return f"{self.tag(upstream)}:holds"
 
+    def scope_holds(self, upstream: str) -> str:
+        return f"{self.tag(upstream)}:scope-holds"
+
     def leases(self, upstream: str) -> str:
         return f"{self.tag(upstream)}:leases"
 

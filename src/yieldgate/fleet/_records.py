@@ -15,8 +15,10 @@ class Take(NamedTuple):
 
     ``ok``: every amount fitted and was taken; ``seq`` is then the take's place
     in the upstream's send sequence (for ``observe``). Otherwise nothing was
-    taken, ``seq`` is 0 and ``wait_s`` the longest refill a bucket needs
-    (``inf`` when an amount exceeds its bucket's whole limit).
+    taken, ``seq`` is 0, ``wait_s`` the longest refill a bucket needs (``inf``
+    when an amount exceeds its bucket's whole limit), and ``waits`` names each
+    bucket that had no room and its own refill: a take that also spent from
+    buckets with room (another model's) need not wait for these.
     """
 
     ok: bool
@@ -25,6 +27,8 @@ class Take(NamedTuple):
     """The take's place in the upstream's send sequence (0 when nothing was taken)."""
     wait_s: float
     """When nothing was taken: the longest refill a bucket needs, in seconds (``inf``: never)."""
+    waits: tuple[tuple[str, float], ...] = ()
+    """When nothing was taken: ``(bucket, seconds)`` for each bucket that had no room."""
 
 
 class BucketShape(NamedTuple):

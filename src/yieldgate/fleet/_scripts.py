@@ -41,10 +41,13 @@ end
 
 # KEYS[1]: the upstream's send sequence; KEYS[2..]: buckets.
 # ARGV: amount, limit, rate for each bucket (limit and rate used only to create it).
+# Refused: 0, 0, the longest wait, then each bucket that had no room (its place among
+# KEYS[2..], from 1) and the refill it needs, so that only claims spending from it wait.
 TAKE: Final = """
 local buckets = {}
 local wait = 0
 local top = 0
+local short_of = {}
 for i = 2, #KEYS do
   local j = 3 * (i - 2)
   local amount, limit, rate = tonumber(ARGV[j + 1]), tonumber(ARGV[j + 2]), tonumber(ARGV[j + 3])
@@ -62,10 +65,16 @@ for i = 2, #KEYS do
     local need = math.huge
     if amount <= limit and rate > 0 then need = short / rate end
     if need > wait then wait = need end
+    short_of[#short_of + 1] = i - 1
+    short_of[#short_of + 1] = fmt(need)
   end
   buckets[#buckets + 1] = {KEYS[i], amount, limit, rate, level, math.max(updated, now), unseen}
 end
-if wait > 0 then return {0, 0, fmt(wait)} end
+if wait > 0 then
+  local reply = {0, 0, fmt(wait)}
+  for _, v in ipairs(short_of) do reply[#reply + 1] = v end
+  return reply
+end
 local ttl = 60
 for _, b in ipairs(buckets) do
   redis.call('HSET', b[1], 'limit', fmt(b[3]), 'rate', fmt(b[4]), 'level', fmt(b[5] - b[2]),
@@ -188,6 +197,17 @@ end
 return 1
 """
 
+# KEYS[1]: the first-reading probe. ARGV: member. The probe this member holds and whose
+# answer never came goes back, for the next member that asks; another member's, or a
+# reading settled ('{done}', '{none}'), stays.
+ABANDON_FIRST: Final = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('DEL', KEYS[1])
+  return 1
+end
+return 0
+"""
+
 # KEYS: buckets. ARGV: each one's correction, signed (+: given back, -: taken more).
 # The caller's own budgets, settled by what an answered request really used.
 SETTLE: Final = """
@@ -214,11 +234,15 @@ end
 return 1
 """
 
-# KEYS[1]: holds (rank -> the hold's end, Redis time). ARGV: rank, for_s.
+# KEYS[1]: holds (rank -> the hold's end, Redis time), or the scopes' holds ("rank scope"
+# -> its end: a provider's quota refused that scope). ARGV: rank, for_s, then the scope
+# (none: the upstream's own hold).
 HOLD: Final = """
 local rank, ends = tonumber(ARGV[1]), now + tonumber(ARGV[2])
+local suffix = ''
+if ARGV[3] and ARGV[3] ~= '' then suffix = ' ' .. ARGV[3] end
 for r = 0, rank do
-  local field = fmt(r)
+  local field = fmt(r) .. suffix
   local current = tonumber(redis.call('HGET', KEYS[1], field)) or 0
   if ends > current then redis.call('HSET', KEYS[1], field, fmt(ends)) end
 end
@@ -232,15 +256,18 @@ expire(KEYS[1], latest - now + 1)
 return 1
 """
 
-# KEYS[1]: holds. Returns rank, seconds left, ... for holds still in force.
+# KEYS: holds, and the scopes' holds if asked. Returns the field (rank, or "rank scope")
+# and the seconds left, ..., for holds still in force.
 HOLDS: Final = """
 local out = {}
-local all = redis.call('HGETALL', KEYS[1])
-for i = 1, #all, 2 do
-  local left = tonumber(all[i + 1]) - now
-  if left > 0 then
-    out[#out + 1] = all[i]
-    out[#out + 1] = fmt(left)
+for k = 1, #KEYS do
+  local all = redis.call('HGETALL', KEYS[k])
+  for i = 1, #all, 2 do
+    local left = tonumber(all[i + 1]) - now
+    if left > 0 then
+      out[#out + 1] = all[i]
+      out[#out + 1] = fmt(left)
+    end
   end
 end
 return out
@@ -409,6 +436,33 @@ if state == 'open' then wait = opened + reset - now end
 return {state, fmt(wait), redis.call('EXISTS', KEYS[2]), got}
 """
 
+# KEYS[1]: leases; KEYS[2]: the breaker's half-open probe; KEYS[3]: the first reading's
+# probe. ARGV: the pattern of the upstream's buckets' keys. What nothing in flight accounts
+# for, when no member has a call running: the leases in force, the holders of the two
+# probes ('' for none; the first reading's '{done}' and '{none}' are settled, not held),
+# then each bucket whose unseen count is not 0, and that count. A SCAN: for tests and
+# debugging, not for a busy Redis's hot path.
+AUDIT: Final = """
+local out = {redis.call('ZCOUNT', KEYS[1], fmt(now), '+inf')}
+out[2] = redis.call('GET', KEYS[2]) or ''
+local first = redis.call('GET', KEYS[3]) or ''
+if first == '{done}' or first == '{none}' then first = '' end
+out[3] = first
+local cursor = '0'
+repeat
+  local page = redis.call('SCAN', cursor, 'MATCH', ARGV[1], 'COUNT', 1000)
+  cursor = page[1]
+  for _, key in ipairs(page[2]) do
+    local unseen = tonumber(redis.call('HGET', key, 'unseen') or '0') or 0
+    if unseen ~= 0 then
+      out[#out + 1] = key
+      out[#out + 1] = fmt(unseen)
+    end
+  end
+until cursor == '0'
+return out
+"""
+
 SCRIPTS: Final = {
     name: PRELUDE + body
     for name, body in {
@@ -419,6 +473,7 @@ SCRIPTS: Final = {
         "shapes": SHAPES,
         "first": FIRST,
         "probed": PROBED,
+        "abandon_first": ABANDON_FIRST,
         "settle": SETTLE,
         "hold": HOLD,
         "holds": HOLDS,
@@ -428,6 +483,7 @@ SCRIPTS: Final = {
         "members": MEMBERS,
         "budget": BUDGET,
         "breaker": BREAKER,
+        "audit": AUDIT,
     }.items()
 }
 """Every script by name, each with the prelude."""

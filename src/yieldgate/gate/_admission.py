@@ -22,8 +22,8 @@ logic for both drivers. It yields only two kinds of wait:
 
 A driver (``_async`` for asyncio and trio, ``_sync`` for threads) only
 performs these two, and throws into the generator whatever ended a wait (a
-cancellation). A hedge's admission (``nowait``) takes what it needs at once
-or gives it all back: it never parks.
+cancellation). A hedge's admission (``_admission_hedge``) takes what it
+needs at once or gives it all back: it never parks.
 """
 
 from __future__ import annotations
@@ -33,15 +33,16 @@ from collections.abc import Generator
 from typing import Any, NamedTuple
 
 from yieldgate._exceptions import CircuitOpenError, FleetConfigError, RetryBudgetExhaustedError
+from yieldgate.gate import _dropped as dropped
 from yieldgate.gate._breaker import Breaker
 from yieldgate.gate._call import CallState
-from yieldgate.gate._choice import not_after, order, upstream
+from yieldgate.gate._choice import not_after, upstream
 from yieldgate.gate._ledger import Attempt
-from yieldgate.gate._quota import Claim, Quota
+from yieldgate.gate._quota import Claim
 from yieldgate.gate._shared import FleetOp
 from yieldgate.gate._upstream import Upstream
 
-__all__ = ["FleetWait", "Park", "Wait", "admit", "hedge", "send_now"]
+__all__ = ["FleetWait", "Park", "Steps", "Wait", "admit", "send_now", "start_over"]
 
 
 class Park(NamedTuple):
@@ -112,7 +113,7 @@ def admit(call: CallState, attempt: Attempt) -> Steps:
             continue
         up = attempt.up = target
         yield from _fleet_before(call, up)
-        yield from _fleet_first(call, up)
+        yield from _fleet_first(call, attempt, up)
         paced = yield from _quota(call, attempt, up)
         if paced is None:
             continue
@@ -120,10 +121,13 @@ def admit(call: CallState, attempt: Attempt) -> Steps:
         provisional = not up.quota.knows(scope)
         queued = yield from _window(call, attempt, up)
         waited = waited or paced or queued
-        if provisional and up.quota.knows(scope):
-            # Taken while no bucket was known, and one was learnt meanwhile: the
-            # claim queues again, by the quota's order.
-            _start_over(attempt)
+        with core.lock:
+            held = up.quota.lanes.held_back(attempt.claim, core.clock())
+            again = held or (provisional and up.quota.knows(scope))
+        if again:
+            # Taken while no bucket was known, and one was learnt meanwhile, or
+            # before its scope was held: the claim queues again, by the quota's order.
+            start_over(attempt)
             continue
         if (yield from _lease(call, attempt, up)):
             waited = True
@@ -131,18 +135,18 @@ def admit(call: CallState, attempt: Attempt) -> Steps:
         if outcome is True:
             return waited
         if isinstance(outcome, Breaker):
-            _start_over(attempt)
+            start_over(attempt)
             yield from _verdict(call, outcome)
             continue
         # The fleet's probe was another member's: look again after a pause.
-        _start_over(attempt)
+        start_over(attempt)
         shared = core.shared
         assert shared is not None
         pause = shared.policy.poll_s * (0.5 + core.rng.random())
         yield from sleep(call, max(pause, 0.1), "waiting for the fleet's breaker probe")
 
 
-def _start_over(attempt: Attempt) -> None:
+def start_over(attempt: Attempt) -> None:
     core = attempt.core
     with core.lock:
         attempt.give_back(core.clock())
@@ -165,40 +169,69 @@ def _verdict(call: CallState, breaker: Breaker) -> Steps:
 
 
 def _fleet_before(call: CallState, up: Upstream) -> Steps:
+    """What the fleet says before admission (``Shared.before``). While another call's
+    read of the fleet's holds is out, wait for it: a burst's calls that do not read
+    them (they are read every ``HOLDS_EVERY_S``) are held by what it reads too."""
     core = call.core
     shared = core.shared
     if shared is None:
         return
-    with core.lock:
-        ops = shared.before(up, core.clock(), call.cost.scope)
-    for op in ops:
-        got = yield from _fleet(call, op)
+    try:
         with core.lock:
-            shared.apply(core.upstreams, up, op, got, core.clock())
+            ops = shared.before(up, core.clock(), call.cost.scope, call)
+        for op in ops:
+            got = yield from _fleet(call, op)
+            with core.lock:
+                shared.apply(core.upstreams, up, op, got, core.clock())
+    finally:
+        with core.lock:
+            shared.holds_read(up, call)  # whatever ended it: the others look again
+    # Bounded: a read never takes longer than the fleet's budget, with its slack.
+    until = core.clock() + 2 * shared.policy.budget_s + 1.0
+    while True:
+        with core.lock:
+            if not shared.reading_holds(up, call) or core.clock() >= until:
+                return
+            call.signal.clear()
+            shared.wait_holds(up, call, call.signal.wake)
+        try:
+            yield from _park(call, until, "waiting for the fleet's holds")
+        finally:
+            with core.lock:
+                shared.wait_holds(up, call, None)
 
 
-def _fleet_first(call: CallState, up: Upstream) -> Steps:
+def _fleet_first(call: CallState, attempt: Attempt, up: Upstream) -> Steps:
     """Before a member's first answer from ``up``: the fleet's first reading of its
-    quota (``_first_reading``), asked for, or waited for while another call probes."""
+    quota (``_first_reading``), asked for, or waited for while another attempt probes
+    (the ask and the probe are entered in ``attempt``'s ledger as they are taken)."""
     core = call.core
     shared = core.shared
     if shared is None:
         return
+    first = shared.first
     while True:
         with core.lock:
             now = core.clock()
-            op, until = shared.first.step(up, call, now, call.deadline, shared.available)
+            if not shared.available:
+                shared.alone(up)
+            op, until = first.step(up, attempt, now, call.deadline, shared.available)
             if op is None and until is not None:
                 call.signal.clear()
+                first.park(up, attempt, call.signal.wake)
         if op is not None:
-            asked = FleetOp(*op)
-            got = yield from _fleet(call, asked)
+            got = yield from _fleet(call, FleetOp(*op))
             with core.lock:
-                shared.apply(core.upstreams, up, asked, got, core.clock())
+                call.granted = None  # the probe granted: in the ledger in this step
+                shared.told_first(core.upstreams, up, attempt, got, core.clock())
             continue
         if until is None:
             return
-        yield from _park(call, until, "waiting for the fleet's first reading of the quota")
+        try:
+            yield from _park(call, until, "waiting for the fleet's first reading of the quota")
+        finally:
+            with core.lock:
+                first.park(up, attempt, None)
 
 
 def _quota(call: CallState, attempt: Attempt, up: Upstream) -> Steps:
@@ -208,6 +241,7 @@ def _quota(call: CallState, attempt: Attempt, up: Upstream) -> Steps:
     lock, clock = core.lock, core.clock
     quota = up.quota
     claim = Claim(call.cost, call.priority, call.started)
+    claim.not_after = not_after(call, up, clock(), quota=True)  # held by its scope's hint
     with lock:
         # Taken while no bucket is known, a claim is provisional: if one is
         # learnt while it waits for a window slot, it queues again.
@@ -226,14 +260,14 @@ def _quota(call: CallState, attempt: Attempt, up: Upstream) -> Steps:
             while True:
                 with lock:
                     again = None
-                    if quota.at_head(claim):
-                        now = clock()
+                    now = clock()
+                    if quota.at_head(claim, now):
                         again = quota.take_queued(claim, now)
                         if again is None:
                             attempt.queued = False  # taken: it left the queue
                             break
                         if call.deadline is not None and again > call.deadline:
-                            raise call.deadline_error(_beyond(quota, claim, now, again))
+                            raise call.deadline_error(quota.beyond(claim, now, again))
                     call.signal.clear()
                 yield from _park(call, again, "waiting for the quota")
         finally:
@@ -248,17 +282,11 @@ def _quota(call: CallState, attempt: Attempt, up: Upstream) -> Steps:
         return waited
     got = yield from _fleet(call, take)
     with lock:
+        call.granted = None  # entered in the claim (its ``seq``) in this step
         if shared.took(core.upstreams, up, claim, got, clock()):
             return waited
         attempt.claim = None  # refunded: refused (paced until its refill) or Redis away
     return None
-
-
-def _beyond(quota: Quota, claim: Claim, now: float, again: float) -> str:
-    """Why a claim at the head of the quota's queue cannot be taken in time."""
-    bucket = quota.binding(claim.cost, now)
-    what = "the fleet's quota" if bucket is None else f"quota bucket {bucket.key!r}"
-    return f"waiting for {what} (room only in {again - now:.3g} s, past the deadline)"
 
 
 def _window(call: CallState, attempt: Attempt, up: Upstream) -> Steps:
@@ -298,6 +326,7 @@ def _window(call: CallState, attempt: Attempt, up: Upstream) -> Steps:
             if lapse != math.inf and (wake_at is None or lapse < wake_at):
                 wake_at = lapse  # a held slot may lapse then
             core.after_lock()
+            wake_at = dropped.for_slot(core, window, waiter, queued_at, wake_at)  # may collect
             yield from _park(call, wake_at, "waiting for a window slot")
     finally:
         if held:  # waiting out a hint, as a retry's sleep would
@@ -325,17 +354,17 @@ def _lease(call: CallState, attempt: Attempt, up: Upstream) -> Steps:
             pause = shared.line.pause(up, now) if first else 0.0
             if not first or pause > 0:
                 call.signal.clear()
-        if not first:
+        if not first or pause > 0:  # behind another caller, or the line's pause
             waited = True
-            yield from _park(call, None, "waiting for a fleet in-flight slot")
-            continue
-        if pause > 0:
-            waited = True
-            yield from _park(call, now + pause, "waiting for a fleet in-flight slot")
+            until = now + pause if first else None
+            if first:  # the head, refused by the fleet: it may collect dropped bodies
+                until = dropped.look(core, call.started, now + pause, fleet=True)
+            yield from _park(call, until, "waiting for a fleet in-flight slot")
             continue
         got = yield from _fleet(call, op)
         with lock:
-            if got is None or got is not False:
+            call.granted = None  # entered in the ledger in this step
+            if got is not False:
                 if got is not None:  # Redis away: the local window alone bounds it
                     attempt.lease = got
                     shared.leased(up, got)
@@ -365,9 +394,9 @@ def _ticket(call: CallState, attempt: Attempt, up: Upstream) -> Steps:
     # One probe for the whole fleet: another member's may be out already.
     ttl = core.policy.timeout.attempt_s or shared.policy.lease_ttl_s
     got = yield from _fleet(call, FleetOp("claim_probe", (up.name, ttl)))
-    if got is True:
-        with core.lock:
-            attempt.probe = True
+    with core.lock:
+        call.granted = None  # entered in the ledger in this step
+        attempt.probe = got is True
     return got is not False
 
 
@@ -380,6 +409,7 @@ def _fleet_budget(call: CallState) -> Steps:
     call.fleet_retry = False
     got = yield from _fleet(call, FleetOp("withdraw", (core.name, core.policy.budget)))
     with core.lock:
+        call.granted = None  # entered in the call's ledger in this step
         if got is None:
             receipt = core.withdraw()
             if receipt is not None:
@@ -407,7 +437,7 @@ def send_now(call: CallState, attempt: Attempt) -> bool:
     up = ups[0]
     now = core.clock()
     with core.lock:
-        if up.quota.buckets:  # a quota known: the general path paces by it
+        if up.quota.active:  # a quota known (or a scope held): the general path paces
             return False
         ticket = up.breaker.try_pass()
         if ticket is None:
@@ -420,78 +450,4 @@ def send_now(call: CallState, attempt: Attempt) -> bool:
         attempt.ticket = ticket
         call.sent(attempt, now)
     call.timed(attempt, now)
-    return True
-
-
-def hedge(call: CallState, attempt: Attempt) -> Steps:
-    """What a hedge needs, through the same steps as any attempt, taken at once or
-    not at all: ``True`` if admitted; else everything taken is given back.
-
-    It needs an upstream with no hint hold and a closed breaker (a hedge
-    never takes the half-open probe), room in its quota and the fleet's take, a
-    free window slot with a start of the rate cap, a fleet lease, and a draw
-    from the retry budget.
-    """
-    core = call.core
-    now = core.clock()
-    if call.deadline is not None and now >= call.deadline:
-        return False
-    with core.lock:
-        candidates = [
-            u for u in order(call, now) if u.breaker.lets_through and u.takes(call.priority, now)
-        ]
-    for up in candidates:
-        attempt.up = up
-        admitted = yield from _hedge_on(call, attempt, up)
-        if admitted is None:
-            continue  # no free slot there: the next upstream, if any
-        if admitted:
-            with core.lock:
-                core.counters.hedges += 1
-            return True
-        _start_over(attempt)
-        with core.lock:
-            core.counters.hedges_denied += 1
-        return False
-    return False
-
-
-def _hedge_on(call: CallState, attempt: Attempt, up: Upstream) -> Steps:
-    """A hedge's needs on ``up``: ``True`` taken, ``False`` refused (given back by
-    the caller), ``None`` no free slot there."""
-    core = call.core
-    lock, clock = core.lock, core.clock
-    with lock:
-        attempt.permit = up.window.try_acquire(call.priority)  # with the rate cap's start
-        if attempt.permit is None:
-            return None
-        attempt.receipt = core.withdraw()
-        if attempt.receipt is None:
-            return False
-        claim = attempt.claim = Claim(call.cost, call.priority, call.started)
-        if not up.quota.try_take(claim, clock()):
-            attempt.claim = None
-            return False
-    shared = core.shared
-    if shared is not None and up.quota.shared:
-        with lock:
-            take = shared.take(up, claim)
-        if take is not None:
-            got = yield FleetWait(take)  # a hedge refused: the call goes on without it
-            with lock:
-                if not shared.took(core.upstreams, up, claim, got, clock()):
-                    attempt.claim = None
-                    return False
-    if shared is not None and shared.available and shared.policy.inflight_cap is not None:
-        got = yield FleetWait(FleetOp("acquire", (up.name, shared.policy.inflight_cap)))
-        if got is False:
-            return False
-        if got is not None:
-            with lock:
-                attempt.lease = got
-                shared.leased(up, got)
-    with lock:
-        if not up.breaker.lets_through:
-            return False
-        attempt.ticket = up.breaker.acquire()
     return True

@@ -35,7 +35,7 @@ from yieldgate.gate._hedge import hedged_round
 from yieldgate.gate._ledger import Attempt
 from yieldgate.gate._outcome import Classifier, Outcome, checked
 from yieldgate.gate._retrying import Strategies, needs_retry
-from yieldgate.gate._shared import FleetOp
+from yieldgate.gate._shared import GRANTS, FleetOp
 
 __all__ = ["AsyncSignal", "drive", "run"]
 
@@ -113,16 +113,24 @@ async def run_fleet_op(core: GateCore, op: FleetOp) -> Any:
 async def flush(core: GateCore) -> None:
     """Run what attempts left for the fleet, shielded: each op is bounded by the
     fleet's budget, and one lost to a cancellation would leave a lease or a take
-    counted until it expires."""
+    counted until it expires. One an interrupt stops goes back to the backlog
+    (the call's ``finally`` hands it to the fleet's worker)."""
     shared = core.shared
     assert shared is not None
     with anyio.CancelScope(shield=True):
         while True:
-            with core.lock:
-                if not shared.backlog:
-                    return
-                op = shared.backlog.popleft()
-            await run_fleet_op(core, op)
+            op = None
+            try:
+                with core.lock:
+                    if not shared.backlog:
+                        return
+                    op = shared.backlog.popleft()
+                got = await run_fleet_op(core, op)
+            except BaseException:
+                if op is not None:
+                    shared.backlog.appendleft(op)  # run again: see ``_sync.flush``
+                raise
+            shared.ran(op, got)
 
 
 async def drive(call: CallState, steps: Generator[admission.Wait, Any, Any]) -> Any:
@@ -145,6 +153,9 @@ async def drive(call: CallState, steps: Generator[admission.Wait, Any, Any]) -> 
                 signal = call.signal
                 assert isinstance(signal, AsyncSignal)
                 await signal.wait(until, core.clock)
+            elif wait.op.name in GRANTS:
+                # The call's from the step it comes in (until admission enters it).
+                call.granted = (wait.op, got := await run_fleet_op(core, wait.op))
             else:
                 got = await run_fleet_op(core, wait.op)  # bounded by the fleet's budget
         except BaseException as exc:  # thrown in: the core looks at it first
@@ -308,12 +319,13 @@ async def run(
     handed = False
     try:
         value = await driver.run()
-        handed = True
+        handed = True  # a held slot's Lease: the caller's to hand out (``_not_handed``)
         return value
     finally:
         if (
             call.withdrawn is not None
             or call.fleet_receipt is not None
+            or call.granted is not None
             or (call.held is not None and not handed)
         ):
             left, won = call.close(handed=handed)

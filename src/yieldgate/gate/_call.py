@@ -13,14 +13,15 @@ code under it.
 What the call itself holds, beyond its attempts' ledgers (``_ledger``), is
 entered here when acquired and given back by ``close``, which its driver
 calls in a ``finally``: a retry drawn from the budget and not sent yet (the
-Gate's or the fleet's), and the winner's slot kept for a call that holds,
-until it is handed out as a ``Lease``.
+Gate's or the fleet's), a grant the fleet answered that admission has not
+entered in a ledger yet (``granted``), and the winner's slot kept for a call
+that holds, with the ``Lease`` made for it in the same step, until the call
+hands that ``Lease`` out.
 """
 
 from __future__ import annotations
 
-import sys
-from typing import Any, Final, Protocol
+from typing import Any, Protocol
 
 from yieldgate._exceptions import (
     AttemptTimeoutError,
@@ -30,13 +31,14 @@ from yieldgate._exceptions import (
     RequestTooLargeError,
     YieldgateError,
 )
-from yieldgate.gate._breaker import Verdict
 from yieldgate.gate._core import GateCore, Held
 from yieldgate.gate._decide import decide
+from yieldgate.gate._lease import Lease
 from yieldgate.gate._ledger import Attempt
 from yieldgate.gate._outcome import Outcome, OutcomeKind
 from yieldgate.gate._quota import ONE_REQUEST, Cost, Quota
-from yieldgate.gate._shared import FleetOp
+from yieldgate.gate._shared import FleetOp, given_back
+from yieldgate.gate._signals import judge
 from yieldgate.gate._telemetry import NULL_OBSERVER, AttemptDetails, CallObserver, WaitDetails
 from yieldgate.gate._upstream import Upstream
 from yieldgate.gate._window import RANK, Signal
@@ -44,35 +46,12 @@ from yieldgate.protocol import Priority
 
 __all__ = ["CallSignal", "CallState"]
 
-# What each kind of outcome tells the window and the breaker.
-SIGNALS: Final = {
-    OutcomeKind.OK: (Signal.SUCCESS, Verdict.SUCCESS),
-    OutcomeKind.YIELD: (Signal.REFUSED, Verdict.NEUTRAL),
-    OutcomeKind.OVERLOADED: (Signal.CONGESTION, Verdict.NEUTRAL),
-    OutcomeKind.RETRYABLE: (Signal.FAILURE, Verdict.FAILURE),
-    OutcomeKind.FATAL: (Signal.FAILURE, Verdict.NEUTRAL),
-}
-
 
 class CallSignal(Protocol):
     """How a driver is woken while it waits for this call (its task's or thread's)."""
 
     def wake(self) -> None: ...
     def clear(self) -> None: ...
-
-
-def _timed_out(error: BaseException | None) -> bool:
-    """Whether an attempt's error says it ran out of time (its own timeout, the
-    library's, the caller's)."""
-    if error is None:
-        return False
-    if isinstance(error, TimeoutError):
-        return True
-    for name in ("httpx", "httpx2"):
-        module = sys.modules.get(name)
-        if module is not None and isinstance(error, module.TimeoutException):
-            return True
-    return False
 
 
 class CallState:
@@ -87,10 +66,16 @@ class CallState:
     # The wait decided for the next attempt (reported before it begins).
     next_wait_s: float = 0.0
     # The attempt whose success is the call's (the first to succeed), its outcome,
-    # and the slot it keeps for a call that holds (given back by the Lease).
+    # the slot it keeps for a call that holds, and the Lease that gives it back
+    # (kept here, from the step that makes both, until the call hands it out).
     winner: Attempt | None = None
     won: Outcome | None = None
     held: Held | None = None
+    lease: Lease | None = None
+    # A fleet operation and its answer, from the step the answer comes (the driver's)
+    # until admission enters what it grants in a ledger (and clears this): given back
+    # by ``close`` if something (an interrupt) comes between.
+    granted: tuple[FleetOp, Any] | None = None
     # The upstream that failed this call last, and the one that answered last.
     last_failed: Upstream | None = None
     last_upstream: Upstream | None = None
@@ -198,8 +183,7 @@ class CallState:
         """
         self.last = None
         self.won = None
-        if self.held is None:  # a held slot's Lease still reads its winner's claim
-            self.winner = None
+        self.winner = None  # a held slot's Lease keeps its own
 
     def margin(self, up: Upstream, room: float) -> float:
         """How long before the deadline an attempt should start, out of ``room``: its
@@ -287,25 +271,10 @@ class CallState:
                 attempt.give_back(now)
             core.after_lock()
             return False
-        verdict = Verdict.NEUTRAL
-        error = None
-        if outcome is None:
-            signal = Signal.CANCELLED
-            if cut and self._slow(up, attempt, now):
-                # Cut at the call's deadline while the upstream was slower than it
-                # usually is: what a buffering backend shows under overload.
-                signal = Signal.CONGESTION
-        else:
-            signal, verdict = SIGNALS[outcome.kind]
-            error = outcome.error
-            if (
-                error is not None
-                and _timed_out(error)
-                and (isinstance(error, AttemptTimeoutError) or self._slow(up, attempt, now))
-            ):
-                # A timeout is what a backend that buffers instead of yielding
-                # shows under overload: narrow the window as for a yield.
-                signal = Signal.CONGESTION
+        spent = outcome is not None and bool(self._quota_scope(outcome))
+        signal, verdict, error = judge(
+            outcome, cut=cut, slow=lambda: self._slow(up, attempt, now), spent=spent
+        )
         details = None
         with core.lock:
             if attempt.ended:  # pragma: no cover - ended by another path meanwhile
@@ -322,10 +291,12 @@ class CallState:
                 self.winner = attempt
                 self.won = outcome
                 if self.hold:
-                    # The slot (and its fleet lease) moves to the call's lease, at once.
+                    # The slot (and its fleet lease) moves to the call's Lease, at once:
+                    # its finalizer owns it from this step on.
                     held = self.held = Held(core, up, attempt.permit, attempt.lease)
                     attempt.permit = attempt.lease = None
                     core.held.add(held)
+                    self.lease = Lease(held, attempt)
             elif signal is Signal.CANCELLED and self.winner is not None:
                 core.counters.losers_cancelled += 1
                 # It lost the race: slower than the winner, at least this slow.
@@ -346,7 +317,10 @@ class CallState:
 
     def _hold_from(self, outcome: Outcome, up: Upstream, now: float) -> None:
         """Share a congestion hint: hold the upstream's admissions at this priority
-        and below until it (with its jitter) has passed."""
+        and below until it (with its jitter) has passed; a provider's refusal for
+        the quota of this call's scope (a model, a deployment) holds that scope's
+        claims alone, in the quota's lanes: the other scopes' quotas have room of
+        their own."""
         self.shared_until = None
         retry = self.core.policy.retry
         if outcome.hint_s is None or not (retry.share_hints and retry.honour_hints):
@@ -356,12 +330,21 @@ class CallState:
             return  # "come back now": nothing to hold (the retry spreads and backs off)
         # The callers held behind the hint go one by one over its jitter, as
         # their own jittered waits would have spread them, but in their order.
-        until = now + hint * (1.0 + retry.hint_jitter)
-        up.window.hold(self.priority, until, now + hint)
+        scope = self._quota_scope(outcome)
+        if scope:
+            until = up.quota.lanes.hold(scope, self.priority, hint, now)
+        else:
+            until = now + hint * (1.0 + retry.hint_jitter)
+            up.window.hold(self.priority, until, now + hint)
         self.shared_until = until
         shared = self.core.shared
         if shared is not None and outcome.hint_s is not None:
-            shared.hold(up, RANK[self.priority], outcome.hint_s)
+            shared.hold(up, RANK[self.priority], outcome.hint_s, scope)
+
+    def _quota_scope(self, outcome: Outcome) -> str:
+        """The scope whose quota ``outcome`` says is spent (a provider's refusal of a
+        call that names a model or a deployment); ``""``: none, or the upstream's."""
+        return self.cost.scope if outcome.reason == "rate_limited" else ""
 
     def _note(self, outcome: Outcome, attempt: Attempt, now: float) -> AttemptDetails | None:
         core = self.core
@@ -415,23 +398,30 @@ class CallState:
         """The call is over: give back what it still holds (its driver's ``finally``).
 
         A retry drawn from the budget (the Gate's or the fleet's) but never
-        sent goes back to it. A call that meant to hold its winner's slot but
-        did not hand out its ``Lease`` (``handed``) gives the slot back. Returns
+        sent goes back to it, and so does a grant of the fleet's never entered
+        in a ledger. A call that meant to hold its winner's slot but did not
+        hand out its ``Lease`` (``handed``) gives the slot back. Returns
         whether a won value is left to discard, and the value.
         """
         core = self.core
+        shared = core.shared
         held = None
         with core.lock:
             if self.withdrawn is not None:
                 core.refund_draw(self.withdrawn)
                 self.withdrawn = None
-            if self.fleet_receipt is not None and core.shared is not None:
+            if self.fleet_receipt is not None and shared is not None:
                 policy = core.policy.budget
                 args = (core.name, policy, self.fleet_receipt)
-                core.shared.backlog.append(FleetOp("refund_retry", args))
+                shared.backlog.append(FleetOp("refund_retry", args))
                 self.fleet_receipt = None
+            granted, self.granted = self.granted, None
+            back = None if granted is None else given_back(*granted)
+            if back is not None and shared is not None:
+                shared.backlog.append(back)
             if not handed:
                 held, self.held = self.held, None
+                self.lease = None
                 if held is not None:
                     held.give_back(Signal.CANCELLED)
         core.after_lock()

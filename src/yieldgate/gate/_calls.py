@@ -118,7 +118,19 @@ class GateBase:
         return Lease(None)
 
     def _lease(self, call: CallState) -> Lease:
-        return Lease(call.held, call.winner)
+        """What a holding call hands out: the ``Lease`` made with its held slot (in the
+        step that ended its winning attempt), no longer the call's to give back."""
+        lease, call.lease = call.lease, None
+        return Lease(None) if lease is None else lease
+
+    def _not_handed(self, call: CallState) -> tuple[bool, Any]:
+        """A holding call that raised before its caller got its ``Lease`` (an interrupt
+        between its end and the hand-over): its slot goes back now, not when the
+        ``Lease`` is collected (a traceback kept, as a REPL keeps the last, keeps it).
+        Whether a won value is left to discard, and the value (``CallState.close``)."""
+        if call.held is None:
+            return False, None
+        return call.close(handed=False)
 
     def _map_limit(self, concurrency: int | None) -> int:
         limit = concurrency if concurrency is not None else self.policy.window.max

@@ -5,8 +5,8 @@ goes to the one with the lowest expected latency cost (``_upstream.choose``)
 whose breaker lets it through, a retry or a hedge preferring another one
 than the attempts before it, and a caller waits for a half-open probe's
 verdict only when that is all that stands between it and every upstream.
-``not_after`` is how long a caller held back by a hint may wait and still
-have time for an attempt.
+``not_after`` is how long a caller held back by a hint (the window's, or its
+scope's quota's) may wait and still have time for an attempt.
 """
 
 from __future__ import annotations
@@ -63,13 +63,17 @@ def upstream(call: CallState, now: float) -> Upstream | Breaker:
         raise call.circuit_error(refusal)
 
 
-def not_after(call: CallState, up: Upstream, now: float) -> float | None:
+def not_after(call: CallState, up: Upstream, now: float, *, quota: bool = False) -> float | None:
     """The latest this call can start and still have time for an attempt, for a
-    hold that outlasts its deadline (never before the hint itself ends)."""
-    if call.deadline is None:
+    hold that outlasts its deadline (never before the hint itself ends): the
+    window's hold, or with ``quota`` the hold of its scope's quota."""
+    if call.deadline is None or (quota and not up.quota.lanes.holding):
         return None
     with call.core.lock:
-        hint_end = up.window.hint_until(call.priority, now)
+        if quota:
+            hint_end = up.quota.lanes.hint_until(call.cost.scope, call.priority, now)
+        else:
+            hint_end = up.window.hint_until(call.priority, now)
     if not hint_end:
         return None
     if hint_end > call.deadline:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 from yieldgate.gate._cost import ONE_REQUEST, Cost
@@ -23,11 +24,18 @@ class Claim:
     local = False  # taken from this process's buckets
     fleet = False  # taken while a fleet's buckets paced
     wake: Callable[[], None] | None = None
+    # Held by a hold of its scope (``_quota_lanes``): when it was released from one
+    # (a later hint holds it again), and the latest it may go and still meet its
+    # call's deadline (never before the hint).
+    passed = -math.inf
+    not_after: float | None = None
     # In a fleet: the send number the fleet's take gave it (0: none), what it took
-    # there, and whether its answer was reported.
+    # there, and what of that the fleet still counts unseen, bucket by bucket (each
+    # settled by a reading of its bucket, the rest when the attempt ends; ``None``:
+    # nothing, or all settled).
     seq = 0
     wants: list[tuple[str, float, float, float]] = []  # noqa: RUF012 - replaced, never mutated
-    observed = False
+    unseen: dict[str, float] | None = None
 
     def __init__(self, cost: Cost, priority: Priority, key: float) -> None:
         self.cost = cost

@@ -13,10 +13,12 @@ listeners) is queued in ``events`` and run by ``deliver`` once the lock is
 released; whatever it raises is logged, and never stops a give-back.
 
 Besides the attempts' ledgers (``_ledger``), the core keeps what outlives a
-call: the slots held by leases (``held``: the ledgers of held slots), those
-whose ``Lease`` was dropped unreleased (``orphans``, given back by the next
-caller that looks), and the retry-budget draws not yet sent or refunded
-(``draws``). ``audit`` lists anything held when nothing should be.
+call: the slots held by leases (``held``: the ledgers of held slots, each
+owned by its ``Lease`` from the step that makes it), those whose ``Lease``
+was dropped unreleased (``orphans``, given back by the next caller that
+looks, or by the fleet's worker: ``tend``), and the retry-budget draws not
+yet sent or refunded (``draws``). ``audit`` lists anything held when nothing
+should be, a held slot whose ``Lease`` is gone among them.
 
 A process that forks (gunicorn ``--preload``, Celery's prefork pool,
 multiprocessing) copies every Gate with the slots its threads held mid-call;
@@ -56,6 +58,7 @@ from yieldgate.gate._window import Permit, Signal, Window, WindowStatistics
 __all__ = ["GateCore", "Held", "default_clock", "log", "unique_name"]
 
 _SERIAL: Final = itertools.count(1)
+_NEVER: Final = float("inf")
 
 log: Final = logging.getLogger("yieldgate")
 
@@ -142,6 +145,8 @@ class GateCore:
             tokens_per_minute=q.tokens_per_minute,
             learn=q.learn,
             borrow=q.borrow,
+            jitter=self.policy.retry.hint_jitter,
+            rng=self.rng,
         )
         if self.shared is not None:
             quota.shared = self.shared.available
@@ -191,26 +196,40 @@ class GateCore:
 
     # -- held slots -------------------------------------------------------------------
 
-    def orphan(self, held: Held) -> None:
-        """A ``Lease`` was collected unreleased: give its slot back, now if the lock is
-        free, else by the next caller that looks. Called by the garbage collector,
-        possibly inside the Gate's own code on this thread: it never waits for the lock."""
+    def orphan(self, held: Held, signal: Signal = Signal.CANCELLED) -> None:
+        """A ``Lease`` was collected unreleased (or released inside a collection):
+        give its slot back, now if the lock is free, else by the next caller that
+        looks (as cancelled then). Called by the garbage collector, possibly inside
+        the Gate's own code on this thread: it never waits for the lock."""
         if held.released:
             return
         if self.lock.acquire(blocking=False):
             try:
-                held.give_back(Signal.CANCELLED, collected=True)
+                held.give_back(signal, collected=True)
             finally:
                 self.lock.release()
             return
         self.orphans.append(held)
 
-    def drain_orphans(self) -> None:
-        """Give back what dropped leases left (the fleet's worker calls it as it goes)."""
-        if self.orphans:
-            with self.lock:
+    def tend(self) -> float | None:
+        """Give back what dropped and lapsed leases hold, fleet leases included: the
+        fleet's worker runs this before it renews, so that it renews no fleet lease
+        of a slot nobody holds any more. The seconds until the next held slot may
+        lapse, on the Gate's clock (``None``: none may)."""
+        if not self.orphans and self.next_lapse == _NEVER:
+            return None
+        try:
+            now: float | None = self.clock()
+        except RuntimeError:  # a loop's clock, read outside its loop: lapses wait for callers
+            now = None
+        with self.lock:
+            if now is None:
                 self._reclaim_orphans()
-            self.after_lock()
+            else:
+                self.reclaim(now)
+            lapse = self.next_lapse
+        self.after_lock()
+        return None if now is None or lapse == _NEVER else lapse - now
 
     def _reclaim_orphans(self) -> None:
         orphans = self.orphans
@@ -322,12 +341,20 @@ class GateCore:
     def audit(self) -> list[str]:
         """What the Gate holds that no running call or held lease accounts for:
         empty when it holds nothing it should not. For tests and debugging; meant
-        to be read when no call runs (it says what would be stranded)."""
+        to be read when no call runs (it says what would be stranded): then no
+        quota claim is queued, taken or in flight, so nothing is unseen in the
+        local buckets, and, in a fleet, no take is still counted unseen in Redis
+        (each is settled by its readings and, for the buckets they did not read,
+        when its attempt ends). ``Fleet.audit`` says the same of Redis itself."""
         with self.lock:
             with contextlib.suppress(RuntimeError):  # a loop's clock, read outside the loop
                 self.reclaim(self.clock())
             problems: list[str] = []
             held_by = collections.Counter(h.up for h in self.held if h.permit is not None)
+            # A Held whose Lease was never made, or is gone and did not give it back.
+            unowned = collections.Counter(
+                h.up for h in self.held if h.owner is None or h.owner() is None
+            )
             for up in self.upstreams:
                 where = f"{self.name}/{up.name}"
                 w = up.window
@@ -335,6 +362,10 @@ class GateCore:
                     problems.append(
                         f"{where}: window has {w.inflight} slot(s) in flight, "
                         f"{held_by[up]} of them held by leases"
+                    )
+                if unowned[up]:
+                    problems.append(
+                        f"{where}: {unowned[up]} held slot(s) with no Lease to give them back"
                     )
                 if w.waiting:
                     problems.append(f"{where}: {w.waiting} waiter(s) queued for the window")
@@ -351,9 +382,12 @@ class GateCore:
 class Held:
     """What a held slot holds (a ``Lease``'s ledger, ``_lease``): its own record,
     apart from the ``Lease`` object, so that a finalizer can give it back after
-    the ``Lease`` is gone. The core keeps every one not yet given back."""
+    the ``Lease`` is gone. The core keeps every one not yet given back; each
+    knows its ``Lease`` weakly (``owner``), which ``audit`` reads."""
 
-    __slots__ = ("core", "epoch", "idle_s", "lease", "permit", "reading", "touched", "up")
+    __slots__ = (
+        "core", "epoch", "idle_s", "lease", "owner", "permit", "reading", "touched", "up",
+    )  # fmt: skip
 
     def __init__(
         self, core: GateCore, up: Upstream, permit: Permit | None, lease: str | None
@@ -363,6 +397,8 @@ class Held:
         self.up = up
         self.permit = permit
         self.lease = lease  # the fleet's in-flight lease, if any
+        # The Lease that gives it back (set by the Lease, in the step that makes both).
+        self.owner: weakref.ref[Any] | None = None
         self.idle_s: float | None = None
         self.touched = 0.0
         self.reading = False

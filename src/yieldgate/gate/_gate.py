@@ -104,8 +104,14 @@ class Gate(AsyncCalls, SyncCalls):
         self._own_fleet = False
         if shared is not None:
             fleet = self._fleet(shared)
-            core.shared = Shared(fleet, self.policy.fleet, self.name, self.policy.budget)
-            core.shared.drain = core.drain_orphans
+            core.shared = Shared(
+                fleet,
+                self.policy.fleet,
+                self.name,
+                self.policy.budget,
+                hint_jitter=self.policy.retry.hint_jitter,
+            )
+            core.shared.tend = core.tend
             core.shared.clock = core.clock
         try:
             self._add_upstreams(upstreams)

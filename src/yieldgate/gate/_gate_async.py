@@ -142,17 +142,19 @@ class AsyncCalls(GateBase):
         ``discard`` closes a value nobody will use: when hedged attempts both
         succeed, the one that lost the race is handed to it (a stream to close).
         """
-        value, lease = await self.call_and_hold(
-            fn,
-            *args,
-            priority=priority,
-            timeout=timeout,
-            classify=classify,
-            discard=discard,
-            cost=cost,
-        )
+        lease = None
         outcome = Signal.FAILURE
         try:
+            # In the ``try``: an interrupt before the block gets the value gives it back.
+            value, lease = await self.call_and_hold(
+                fn,
+                *args,
+                priority=priority,
+                timeout=timeout,
+                classify=classify,
+                discard=discard,
+                cost=cost,
+            )
             yield value
             outcome = Signal.SUCCESS
         except BaseException as exc:
@@ -160,7 +162,8 @@ class AsyncCalls(GateBase):
                 outcome = Signal.CANCELLED
             raise
         finally:
-            lease.release(outcome)
+            if lease is not None:
+                lease.release(outcome)
 
     async def call_and_hold(
         self,
@@ -184,8 +187,15 @@ class AsyncCalls(GateBase):
         if self._nested():
             return await self.call(fn, *args, classify=classify), self._nested_lease()
         call = self._new_call(priority, timeout, hold=True, cost=cost)
-        value = await self._run_async(fn, args, call, classify, discard)
-        return value, self._lease(call)
+        try:
+            value = await self._run_async(fn, args, call, classify, discard)
+            return value, self._lease(call)
+        except BaseException:
+            left, won = self._not_handed(call)
+            if left and discard is not None:
+                with anyio.CancelScope(shield=True):
+                    await discard(won)
+            raise
 
     async def map(
         self,

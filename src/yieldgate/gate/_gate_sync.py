@@ -151,18 +151,20 @@ class SyncCalls(GateBase):
         allow_event_loop: bool = False,
     ) -> Iterator[Any]:
         """``hold`` for a plain function: the slot is kept until the ``with`` block exits."""
-        value, lease = self.call_and_hold_sync(
-            fn,
-            *args,
-            priority=priority,
-            timeout=timeout,
-            classify=classify,
-            discard=discard,
-            cost=cost,
-            allow_event_loop=allow_event_loop,
-        )
+        lease = None
         outcome = Signal.FAILURE
         try:
+            # In the ``try``: an interrupt before the block gets the value gives it back.
+            value, lease = self.call_and_hold_sync(
+                fn,
+                *args,
+                priority=priority,
+                timeout=timeout,
+                classify=classify,
+                discard=discard,
+                cost=cost,
+                allow_event_loop=allow_event_loop,
+            )
             yield value
             outcome = Signal.SUCCESS
         except BaseException as exc:
@@ -170,7 +172,8 @@ class SyncCalls(GateBase):
                 outcome = Signal.CANCELLED
             raise
         finally:
-            lease.release(outcome)
+            if lease is not None:
+                lease.release(outcome)
 
     def call_and_hold_sync(
         self,
@@ -189,8 +192,14 @@ class SyncCalls(GateBase):
             return self.call_sync(fn, *args, classify=classify), self._nested_lease()
         task = self._thread("call_and_hold_sync", allow_event_loop)
         call = self._new_call(priority, timeout, hold=True, cost=cost, task=task)
-        value = self._run_sync(fn, args, call, classify, discard)
-        return value, self._lease(call)
+        try:
+            value = self._run_sync(fn, args, call, classify, discard)
+            return value, self._lease(call)
+        except BaseException:
+            left, won = self._not_handed(call)
+            if left and discard is not None:
+                discard(won)
+            raise
 
     def map_sync(
         self,

@@ -4,7 +4,7 @@ Tail latency comes from the few attempts that land on a slow replica, a long
 batch or a cold cache. A hedge starts another attempt once the first has not
 answered within a delay (fixed, or a quantile of the latencies seen
 recently), and the first success wins; the others are cancelled at once. A
-hedge is admitted by the same steps as any attempt (``_admission.hedge``:
+hedge is admitted by the same steps as any attempt (``_admission_hedge``:
 the quota, the fleet's take and in-flight lease, a window slot with the rate
 cap's start, a closed breaker), each taken at once or not at all, plus a
 draw from the retry budget; it runs only where no upstream hint is being
@@ -28,6 +28,7 @@ import anyio
 
 from yieldgate._exceptions import YieldgateError
 from yieldgate.gate import _admission as admission
+from yieldgate.gate._admission_hedge import hedge as admit_hedge
 from yieldgate.gate._outcome import Outcome, OutcomeKind
 from yieldgate.gate._policy import HedgePolicy
 
@@ -91,7 +92,7 @@ async def hedged_round(
                     break
                 extra = call.attempt()
                 spawned.append(extra)
-                if not await drive(call, admission.hedge(call, extra)):
+                if not await drive(call, admit_hedge(call, extra)):
                     call.end(extra, None, core.clock())
                     continue  # no room to hedge now; look again after another delay
                 hedges += 1

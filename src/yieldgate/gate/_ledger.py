@@ -30,6 +30,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from yieldgate.gate._breaker import BreakerTicket, Verdict
+from yieldgate.gate._fleet_op import FleetOp
 from yieldgate.gate._quota import BLIND, NOTHING, ONE_REQUEST, Claim, Cost, QuotaReading
 from yieldgate.gate._window import Permit, Signal, Waiter
 from yieldgate.protocol import Priority
@@ -59,6 +60,7 @@ class Attempt:
         "deadline",
         "ended",
         "epoch",
+        "first",
         "hedging",
         "key",
         "lease",
@@ -67,6 +69,7 @@ class Attempt:
         "priority",
         "probe",
         "queued",
+        "read",
         "receipt",
         "sent",
         "settled",
@@ -101,6 +104,7 @@ class Attempt:
         self.settled = False  # its quota claim settled against what it used
         self.sent = False
         self.ended = False  # its end was recorded (``CallState.end``)
+        self.read = False  # its answer carried quota readings
         # -- the ledger: each None / False until acquired, and again once given back
         self.up: Upstream | None = None
         self.claim: Claim | None = None  # taken from the quota (or BLIND)
@@ -112,6 +116,7 @@ class Attempt:
         self.lease: str | None = None  # a fleet in-flight lease
         self.ticket: BreakerTicket | None = None
         self.probe = False  # holds the fleet's half-open probe
+        self.first: str | None = None  # asks for, or probes, the fleet's first reading
         self.receipt: int | None = None  # a hedge's retry-budget draw
 
     @property
@@ -147,6 +152,8 @@ class Attempt:
         with core.lock:
             if self.epoch != core.epoch:
                 return
+            if readings:
+                self.read = True
             # A blind attempt is still counted in flight: its own reading counts it.
             blind = self.cost if self.blind else None
             up.quota.observe(readings, claim, core.clock(), blind=blind)
@@ -208,7 +215,7 @@ class Attempt:
         if self.queued:
             self.queued = False
             if claim is not None:
-                up.quota.leave(claim)
+                up.quota.leave(claim, now)
         turn, self.turn = self.turn, None
         if turn is not None and shared is not None:
             shared.line.leave(up, turn)
@@ -237,6 +244,12 @@ class Attempt:
         lease, self.lease = self.lease, None
         if lease is not None and shared is not None:
             shared.release(up, lease)
+        if self.first is not None and shared is not None:
+            # Only an answer that came back settles the fleet's first reading.
+            answered = sent and signal is Signal.SUCCESS
+            op = shared.first.left(up, self, read=self.read, answered=answered)
+            if op is not None:
+                shared.backlog.append(FleetOp(*op))
         if self.probe:
             self.probe = False
             if shared is not None and (not sent or verdict is Verdict.NEUTRAL):
@@ -264,6 +277,7 @@ class Attempt:
         """Drop every entry without touching any state (nothing was acquired, or the
         state it was acquired from is a forked parent's)."""
         self.queued = self.blind = self.probe = False
+        self.first = None
         self.turn = self.waiter = self.permit = self.lease = self.ticket = None
         self.receipt = None
         if not self.sent:
@@ -275,6 +289,7 @@ class Attempt:
             self.queued
             or self.blind
             or self.probe
+            or self.first is not None
             or self.turn is not None
             or self.waiter is not None
             or self.permit is not None

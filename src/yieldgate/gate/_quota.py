@@ -32,20 +32,27 @@ every scope. A scope no answer has described yet is paced by nothing learnt
 (its first answers teach it), or, with ``borrow``, by copies of the shapes
 of the scope read last.
 
-Waiting: one queue per scope (one per upstream when it has budgets of the
-caller's own, which every claim spends), by priority and then arrival; only
-the head sleeps, until its cost fits (the time each bucket needs to refill
-the difference), re-reading the buckets when it wakes, as the rate cap
-does. A cost larger than a bucket's whole limit can never fit:
-``too_large`` says so before any wait.
+Waiting: one lane per scope (one per upstream when it has budgets of the
+caller's own, which every claim spends), by priority and then arrival
+(``_quota_lanes``); only the head sleeps, until its cost fits (the time each
+bucket needs to refill the difference), re-reading the buckets when it wakes,
+as the rate cap does. A cost larger than a bucket's whole limit can never
+fit: ``too_large`` says so before any wait.
+
+What stays on a scope: a provider's 429 for a scope's quota holds that
+scope's claims alone (``lanes.hold``; ``_quota_lanes`` says how they go),
+and a fleet's refusal holds back only the claims that spend from the buckets
+that refused (``refused``): a model whose own buckets have room never waits
+for another's. The caller's own budgets are every scope's, so a refusal of
+one of them holds every claim.
 """
 
 from __future__ import annotations
 
-import bisect
 import itertools
 import math
-from collections.abc import Callable, Iterable
+import random
+from collections.abc import Callable, Iterable, Sequence
 
 from yieldgate.gate._claim import BLIND, Claim
 from yieldgate.gate._cost import (
@@ -63,7 +70,7 @@ from yieldgate.gate._cost import (
     scope_of,
     scoped_key,
 )
-from yieldgate.gate._window import RANK
+from yieldgate.gate._quota_lanes import Lanes
 
 __all__ = [
     "BLIND",
@@ -96,6 +103,8 @@ class Quota:
         tokens_per_minute: float | None = None,
         learn: bool = True,
         borrow: bool = False,
+        jitter: float = 0.5,
+        rng: random.Random | None = None,
     ) -> None:
         self.learn = learn
         self.borrow = borrow
@@ -120,26 +129,26 @@ class Quota:
         self._pending: set[Claim] = set()  # taken, not sent yet
         self._blind: dict[Cost, int] = {}  # blind claims in flight, counted by cost
         self.blind_requests = 0  # those of them that cost ONE_REQUEST (most): a count
-        # The queues, by lane: a claim's scope, or "" for all when the caller's own
-        # budgets (which every claim spends) are buckets too.
-        self._one_lane = bool(self.buckets)
-        self._queues: dict[str, list[tuple[int, float, int, Claim]]] = {}
-        self._arrivals = itertools.count()
+        # The queues, by lane: a claim's scope, or one for all when the caller's own
+        # budgets (which every claim spends) are buckets too; and the scopes held
+        # (``lanes.hold``: a provider's 429 for one scope's quota).
+        self.lanes = Lanes(one=bool(self.buckets), jitter=jitter, rng=rng)
         # In a fleet: the fleet's buckets pace (``shared``) and, after a refusal, no
-        # claim asks them again before ``poll_after``; learnt buckets hold ``cap`` of
+        # claim that spends from a bucket that refused asks again before its time
+        # (``_polls``: bucket -> when); learnt buckets hold ``cap`` of
         # what the provider says (1 / members: a member's fair share of a full
         # bucket) and refill at ``pace`` of its rate. While Redis is away the
         # caller's own budgets, the fleet's as a whole, are paced here at the
         # same share (while it answers they are the fleet's, not taken here).
         self.shared = False
-        self.poll_after = -math.inf
+        self._polls: dict[str, float] = {}
         self.cap = 1.0
         self.pace = 1.0
 
     @property
     def active(self) -> bool:
-        """Whether any bucket is known: else every claim passes at once."""
-        return bool(self.buckets)
+        """Whether any bucket is known or any scope held: else every claim passes at once."""
+        return bool(self.buckets) or self.lanes.holding
 
     @property
     def learnt(self) -> bool:
@@ -180,21 +189,36 @@ class Quota:
         return [b for b in self.buckets.values() if b.learnt and b.scope == scope]
 
     def _longest(self, cost: Cost, now: float) -> tuple[float, Bucket | None]:
-        """The longest refill ``cost`` needs of the buckets a claim takes from, and
-        that bucket (``0.0, None``: it fits every one now)."""
+        """The longest refill ``cost`` needs of the buckets a claim takes from (or, in a
+        fleet, the longest wait the fleet's refusal of one of them set), and that
+        bucket (``0.0, None``: it fits every one now)."""
         wait, binding = 0.0, None
         for b in self._local(cost.scope, self.shared):
             need = b.wait_s(cost.amount(b.resource), now, *self._shares())
             if need > wait:
                 wait, binding = need, b
+        if self.shared and self._polls:
+            for b in self._of(cost.scope):
+                need = self._polls.get(b.key, now) - now
+                if need > wait and cost.amount(b.resource) > 0:
+                    wait, binding = need, b
         return wait, binding
 
     def _fits(self, cost: Cost, now: float) -> float:
         """0 if ``cost`` fits every bucket now, else the longest refill it needs."""
-        wait = self._longest(cost, now)[0]
-        if self.shared:
-            wait = max(wait, self.poll_after - now)
-        return wait
+        return self._longest(cost, now)[0]
+
+    def refused(self, waits: Sequence[tuple[str, float]], now: float) -> None:
+        """The fleet refused a take: no claim spending from those buckets asks it again
+        for the refill each needs (``(bucket, seconds)``); others go on."""
+        polls = self._polls
+        for key in [key for key, until in polls.items() if until <= now]:
+            del polls[key]
+        for key, wait_s in waits:
+            # A bucket full again within its window: no refusal stalls a Gate past it.
+            until = now + min(wait_s, MAX_WINDOW_S)
+            if until > polls.get(key, now):
+                polls[key] = until
 
     def wants(self, cost: Cost) -> list[tuple[str, float, float, float]]:
         """``(bucket, amount, limit, rate)`` for each bucket ``cost`` spends from."""
@@ -233,12 +257,10 @@ class Quota:
         else:
             del blind[cost]
 
-    def _lane(self, scope: str) -> str:
-        return "" if self._one_lane else scope
-
     def try_take(self, claim: Claim, now: float) -> bool:
-        """Take ``claim`` now if nobody is queued in its lane and it fits; never waits."""
-        if self._queues.get(self._lane(claim.scope)):
+        """Take ``claim`` now if no hold keeps it back, nobody who may go is queued in
+        its lane, and it fits; never waits."""
+        if self.lanes.blocks(claim, now):
             return False
         if self.buckets and self._fits(claim.cost, now) > 0:
             return False
@@ -247,51 +269,36 @@ class Quota:
 
     def join(self, claim: Claim, wake: Callable[[], None]) -> None:
         """Queue ``claim``, by priority then arrival; a new head is woken."""
-        claim.wake = wake
-        entry = (-RANK[claim.priority], claim.key, next(self._arrivals), claim)
-        queue = self._queues.setdefault(self._lane(claim.scope), [])
-        bisect.insort(queue, entry)
-        if queue[0][3] is claim and len(queue) > 1:
-            # The old head sleeps towards its own start: it must stand back.
-            old = queue[1][3].wake
-            if old is not None:
-                old()
+        self.lanes.join(claim, wake)
 
-    def at_head(self, claim: Claim) -> bool:
-        queue = self._queues.get(self._lane(claim.scope))
-        return queue is not None and queue[0][3] is claim
+    def at_head(self, claim: Claim, now: float) -> bool:
+        """Whether ``claim`` looks for itself (``take_queued``), or waits to be woken."""
+        return self.lanes.at_head(claim, now)
 
     def take_queued(self, claim: Claim, now: float) -> float | None:
-        """For the claim at the head: take it (``None``) or say when to look again."""
+        """For a claim at its head: take it (``None``) or say when to look again."""
+        held = self.lanes.held_wait(claim, now)
+        if held is not None:
+            return max(held, now + _MIN_SLEEP_S)
         wait = self._fits(claim.cost, now) if self.buckets else 0.0
         if wait <= 0:
             self._take(claim, now)
-            self.leave(claim)
+            self.leave(claim, now)
             return None
         return now + max(wait, _MIN_SLEEP_S)
 
-    def leave(self, claim: Claim) -> None:
+    def leave(self, claim: Claim, now: float) -> None:
         """Leave the queue (taken, or gave up); the next at the head is woken."""
-        lane = self._lane(claim.scope)
-        queue = self._queues.get(lane)
-        if not queue:
-            return
-        for i, entry in enumerate(queue):
-            if entry[3] is claim:
-                del queue[i]
-                if not queue:
-                    del self._queues[lane]
-                elif i == 0:
-                    self._wake_head(claim.scope)
-                return
+        self.lanes.leave(claim, now)
 
-    def _wake_head(self, scope: str) -> None:
-        """Wake the head of ``scope``'s lane: what it waits for may have changed."""
-        queue = self._queues.get(self._lane(scope))
-        if queue:
-            wake = queue[0][3].wake
-            if wake is not None:
-                wake()
+    def beyond(self, claim: Claim, now: float, again: float) -> str:
+        """Why a queued claim cannot be taken before ``again``, past its deadline."""
+        if self.lanes.held_back(claim, now):
+            what = f"the quota of {claim.scope!r}, held by its provider's hint"
+        else:
+            bucket = self.binding(claim.cost, now)
+            what = "the fleet's quota" if bucket is None else f"quota bucket {bucket.key!r}"
+        return f"waiting for {what} (room only in {again - now:.3g} s, past the deadline)"
 
     def refund(self, claim: Claim, now: float) -> None:
         """Give back a claim that never went out."""
@@ -305,7 +312,7 @@ class Quota:
             for bucket in self._local(claim.scope, claim.fleet):
                 bucket.give(claim.cost.amount(bucket.resource), now, *self._shares())
         self._pending.discard(claim)
-        self._wake_head(claim.scope)
+        self.lanes.wake(claim.scope, now)
 
     # -- learning ------------------------------------------------------------------
 
@@ -324,7 +331,7 @@ class Quota:
             elif over < 0:
                 bucket.take(-over, now, *self._shares())
         if changed:
-            self._wake_head(claim.scope)
+            self.lanes.wake(claim.scope, now)
 
     def observe(
         self,
@@ -393,7 +400,7 @@ class Quota:
             # The scope's own answer came: shapes borrowed and not read here go.
             for b in [b for b in self.buckets.values() if b.scope == scope and b.applied < 0]:
                 del self.buckets[b.key]
-        self._wake_head(scope)
+        self.lanes.wake(scope, now)
 
     def _unseen(self, resource: str, scope: str) -> float:
         """What the claims of ``scope`` sent and not answered yet spend of ``resource``."""
@@ -449,7 +456,7 @@ class Quota:
         self._forget_stalest(now)
         bucket.level = limit * self.cap
         self.buckets[key] = bucket
-        self._wake_head(scope)
+        self.lanes.wake(scope, now)
         return True
 
     def finished(self, claim: Claim) -> None:
@@ -462,12 +469,13 @@ class Quota:
         self._pending.clear()
         self._blind.clear()
         self.blind_requests = 0
-        self._queues.clear()
+        self.lanes.clear()
 
     def audit(self) -> list[str]:
-        """Claims queued, taken or in flight (none when no call runs)."""
+        """Claims queued, taken or in flight (none when no call runs: then nothing is
+        unseen, since a reading counts unseen only what is taken or in flight)."""
         problems = []
-        queued = sum(len(q) for q in self._queues.values())
+        queued = self.lanes.queued()
         if queued:
             problems.append(f"{queued} claim(s) queued for the quota")
         if self._pending:

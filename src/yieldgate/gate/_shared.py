@@ -5,13 +5,16 @@ things with the other members of its fleet through a ``yieldgate.fleet.Fleet``:
 
 - **the quota**: in shared mode an attempt's cost is taken from the fleet's
   buckets (``take``), the readings of its response are applied there
-  (``observe``), and what never went out is given back (``refund``). The
-  local buckets go on learning from every reading, as the fallback.
+  (``observe``), and what never went out is given back (``refund``), by the
+  quota link this is built on (``_shared_quota``). The local buckets go on
+  learning from every reading, as the fallback.
   A member that has had no answer yet asks the fleet for the buckets' shapes
   (``shapes``) and paces by them from its first call, instead of sending blind.
 - **hint holds**: a congestion hint one member sees holds everyone's
-  attempts at that priority and below (``hold``); each member reads the
-  holds at most every ``HOLDS_EVERY_S`` before admitting (``holds``).
+  attempts at that priority and below (``hold``); a provider's refusal for
+  one scope's quota (a model's) holds that scope's claims alone, everywhere;
+  each member reads the holds at most every ``HOLDS_EVERY_S`` before
+  admitting (``all_holds``).
 - **in-flight leases**, with ``FleetPolicy.inflight_cap``: an attempt sends
   only with a lease (``acquire``), given back when it ends (``release``).
   The callers of one member wait for a lease in a line (``_lease_line``), by
@@ -26,34 +29,30 @@ Redis is down or slow: the Gate then goes on alone (``available`` false), its
 quota paced at ``1 / members`` of what the provider's headers say, and tries
 Redis again every ``REJOIN_EVERY_S`` (a membership heartbeat) until it answers.
 
-One background thread per Gate (started when first needed, ended when it has
-nothing left to do) renews the leases held and runs what must not wait for
-the next call: the release of a lease held past its call (``Lease.release``,
-which may run on an event loop that must not block on Redis), and what a
-cancelled attempt gave back after its driver could no longer await.
+One background thread per Gate (``_fleet_worker``, whose half of the link
+``Shared`` extends) renews the leases held, gives back the fleet leases of
+held slots dropped or lapsed, and runs what must not wait for the next call.
 """
 
 from __future__ import annotations
 
-import functools
-import logging
-import math
-import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
 from yieldgate.gate._breaker import BreakerState
-from yieldgate.gate._cost import scoped_key
 from yieldgate.gate._first_reading import FirstReadings
+from yieldgate.gate._fleet_op import FleetOp
+from yieldgate.gate._fleet_worker import FleetWorker
 from yieldgate.gate._lease_line import LeaseLine
 from yieldgate.gate._policy import FleetPolicy, RetryBudgetPolicy
-from yieldgate.gate._quota import Claim, Cost, QuotaReading
+from yieldgate.gate._quota import Claim
+from yieldgate.gate._shared_quota import QuotaLink
 from yieldgate.gate._upstream import Upstream
 from yieldgate.gate._window import RANK
 
-__all__ = ["FleetOp", "Shared"]
+__all__ = ["GRANTS", "FleetOp", "Shared", "given_back"]
 
 HOLDS_EVERY_S = 0.025
 HEARTBEAT_EVERY_S = 1.0
@@ -63,35 +62,44 @@ REJOIN_EVERY_S = 1.0
 # The (upstream, scope) pairs whose next ask for shapes is remembered, at most.
 MAX_SHAPES_DUE = 1024
 PRIORITY_OF = {rank: priority for priority, rank in RANK.items()}
-log = logging.getLogger("yieldgate")
+# What the other members wait on: an operation of these that Redis did not answer is
+# run again once it answers (the first reading's settlement, or its probe handed back;
+# each can be run twice).
+AGAIN = frozenset({"probed", "abandon_first"})
+# The fleet operations whose answer grants what must be given back (``given_back``).
+GRANTS = frozenset({"acquire", "take", "withdraw", "claim_probe", "first"})
 
 
-class FleetOp(NamedTuple):
-    """One operation of ``yieldgate.fleet.Fleet`` to run: its name (the async form;
-    ``name + "_sync"`` the sync one), arguments and keyword arguments."""
-
-    name: str
-    args: tuple[Any, ...]
-    kwargs: dict[str, Any] = {}  # noqa: RUF012 - never mutated
-
-
-class Shared:
+class Shared(QuotaLink, FleetWorker):
     """The fleet a Gate belongs to, and the state of its link (see the module docstring)."""
 
     def __init__(
-        self, fleet: Any, policy: FleetPolicy, gate: str, budget: RetryBudgetPolicy
+        self,
+        fleet: Any,
+        policy: FleetPolicy,
+        gate: str,
+        budget: RetryBudgetPolicy,
+        *,
+        hint_jitter: float = 0.5,
     ) -> None:
         self.fleet = fleet
         self.policy = policy
+        # A hold another member shared is spread over this member's own jitter, as its
+        # own hints are (``RetryPolicy.hint_jitter``).
+        self.hint_jitter = hint_jitter
         self.clock: Callable[[], float] = time.monotonic  # the Gate's (set by it)
         self.gate = gate
         self.budget_policy = budget
         self.available = True
         self.backlog: deque[FleetOp] = deque()
         self._holds_read: dict[str, float] = {}
+        # Per upstream, while a read of the fleet's holds is out: the call reading them,
+        # and the wake-ups of the calls that wait for it (what it reads may hold them).
+        self._holds_out: dict[str, tuple[object, dict[int, Callable[[], None]]]] = {}
         self._shapes_due: dict[tuple[str, str], float] = {}
         self._heartbeat_due: dict[str, float] = {}
         self.members: dict[str, int] = {}
+        self.unsettled = 0
         # The callers of this member waiting for a fleet lease (``_lease_line``).
         self.line = LeaseLine(policy.poll_s)
         # Calls made and not yet told the fleet's retry budget (told in batches).
@@ -100,28 +108,15 @@ class Shared:
         # Upstreams whose last verdict this member reported was a failure: only then
         # does a success need telling (it ends the fleet's run of failures).
         self._failing: set[str] = set()
-        # What the worker runs first on each round (the Gate gives back the fleet leases
-        # of its dropped leases: ``GateCore.drain_orphans``).
-        self.drain: Callable[[], None] | None = None
         # Each upstream's first reading of its quota: one member probes, the rest wait.
         self.first = FirstReadings(policy)
         self._init_worker()
 
-    def _init_worker(self) -> None:
-        # Leases held now (id -> upstream), renewed by the worker every third of their
-        # TTL; ops for it to run at once; both guarded by ``_cond``.
-        self._cond = threading.Condition(threading.Lock())
-        self.leases: dict[str, str] = {}
-        self._soon: deque[FleetOp] = deque()
-        self._worker: threading.Thread | None = None
-        self._stopped = False
-        # When the leases held are next renewed (a third of their TTL after the
-        # earliest grant or renewal not yet followed by one).
-        self._renew_at = math.inf
-
     # -- before admission -----------------------------------------------------------
 
-    def before(self, up: Upstream, now: float, scope: str = "") -> list[FleetOp]:
+    def before(
+        self, up: Upstream, now: float, scope: str = "", call: object = None
+    ) -> list[FleetOp]:
         """What to ask the fleet before admitting a call of ``scope`` to ``up``: a
         heartbeat when due (also the probe that rejoins after an outage), the holds
         when last read long ago, and the buckets' shapes while no answer has taught
@@ -150,10 +145,33 @@ class Shared:
             ops.append(FleetOp("shapes", (up.name,)))
         if self.available and now - self._holds_read.get(up.name, -1.0) >= HOLDS_EVERY_S:
             self._holds_read[up.name] = now
-            ops.append(FleetOp("holds", (up.name,)))
+            self._holds_out[up.name] = (call, {})  # ``call`` reads: ``holds_read`` ends it
+            ops.append(FleetOp("all_holds", (up.name,)))
             if up.breaker.policy.enabled:
                 ops.append(FleetOp("breaker", (up.name,)))
         return ops
+
+    def reading_holds(self, up: Upstream, call: object) -> bool:
+        """Whether another call's read of ``up``'s holds is out (``call`` waits for it)."""
+        out = self._holds_out.get(up.name)
+        return out is not None and out[0] is not call
+
+    def wait_holds(self, up: Upstream, call: object, wake: Callable[[], None] | None) -> None:
+        """``call`` waits for the read of ``up``'s holds out (``wake``), or no longer."""
+        out = self._holds_out.get(up.name)
+        if out is not None and wake is not None:
+            out[1][id(call)] = wake
+        elif out is not None:
+            out[1].pop(id(call), None)
+
+    def holds_read(self, up: Upstream, call: object) -> None:
+        """``call``'s read of ``up``'s holds is over (answered, or given up): the calls
+        that waited for it look again."""
+        out = self._holds_out.get(up.name)
+        if out is not None and out[0] is call:
+            del self._holds_out[up.name]
+            for wake in out[1].values():
+                wake()
 
     def apply(
         self, ups: Sequence[Upstream], up: Upstream, op: FleetOp, got: Any, now: float
@@ -165,27 +183,71 @@ class Shared:
             else:
                 self.members[up.name] = max(1, int(got))
                 self._rejoin(ups)
+                self._send_again()
             self._set_share(up)
-        elif op.name in ("shapes", "first"):
+        elif op.name == "shapes":
             if got is None:
                 self._unavailable(ups)
-            shapes = got if op.name == "shapes" else self.first.told(up, got, now)
-            for key, shape in (shapes or {}).items():
-                up.quota.seed(key, shape.resource, shape.limit, shape.rate, now)
-        elif op.name == "holds":
+            self._seed(up, got, now)
+        elif op.name == "all_holds":
             if got is None:
                 self._unavailable(ups)
                 return
-            for rank, left in got.items():
-                priority = PRIORITY_OF.get(int(rank))
-                if priority is not None and left > 0:
-                    up.window.hold(priority, now + left, now + left)
+            for scope, ranks in got.items():
+                for rank, left in ranks.items():
+                    priority = PRIORITY_OF.get(int(rank))
+                    if priority is None or left <= 0:
+                        continue
+                    if scope:  # one scope's quota: its claims, released over the jitter
+                        up.quota.lanes.hold(scope, priority, left, now)
+                    else:  # none before the hint, then one by one over the jitter
+                        up.window.hold(priority, now + left * (1 + self.hint_jitter), now + left)
         elif op.name == "breaker" and got is not None:
             # The fleet's breaker is the authority: one member's failures open it for all.
             if got.state is not BreakerState.CLOSED:  # open, or half-open: probe first
                 up.breaker.trip(got.retry_after_s)
             elif got.state is BreakerState.CLOSED:
                 up.breaker.reset()
+
+    def told_first(
+        self, ups: Sequence[Upstream], up: Upstream, attempt: Any, got: Any, now: float
+    ) -> None:
+        """What ``attempt``'s ask for ``up``'s first reading answered (``Fleet.first``)."""
+        if got is None:
+            self._unavailable(ups)
+        shapes, after = self.first.told(up, attempt, got, now)
+        self._seed(up, shapes, now)
+        if after is not None:
+            self.backlog.append(FleetOp(*after))
+
+    def alone(self, up: Upstream) -> None:
+        """Redis is away: ``up``'s first reading ends for this member (``FirstReadings.alone``)."""
+        op = self.first.alone(up)
+        if op is not None:
+            with self._cond:
+                self._again[op[0], op[1][0]] = FleetOp(*op)
+
+    def _seed(self, up: Upstream, shapes: Any, now: float) -> None:
+        for key, shape in (shapes or {}).items():
+            up.quota.seed(key, shape.resource, shape.limit, shape.rate, now)
+
+    def ran(self, op: FleetOp, got: Any) -> None:
+        """What a backlog's operation answered: one the other members wait on, unanswered
+        (Redis away, or slower than the budget), is kept to run again."""
+        if got is None and op.name in AGAIN:
+            with self._cond:
+                self._again[op.name, op.args[0]] = op
+
+    def _send_again(self) -> None:
+        """Redis answers again: what it did not answer before goes back in the backlog
+        (not a probe handed back that this member has taken again since)."""
+        with self._cond:
+            if not self._again:
+                return
+            ops, self._again = list(self._again.values()), {}
+        for op in ops:
+            if op.name != "abandon_first" or not self.first.probing(op.args[0]):
+                self.backlog.append(op)
 
     def _unavailable(self, ups: Sequence[Upstream]) -> None:
         if self.available:
@@ -209,102 +271,9 @@ class Shared:
         up.quota.cap = share
         up.quota.pace = share
 
-    # -- the quota -------------------------------------------------------------------
-
-    def take(self, up: Upstream, claim: Claim) -> FleetOp | None:
-        """The fleet's take for ``claim`` (taken locally in shared mode), or ``None``
-        when no bucket is known yet (the first answers teach it)."""
-        wants = up.quota.wants(claim.cost)
-        if not wants:
-            return None
-        claim.wants = wants  # what it takes there, if granted (``seq`` says whether it was)
-        return FleetOp("take", (up.name, wants))
-
-    def took(
-        self, ups: Sequence[Upstream], up: Upstream, claim: Claim, got: Any, now: float
-    ) -> bool:
-        """What the fleet's take answered: ``True`` if ``claim`` may go; else it was
-        refused (wait) or Redis is away (go on alone): the caller starts over."""
-        if got is None:
-            self._unavailable(ups)
-            up.quota.refund(claim, now)
-            return False
-        if not got.ok:
-            up.quota.poll_after = max(up.quota.poll_after, now + got.wait_s)
-            up.quota.refund(claim, now)
-            return False
-        claim.seq = got.seq
-        return True
-
-    def refund(self, up: Upstream, claim: Claim) -> None:
-        """A claim the fleet had granted was never sent."""
-        if claim.seq:
-            self.backlog.append(FleetOp("refund", (up.name, _amounts(claim))))
-            claim.seq = 0
-
-    def observe(
-        self, up: Upstream, claim: Claim, readings: Sequence[QuotaReading], now: float
-    ) -> None:
-        """A response's readings, for the fleet's buckets its claim took from; or, for a
-        claim the fleet never numbered (sent before any bucket was known), for every
-        bucket read, as a reading older than any take (it may only lower a level, or
-        creates the bucket): so the fleet learns the quota from a member's first answer."""
-        taken = {key: amount for key, amount, _, _ in claim.wants} if claim.seq else None
-        for reading in readings:
-            key = scoped_key(reading.key, claim.scope)
-            amount = 0.0 if taken is None else taken.get(key)
-            bucket = up.quota.buckets.get(key)
-            if amount is None or bucket is None:
-                continue
-            kwargs = {
-                "limit": bucket.limit,
-                "rate": bucket.rate,
-                "remaining": reading.remaining,
-                "amount": amount,
-                "seq": claim.seq,
-                "resource": bucket.resource,
-                # Which reading is newest is told by when its request was sent: its
-                # age when the operation goes (it may wait in the backlog a while).
-                "age_s": functools.partial(_age, self.clock, claim.started),
-            }
-            self.backlog.append(FleetOp("observe", (up.name, key), kwargs))
-        if claim.seq:
-            claim.observed = True
-
-    def settle(self, up: Upstream, claim: Claim, used: Cost) -> None:
-        """What the attempt of a claim the fleet granted really used: the caller's own
-        budgets (``QuotaPolicy``'s buckets, which no provider's reading corrects) are
-        settled in the fleet, as they are locally when alone."""
-        if not claim.seq:
-            return
-        corrections = []
-        for key, amount, _, _ in claim.wants:
-            bucket = up.quota.buckets.get(key)
-            if bucket is None or bucket.learnt:
-                continue
-            delta = amount - used.amount(bucket.resource)
-            if delta:
-                corrections.append((key, float(delta)))
-        if corrections:
-            self.backlog.append(FleetOp("settle", (up.name, corrections)))
-
     # -- after an attempt --------------------------------------------------------------
 
     # -- leases ------------------------------------------------------------------------
-
-    def leased(self, up: Upstream, lease: str) -> None:
-        """A lease was granted: renew it, a third of its TTL from now, until it is released."""
-        due = time.monotonic() + self.policy.lease_ttl_s / 3  # from the grant, not the worker
-        with self._cond:
-            self.leases[lease] = up.name
-            if due < self._renew_at:
-                self._renew_at = due
-                self._cond.notify()
-            self._ensure_worker()
-
-    def released(self, lease: str) -> None:
-        with self._cond:
-            self.leases.pop(lease, None)
 
     def release(self, up: Upstream, lease: str, *, soon: bool = False) -> None:
         """Give a lease back: no longer renewed, and released in Redis (by the next
@@ -315,28 +284,6 @@ class Shared:
             self.run_soon([op])
         else:
             self.backlog.append(op)
-
-    def release_nowait(self, up: Upstream, lease: str) -> bool:
-        """``release(soon=True)`` if that takes no waiting and no new thread (a garbage
-        collector's finalizer may run inside this very code); ``False``: not done."""
-        if not self._cond.acquire(blocking=False):
-            return False
-        try:
-            if self._worker is None:
-                return False
-            self.leases.pop(lease, None)
-            self._soon.append(FleetOp("release", (up.name, lease)))
-            self._cond.notify()
-        finally:
-            self._cond.release()
-        return True
-
-    def run_soon(self, ops: Sequence[FleetOp]) -> None:
-        """Have the worker run ``ops`` now, off every caller's path."""
-        with self._cond:
-            self._soon.extend(ops)
-            self._ensure_worker()
-            self._cond.notify()
 
     def hand_over(self) -> None:
         """What attempts left for the fleet, run by the worker (a driver that can no
@@ -350,62 +297,10 @@ class Shared:
         if ops:
             self.run_soon(ops)
 
-    def _ensure_worker(self) -> None:
-        # Under ``_cond``: a worker exits only under it, having seen nothing to do.
-        if self._worker is None and (self._soon or not self._stopped):
-            self._worker = threading.Thread(
-                target=self._work, name=f"yieldgate-fleet-{self.gate}", daemon=True
-            )
-            self._worker.start()
-
-    def _work(self) -> None:
-        """Renew the leases held a third of their TTL before they would lapse, and run
-        the ops handed over; end when there is neither (a member that dies stops
-        renewing, and its leases lapse)."""
-        every = self.policy.lease_ttl_s / 3
-        while True:
-            drain = self.drain
-            if drain is not None:
-                drain()  # outside ``_cond``: it takes the Gate's lock, then ours
-            with self._cond:
-                while True:
-                    if not self._soon and (self._stopped or not self.leases):
-                        self._worker = None
-                        self._renew_at = math.inf
-                        return
-                    if self._soon:  # run even once closed: they give back what was taken
-                        break
-                    left = self._renew_at - time.monotonic()
-                    if left <= 0:
-                        break
-                    self._cond.wait(left)
-                ops = list(self._soon)
-                self._soon.clear()
-                renew: dict[str, list[str]] = {}
-                if time.monotonic() >= self._renew_at and not self._stopped:
-                    self._renew_at = time.monotonic() + every
-                    for lease, upstream in self.leases.items():
-                        renew.setdefault(upstream, []).append(lease)
-            for op in ops:
-                try:
-                    getattr(self.fleet, op.name + "_sync")(*op.args, **op.kwargs)
-                except Exception:  # pragma: no cover - a fleet op answers None, never raises
-                    log.exception("a fleet operation of gate %r raised", self.gate)
-            for upstream, leases in renew.items():
-                self.fleet.renew_sync(upstream, leases)
-
     def close(self) -> list[FleetOp]:
         """Stop renewing; the ops still to run (what leases and attempts gave back, not
         run yet), for the closing Gate to run before its fleet link closes."""
-        with self._cond:
-            self._stopped = True
-            ops = list(self._soon)
-            self._soon.clear()
-            self._cond.notify()
-            worker = self._worker
-        if worker is not None and worker is not threading.current_thread():
-            # The ops it is running now reach Redis before the link closes.
-            worker.join(self.policy.budget_s * 4)
+        ops = self.stop()
         while self.backlog:
             try:
                 ops.append(self.backlog.popleft())
@@ -416,10 +311,12 @@ class Shared:
     def forked(self) -> None:
         """In a forked child: the parent's leases, ops and thread are not this
         process's (its leases lapse when the parent stops renewing them)."""
-        self._init_worker()
+        self._init_worker()  # and no operation of the parent's to run again
         self.backlog.clear()
         self.line = LeaseLine(self.policy.poll_s)
         self.deposits = 0
+        self.unsettled = 0
+        self._holds_out.clear()
         self.first.forked()
 
     def audit(self, held: Any) -> list[str]:
@@ -436,6 +333,13 @@ class Shared:
             problems.append(f"{waiting} caller(s) in line for a fleet lease")
         if self.backlog or queued:
             problems.append(f"{len(self.backlog) + queued} fleet operation(s) not yet run")
+        if self.unsettled:
+            # Nothing in flight, nothing unseen: each take is settled by its readings
+            # and, for the buckets they did not read, when its attempt ends.
+            problems.append(f"{self.unsettled} fleet take(s) still counted unseen")
+        if self._holds_out:
+            problems.append(f"{len(self._holds_out)} read(s) of the fleet's holds out")
+        problems += self.first.audit()
         return problems
 
     def verdict(self, up: Upstream, success: bool, *, probe: bool) -> None:
@@ -454,28 +358,36 @@ class Shared:
         self.backlog.append(FleetOp("report", (up.name, success, policy), {"probe": probe}))
 
     def finished(self, up: Upstream, claim: Claim) -> None:
-        """An attempt's take was answered without a reading (or not at all)."""
-        if claim.seq and not claim.observed:
-            self.backlog.append(FleetOp("finished", (up.name, _amounts(claim))))
-            claim.observed = True
-        told = self.first.answered(up)
-        if told is not None:
-            self.backlog.append(FleetOp(*told))
+        """An attempt that was sent is over (answered or not)."""
+        self.settle_unseen(up, claim)
 
-    def hold(self, up: Upstream, rank: int, hold_s: float) -> None:
-        """Share a congestion hint with the fleet."""
+    def hold(self, up: Upstream, rank: int, hold_s: float, scope: str = "") -> None:
+        """Share a congestion hint with the fleet (with ``scope``: a provider's refusal
+        for that scope's quota, which holds its claims alone)."""
         if hold_s > 0 and self.available:
-            self.backlog.append(FleetOp("hold", (up.name, rank, hold_s)))
+            kwargs = {"scope": scope} if scope else {}
+            self.backlog.append(FleetOp("hold", (up.name, rank, hold_s), kwargs))
 
     def release_probe(self, up: Upstream) -> None:
         """The fleet's half-open probe this member held had no verdict: free it."""
         self.backlog.append(FleetOp("release_probe", (up.name,)))
 
 
-def _amounts(claim: Claim) -> list[tuple[str, float]]:
-    return [(key, amount) for key, amount, _, _ in claim.wants]
-
-
-def _age(clock: Callable[[], float], sent: float) -> float:
-    """Seconds since ``sent``, on the Gate's clock."""
-    return max(0.0, clock() - sent)
+def given_back(op: FleetOp, got: Any) -> FleetOp | None:
+    """What gives back what the answer ``got`` to ``op`` granted (``None``: it granted
+    nothing): for a grant a call received and never entered in a ledger (an interrupt
+    between the two: ``CallState.granted``)."""
+    if got is None or got is False:
+        return None
+    name, upstream = op.name, op.args[0]
+    if name == "acquire":
+        return FleetOp("release", (upstream, got))
+    if name == "take" and got.ok:
+        return FleetOp("refund", (upstream, [(key, amount) for key, amount, _, _ in op.args[1]]))
+    if name == "withdraw":
+        return FleetOp("refund_retry", (*op.args, got))
+    if name == "claim_probe" and got is True:
+        return FleetOp("release_probe", (upstream,))
+    if name == "first" and got.state == "mine":
+        return FleetOp("abandon_first", (upstream,))
+    return None

@@ -34,7 +34,7 @@ from yieldgate.gate._core import GateCore
 from yieldgate.gate._ledger import Attempt
 from yieldgate.gate._outcome import Classifier, Outcome, checked
 from yieldgate.gate._retrying import Strategies, needs_retry
-from yieldgate.gate._shared import FleetOp
+from yieldgate.gate._shared import GRANTS, FleetOp
 
 __all__ = ["Batch", "Stopped", "ThreadSignal", "Timer", "run"]
 
@@ -126,6 +126,9 @@ def drive(
                     if deadline is not None and (until is None or deadline < until):
                         until = deadline
                     timer.wait(signal.event, None if until is None else max(0.0, until - clock()))
+                elif wait.op.name in GRANTS:
+                    # The call's from the step it comes in (until admission enters it).
+                    call.granted = (wait.op, got := run_fleet_op(core, wait.op))
                 else:
                     got = run_fleet_op(core, wait.op)  # bounded by the fleet's budget
             except BaseException as exc:  # thrown in: the core looks at it first
@@ -279,12 +282,13 @@ def run(
         if needs_retry(outcome):
             outcome = _Driver(call, fn, args, classify, discard, timer, batch).retry(outcome)
         value = call.finish(outcome)
-        handed = True
+        handed = True  # a held slot's Lease: the caller's to hand out (``_not_handed``)
         return value
     finally:
         if (
             call.withdrawn is not None
             or call.fleet_receipt is not None
+            or call.granted is not None
             or (call.held is not None and not handed)
         ):
             left, won = call.close(handed=handed)
@@ -305,12 +309,26 @@ def run_fleet_op(core: GateCore, op: FleetOp) -> Any:
 
 
 def flush(core: GateCore) -> None:
-    """Run what attempts left for the fleet (each op bounded by the fleet's budget)."""
+    """Run what attempts left for the fleet (each op bounded by the fleet's budget).
+
+    One an interrupt stops goes back to the backlog (the call's ``finally`` hands it
+    to the fleet's worker): a give-back lost would leave a lease or a take counted in
+    Redis. (If the interrupt came while Redis answered, the op may run twice: a
+    release, a hold or a reading changes nothing the second time; a refund or an
+    answered take's count gives back once more, which the buckets' limits bound.)
+    """
     shared = core.shared
     assert shared is not None
     while True:
-        with core.lock:
-            if not shared.backlog:
-                return
-            op = shared.backlog.popleft()
-        run_fleet_op(core, op)
+        op = None
+        try:
+            with core.lock:
+                if not shared.backlog:
+                    return
+                op = shared.backlog.popleft()
+            got = run_fleet_op(core, op)
+        except BaseException:
+            if op is not None:
+                shared.backlog.appendleft(op)
+            raise
+        shared.ran(op, got)

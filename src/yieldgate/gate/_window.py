@@ -138,6 +138,9 @@ class Window:
         self._due: list[_Entry] = []
         # Starts per second, taken with each slot (the Gate's rate cap), if any.
         self.pacer: Pacer | None = None
+        # Set while held bodies may have been dropped: the head of each queue keeps
+        # a timer to look for them (``_dropped``), so a new head is woken to take it on.
+        self.head_looks = False
 
     @property
     def limit(self) -> int:
@@ -315,6 +318,10 @@ class Window:
             return None
         return self._wake_at(waiter)
 
+    def is_head(self, waiter: Waiter) -> bool:
+        """Whether ``waiter`` is the first of its priority's queue."""
+        return self._head(waiter.priority) is waiter
+
     def abandon(self, waiter: Waiter) -> None:
         """The waiter gives up (cancelled, out of time): it takes nothing with it."""
         permit = waiter.permit
@@ -368,10 +375,12 @@ class Window:
         waiter.gone = True
         self._counts[waiter.priority] -= 1
         self._waiting -= 1
-        if head and (self.pacer is not None or self._holds[RANK[waiter.priority]]):
+        if head and (
+            self.pacer is not None or self._holds[RANK[waiter.priority]] or self.head_looks
+        ):
             after = self._head(waiter.priority)
             if after is not None:
-                after.wake()  # the new head keeps the hold's (or the pacer's) timer
+                after.wake()  # the new head keeps the hold's (or the pacer's, a look's) timer
 
     def _head(self, priority: Priority) -> Waiter | None:
         queue = self._queues[priority]
@@ -439,6 +448,7 @@ class Window:
         self._waiting = 0
         self._due = []
         self._credits = [0, 0, 0]
+        self.head_looks = False
 
     def _clocking(self) -> bool:
         """Some waiter is held back by a hold in force now."""

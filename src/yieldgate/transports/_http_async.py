@@ -14,7 +14,7 @@ import anyio
 
 from yieldgate._exceptions import YieldgateError
 from yieldgate.dialects import HttpDialect, get_dialect
-from yieldgate.gate import USE_POLICY, Gate, UsePolicy
+from yieldgate.gate import USE_POLICY, Gate, Signal, UsePolicy
 from yieldgate.transports._flavor import library
 from yieldgate.transports._http_core import (
     ErrorBody,
@@ -35,19 +35,27 @@ class _AsyncGated(GatedCore):
         # streamed upload becomes bytes that can be sent again.
         await request.aread()
         priority = self.start(request)
+        lease = None
         try:
-            response, lease = await self.gate.call_and_hold(
-                self._attempt,
-                request,
-                priority=priority,
-                timeout=self.call_timeout(request),
-                classify=self.dialect,
-                discard=_close_response,
-                cost=self.cost(request),
-            )
-        except YieldgateError as exc:
-            return given_up(exc, request, self.lib)
-        return self.settle(response, lease)
+            try:
+                response, lease = await self.gate.call_and_hold(
+                    self._attempt,
+                    request,
+                    priority=priority,
+                    timeout=self.call_timeout(request),
+                    classify=self.dialect,
+                    discard=_close_response,
+                    cost=self.cost(request),
+                )
+            except YieldgateError as exc:
+                return given_up(exc, request, self.lib)
+            return self.settle(response, lease)
+        except BaseException:
+            if lease is not None:  # the client never got the response (an interrupt)
+                lease.release(Signal.CANCELLED)
+                with anyio.CancelScope(shield=True):
+                    await response.aclose()
+            raise
 
     async def _attempt(self, request: Any) -> Any:
         request, _ = self.for_attempt(request)

@@ -40,6 +40,7 @@ from yieldgate.gate import (
     UsePolicy,
     current_attempt,
 )
+from yieldgate.gate._dropped import in_collection
 from yieldgate.protocol import DEADLINE_HEADER, PRIORITY_HEADER, Priority, parse_priority
 
 __all__ = [
@@ -364,10 +365,14 @@ class LeasedBody:
     chunk becomes a ``StreamInterruptedError``; a cancelled read, that it was
     cancelled. A body dropped without being closed returns the slot when it
     is garbage collected, or when the transport that made it (``held``) is
-    closed. Nor is one dropped half-read, with no collection to come: its
-    slot lapses once nobody has read from it for ``idle_s`` (the attempt's
-    timeout) and no read is under way (``Lease.lapse_after``). The async and
-    sync bodies add only the iteration, marking each read (``_reading``).
+    closed. One dropped in a reference cycle (openai's streams keep
+    themselves in one) is found by the collection that a caller waiting for
+    a slot makes, within a budget, once nobody has read from it for a moment
+    (``yieldgate.gate._dropped``). Nor is one lost with no collection to
+    come: its slot lapses once nobody has read from it for ``idle_s`` (the
+    attempt's timeout) and no read is under way (``Lease.lapse_after``).
+    The async and sync bodies add only the iteration, marking each read
+    (``_reading``).
     """
 
     def __init__(
@@ -434,7 +439,9 @@ class LeasedBody:
         self._lease.release(Signal.CANCELLED)
 
     def _release(self) -> None:
-        if self._held is not None:
+        if self._held is not None and not in_collection():
+            # Inside a collection (a dropped stream's generator closing it), the
+            # set's lock may be this thread's; the set forgets a collected body.
             self._held.discard(self)
         if self._abandoned:
             return

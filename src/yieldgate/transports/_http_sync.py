@@ -18,7 +18,7 @@ from typing import Any
 
 from yieldgate._exceptions import BlockingCallError, YieldgateError
 from yieldgate.dialects import HttpDialect, get_dialect
-from yieldgate.gate import USE_POLICY, AttemptInfo, Gate, UsePolicy
+from yieldgate.gate import USE_POLICY, AttemptInfo, Gate, Signal, UsePolicy
 from yieldgate.transports._flavor import library
 from yieldgate.transports._http_core import (
     ErrorBody,
@@ -85,23 +85,30 @@ class _SyncGated(GatedCore):
         request.read()
         priority = self.start(request)
         timeouts = request.extensions.get("timeout")
+        lease = None
         try:
-            response, lease = self.gate.call_and_hold_sync(
-                self._attempt,
-                request,
-                timeouts,
-                priority=priority,
-                timeout=self.call_timeout(request),
-                classify=self.dialect,
-                discard=_close_response,
-                cost=self.cost(request),
-                allow_event_loop=self.allow_event_loop,
-            )
-        except BlockingCallError:
-            raise  # a mistake in the caller's code, not the upstream's: said as it is
-        except YieldgateError as exc:
-            return given_up(exc, request, self.lib)
-        return self.settle(response, lease)
+            try:
+                response, lease = self.gate.call_and_hold_sync(
+                    self._attempt,
+                    request,
+                    timeouts,
+                    priority=priority,
+                    timeout=self.call_timeout(request),
+                    classify=self.dialect,
+                    discard=_close_response,
+                    cost=self.cost(request),
+                    allow_event_loop=self.allow_event_loop,
+                )
+            except BlockingCallError:
+                raise  # a mistake in the caller's code, not the upstream's: said as it is
+            except YieldgateError as exc:
+                return given_up(exc, request, self.lib)
+            return self.settle(response, lease)
+        except BaseException:
+            if lease is not None:  # the client never got the response (an interrupt)
+                lease.release(Signal.CANCELLED)
+                response.close()
+            raise
 
     def _attempt(self, request: Any, timeouts: Any) -> Any:
         request, attempt = self.for_attempt(request)
