@@ -11,6 +11,13 @@ after the start) and the fleet link's statistics. With ``--no-barrier`` it
 fires as soon as its imports are done (after ``--delay-s``), as processes a
 deployment starts do.
 
+``--users-shape`` is a member as users write one, nothing tuned for the test:
+``Gate(name=..., shared=--redis)`` with the default policy (the fleet's 50 ms
+budget per Redis operation, its 5 s first reading), ``openai.AsyncOpenAI(
+http_client=yieldgate.http_client(gate))`` with openai's own defaults, no
+barrier. It records when each attempt was refused (a 429), on the wall clock
+(``refused_at``), so that a wave at the start cannot hide in a total.
+
 Imported, it is also how the tests and the bench start members (``start``),
 collect what they printed (``results``) and measure fairness between them.
 """
@@ -19,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import random
@@ -32,6 +40,12 @@ from typing import Any
 
 import yieldgate
 from yieldgate import FleetPolicy, Gate, GatePolicy, RetryPolicy
+from yieldgate.gate import (
+    AttemptDetails,
+    CallObserver,
+    NullInstrumentation,
+    OutcomeKind,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -181,9 +195,61 @@ async def fire(calls: Sequence[Callable[[], Awaitable[Any]]]) -> dict[str, Any]:
     }
 
 
+class Refusals(NullInstrumentation):
+    """When each attempt was refused (wall clock): the Gate's own telemetry hook."""
+
+    def __init__(self) -> None:
+        self.at: list[float] = []
+
+    def start_call(self, gate: str, priority: Any) -> CallObserver:
+        return _Refused(self.at)
+
+
+class _Refused:
+    def __init__(self, at: list[float]) -> None:
+        self._at = at
+
+    def scope(self) -> contextlib.AbstractContextManager[None]:
+        return contextlib.nullcontext()
+
+    def on_attempt(self, details: AttemptDetails) -> None:
+        if details.outcome is OutcomeKind.YIELD:
+            self._at.append(time.time())
+
+    def on_wait(self, details: Any) -> None:
+        pass
+
+    def on_end(self, details: Any) -> None:
+        pass
+
+
+async def users_shape(args: argparse.Namespace) -> dict[str, Any]:
+    """One member as users write it (see the module docstring)."""
+    import openai
+
+    refusals = Refusals()
+    gate = Gate(name=args.name, shared=args.redis, instrumentation=refusals)
+    client = openai.AsyncOpenAI(
+        base_url=f"{args.server}/v1", api_key="unused", http_client=yieldgate.http_client(gate)
+    )
+
+    def one(text: str, max_tokens: int) -> Callable[[], Awaitable[Any]]:
+        return lambda: client.chat.completions.create(
+            model="gpt-4o", messages=[{"role": "user", "content": text}], max_tokens=max_tokens
+        )
+
+    report = await fire([one(*job) for job in jobs(args.requests, args.seed)])
+    stats = gate.statistics()
+    await client.close()
+    await gate.aclose()
+    return {**report, "attempts": stats.attempts, "refused_at": refusals.at}
+
+
 async def main(args: argparse.Namespace) -> dict[str, Any]:
     if args.delay_s:
         await asyncio.sleep(args.delay_s)
+    if args.users_shape:
+        return await users_shape(args)
     policy = GatePolicy(
         retry=RetryPolicy(max_yields=10_000),
         fleet=FleetPolicy(
@@ -261,6 +327,7 @@ if __name__ == "__main__":
     # Gates in this process, each a member with its own id (--requests each, seeds
     # --seed * --gates + 0, 1, ...).
     parser.add_argument("--gates", type=int, default=1)
+    parser.add_argument("--users-shape", action="store_true")
     result = asyncio.run(main(parser.parse_args()))
     print(json.dumps(result))
     sys.exit(0)

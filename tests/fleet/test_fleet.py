@@ -42,9 +42,11 @@ OPERATIONS: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = [
     ("shapes", (UP,), {}),
     ("first", (UP, 1.0), {}),
     ("probed", (UP, {"openai:tokens": ("tokens", 600.0, 10.0)}, 1.0), {}),
+    ("abandon_first", (UP,), {}),
     ("settle", (UP, [("tokens", -1.5)]), {}),
     ("hold", (UP, 1, 1.0), {}),
     ("holds", (UP,), {}),
+    ("all_holds", (UP,), {}),
     ("acquire", (UP, 4), {}),
     ("release", (UP, "x#1"), {}),
     ("renew", (UP, ["x#1"]), {}),
@@ -58,6 +60,7 @@ OPERATIONS: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = [
     ("breaker", (UP,), {}),
     ("claim_probe", (UP,), {}),
     ("release_probe", (UP,), {}),
+    ("audit", (UP,), {}),
 ]
 
 
@@ -351,3 +354,21 @@ async def test_a_probe_whose_member_vanished_lapses_to_the_next(
 async def _state_is(member: Either, state: str) -> bool:
     got = await member.first(UP, 0.05)
     return got is not None and got.state == state
+
+
+async def test_a_probe_abandoned_goes_to_the_next_member_that_asks(
+    fleets: Callable[..., Either],
+) -> None:
+    a, b = fleets(member="a"), fleets(member="b")
+    assert (await a.first(UP, 30.0)).state == "mine"
+    assert (await b.first(UP, 30.0)).state == "other"
+    assert await b.abandon_first(UP) is False  # not b's: changes nothing
+    assert (await b.first(UP, 30.0)).state == "other"
+    # a's probe never got its answer: b, asking next, takes it at once (not in 30 s).
+    assert await a.abandon_first(UP) is True
+    assert (await b.first(UP, 30.0)).state == "mine"
+    assert (await a.first(UP, 30.0)).state == "other"
+    # A settled reading is never abandoned.
+    assert await b.probed(UP, {}, 30.0)
+    assert await b.abandon_first(UP) is False
+    assert (await a.first(UP, 30.0)).state == "none"

@@ -288,6 +288,65 @@ async def test_a_hint_one_member_sees_holds_the_other(gates: Any) -> None:
     assert time.monotonic() - started >= 1.0
 
 
+async def test_callers_another_members_hint_holds_go_one_by_one_over_the_jitter(
+    gates: Any,
+) -> None:
+    """A hold read from the fleet is released as the member's own hints are: none before
+    the hint, then one by one over its jitter (``RetryPolicy.hint_jitter``, half the hint
+    by default), each completion admitting one more. On main the member applied it with
+    no jitter: at the hint's end the hold was over, and the eight callers the window let
+    in went within a millisecond, a wave. (No first reading here: its probe would go
+    first, the others behind it.)"""
+    first, second = gates(first_reading_s=0), gates(first_reading_s=0)
+    sent: list[float] = []
+
+    async def refuse() -> Outcome:
+        return Outcome.yielded(2.0, "saturated")
+
+    async def ok() -> str:
+        sent.append(time.monotonic())
+        await anyio.sleep(0.05)  # an answer takes its time (each one may clock the next)
+        return "ok"
+
+    with anyio.move_on_after(0.3):
+        await first.call(refuse)  # its hint goes to the fleet
+    started = time.monotonic()
+    async with anyio.create_task_group() as tg:
+        for _ in range(10):
+            tg.start_soon(second.call, ok)
+    offsets = sorted(t - started for t in sent)
+    assert offsets[0] >= 1.0, offsets  # held until about the hint (2 s from the first call)
+    # Released one by one, not the window's eight at once at the hint's end.
+    assert offsets[7] - offsets[0] >= 0.05, offsets
+    assert second._core.audit() == []
+
+
+async def test_a_burst_waits_for_the_one_read_of_the_fleets_holds(gates: Any) -> None:
+    """A member reads the fleet's holds at most every 25 ms: the calls of a burst that
+    do not read them wait for the one read that is out, and are held by what it reads.
+    On main they went on at once, past another member's hint (sent 7 ms in, where the
+    hint held the reading call 1.7 s)."""
+    first, second = gates(first_reading_s=0), gates(first_reading_s=0)
+    sent: list[float] = []
+
+    async def refuse() -> Outcome:
+        return Outcome.yielded(2.0, "saturated")
+
+    async def ok() -> str:
+        sent.append(time.monotonic())
+        await anyio.sleep(0.05)
+        return "ok"
+
+    with anyio.move_on_after(0.3):
+        await first.call(refuse)  # its hint goes to the fleet
+    started = time.monotonic()
+    async with anyio.create_task_group() as tg:
+        for _ in range(10):
+            tg.start_soon(second.call, ok)
+    assert min(sent) - started >= 1.0, sorted(t - started for t in sent)
+    assert second._core.audit() == []
+
+
 async def test_the_fleet_cap_bounds_attempts_in_flight_across_gates(gates: Any) -> None:
     members = [gates(inflight_cap=2) for _ in range(3)]
     running = 0

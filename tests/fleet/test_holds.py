@@ -65,3 +65,28 @@ async def test_hold_arguments_are_checked(fleet: Either) -> None:
         await fleet.hold(UP, 64, 1.0)
     with pytest.raises(ValueError, match="for_s"):
         await fleet.hold(UP, 0, float("inf"))
+
+
+async def test_a_scopes_hold_is_that_scopes_alone(
+    fleets: Any, admin: redis.Redis, gate: str
+) -> None:
+    """A provider's refusal for one model's quota: the other models and the whole
+    upstream are not held; each member reads every scope's holds in one round trip."""
+    a, b = fleets(member="a"), fleets(member="b")
+    assert await a.hold(UP, 1, 3.0, scope="gpt-4o") is True
+    assert await a.hold(UP, 0, 5.0, scope="a b") is True  # a scope may hold a space
+    assert await b.holds(UP) == {}  # the whole upstream: not held
+    held = await b.all_holds(UP)
+    assert held is not None
+    assert sorted(held) == ["a b", "gpt-4o"]
+    assert sorted(held["gpt-4o"]) == [0, 1]
+    assert all(0 < left <= 3.0 for left in held["gpt-4o"].values())
+    assert sorted(held["a b"]) == [0]
+    await a.hold(UP, 2, 1.0)
+    held = await b.all_holds(UP)
+    assert held is not None
+    assert sorted(held) == ["", "a b", "gpt-4o"]
+    key = f"yieldgate:{gate}:{{{UP}}}:scope-holds"
+    assert 0 < admin.pttl(key) <= 6001  # the latest hold and a second
+    with pytest.raises(TypeError, match="scope"):
+        await a.hold(UP, 0, 1.0, scope=3)

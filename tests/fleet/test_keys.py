@@ -44,6 +44,7 @@ async def test_every_key_carries_the_tag_and_an_expiry(
     await fleet.take(UP, [("requests", 1, 10, 0.1), ("tokens", 5, 100, 1.0)])
     await fleet.observe(UP, "tokens", limit=100, rate=1.0, remaining=90, amount=5, seq=1)
     await fleet.hold(UP, 2, 1.0)
+    await fleet.hold(UP, 1, 1.0, scope="gpt-4o")
     await fleet.acquire(UP, 4)
     await fleet.heartbeat(UP)
     await fleet.deposit(UP, RetryBudgetPolicy())
@@ -62,6 +63,7 @@ async def test_every_key_carries_the_tag_and_an_expiry(
         "members",
         "quota:requests",
         "quota:tokens",
+        "scope-holds",
         "seq",
         "shapes",
     ]

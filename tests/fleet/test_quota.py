@@ -269,3 +269,22 @@ async def test_bad_arguments_raise_before_any_round_trip(fleet: Either) -> None:
         await fleet.take("a{b}", [])
     with pytest.raises(ValueError, match="seq"):
         await fleet.observe(UP, "t", limit=1, rate=0, remaining=0, amount=0, seq=-1)
+
+
+async def test_a_refused_take_names_each_bucket_that_had_no_room(fleet: Either) -> None:
+    """So that a member holds back only the claims that spend from those (one model's
+    bucket its model's calls), not every call of the upstream."""
+    await fleet.take(UP, [("tokens@a", 900, 1000, 10.0)])
+    wants = [("requests", 1, 100, 1.0), ("tokens@a", 200, 1000, 10.0), ("budget", 1, 5, 0.0)]
+    await fleet.take(UP, [("budget", 5, 5, 0.0)])
+    refused = await fleet.take(UP, wants)
+    assert refused is not None
+    assert (refused.ok, refused.seq) == (False, 0)
+    assert [name for name, _ in refused.waits] == ["tokens@a", "budget"]
+    waits = dict(refused.waits)
+    assert 0 < waits["tokens@a"] <= 10.0  # 100 short at 10 a second
+    assert waits["budget"] == math.inf  # never refills
+    assert refused.wait_s == math.inf
+    granted = await fleet.take(UP, [("requests", 1, 100, 1.0)])
+    assert granted is not None
+    assert (granted.ok, granted.waits) == (True, ())

@@ -92,6 +92,34 @@ def test_a_reading_sets_the_level_less_what_is_still_in_flight() -> None:
     assert bucket.level_at(1.0) == pytest.approx(300)
 
 
+def test_readings_of_some_buckets_leave_nothing_in_flight() -> None:
+    """An answer may read the requests bucket and not the tokens one: it was answered,
+    so it is no longer in flight for either, and the next tokens reading sets the level
+    from what the provider says, less nothing (issue 39, defect 5, the local side)."""
+    quota = Quota()
+    requests = reading("openai:requests", resource="requests", limit=1000.0, remaining=999.0)
+    both = [requests, reading(limit=10_000.0, remaining=9800.0, reset_s=1.2)]
+    first = claim(200)
+    assert quota.try_take(first, 0.0)
+    quota.sent(first, 0.0)
+    quota.observe(both, first, 0.0)
+    quota.finished(first)
+    for i in range(40):
+        c = claim(200, key=i)
+        assert quota.try_take(c, 0.0)
+        quota.sent(c, 0.0)
+        quota.observe([requests], c, 0.0)
+        quota.finished(c)
+    assert quota.audit() == []
+    last = claim(1)
+    assert quota.try_take(last, 0.0)
+    quota.sent(last, 0.0)
+    quota.observe([reading(limit=10_000.0, remaining=9900.0, reset_s=0.6)], last, 0.0)
+    quota.finished(last)
+    assert quota.buckets["openai:tokens"].level_at(0.0) == 9900.0
+    assert quota.try_take(claim(4000), 0.0)
+
+
 def test_a_window_from_the_headers_gives_the_rate_exactly() -> None:
     quota = Quota()
     c = claim(1)
@@ -127,9 +155,9 @@ def test_the_queue_is_by_priority_then_arrival() -> None:
     quota.join(normal, lambda: woken.append("normal"))
     assert woken == ["low"]  # the old head stands back for the new one
     quota.join(high, lambda: woken.append("high"))
-    assert quota.at_head(high)
+    assert quota.at_head(high, 10.0)
     assert quota.take_queued(high, 10.0) is None
-    assert quota.at_head(normal)
+    assert quota.at_head(normal, 10.0)
     assert woken[-1] == "normal"
 
 

@@ -59,7 +59,7 @@ def test_a_scopes_queue_does_not_hold_another_scope() -> None:
     waiting = tokens(100, "a")
     assert not quota.try_take(waiting, 0.0)
     quota.join(waiting, lambda: None)
-    assert quota.at_head(waiting)
+    assert quota.at_head(waiting, 0.0)
     other = tokens(100, "b")
     assert quota.try_take(other, 0.0)  # nobody queued in b's lane
     assert not quota.try_take(tokens(1, "a"), 100.0)  # a's head goes first, even once it fits
