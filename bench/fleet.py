@@ -41,6 +41,15 @@ that environment's Python:
 Their ``redis/req`` is the commands Redis processed per request (its
 ``INFO``), not round trips.
 
+- **users**: the users' shape (issue 39): ``--users-members`` (4 and 16) processes,
+  one member each, started at once with no barrier, each firing ``--requests``
+  chat completions at once through ``openai.AsyncOpenAI(http_client=
+  yieldgate.http_client(gate))`` with ``Gate(name=..., shared=url)`` and the
+  default policy (``tests/fleet/member.py --users-shape``), against a per-minute
+  (60 s) token quota exceeded 1.5x. Unshared Gates beside them. Besides the
+  quota table's columns, when the 429s came (seconds from the fleet's first call,
+  a count per second), so that a wave at the start cannot hide in a total.
+
 Then the cost of sharing, in one process on loopback: a ``Gate.call`` of a
 no-op through a shared Gate against an unshared one (p50 and p99 of the added
 latency, goal <= 1 ms p50), and Redis round trips per call.
@@ -53,6 +62,7 @@ Run it (from the repository root)::
     .venv/bin/python bench/fleet.py
     .venv/bin/python bench/fleet.py --members 4 --requests 100
     .venv/bin/python bench/fleet.py --members 64 --requests 25 --only quota
+    .venv/bin/python bench/fleet.py --only users --users-members 4 16
 """
 
 from __future__ import annotations
@@ -199,6 +209,56 @@ def quota(n: int, requests: int, redis_url: str | None, *, client: str | None = 
     )
 
 
+USERS_WINDOW_S = 60.0
+
+
+def users(n: int, requests: int, redis_url: str | None) -> str:
+    """One row of the users' shape: ``n`` member processes (``--users-shape``), unshared
+    (no ``redis_url``) or shared, against a 60 s token quota exceeded 1.5x."""
+    cost = sum(math.ceil(len(f"user: {t}") / 4) + m for i in range(n) for t, m in jobs(requests, i))
+    tpm = math.ceil(cost / 1.5)
+    bound = (cost - tpm) / (tpm / USERS_WINDOW_S)
+    args = (
+        "--http-port", "0", "--exec-ms", "20", "--max-inflight", "256",
+        "--quota-tpm", str(tpm), "--quota-rpm", str(QUOTA_RPM),
+        "--quota-window-s", str(USERS_WINDOW_S),
+    )  # fmt: skip
+    with spawn(*args, http=True) as server:
+        extra = ("--users-shape", "--requests", str(requests))
+        runs = results(start(server.http_url, redis_url, n, *extra, barrier=False), 900)
+        counters = http_stats(server)
+    refused = counters["quota_refused_tokens_total"] + counters["quota_refused_requests_total"]
+    ok = sum(run["ok"] for run in runs)
+    began = min(run["started_at"] for run in runs)
+    makespan = max(run["ended_at"] for run in runs) - began
+    at = sorted(t - began for run in runs for t in run["refused_at"])
+    per_second: dict[int, int] = {}
+    for t in at:
+        per_second[int(t)] = per_second.get(int(t), 0) + 1
+    when = " ".join(f"{s}s:{c}" for s, c in sorted(per_second.items())) or "-"
+    spread = max(run["started_at"] for run in runs) - began
+    label = f"{'shared' if redis_url else 'unshared'} x{n}"
+    return (
+        f"{label:<14} {100 * ok / (n * requests):>7.1f}% {refused:>6} "
+        f"{100 * refused / (n * requests):>6.1f}% {makespan:>8.1f} {makespan / bound:>7.2f} "
+        f"{spread:>7.1f}  {when}"
+    )
+
+
+def users_table(sizes: Sequence[int], requests: int, redis_url: str) -> None:
+    print(
+        f"users' shape: processes with no barrier, AsyncOpenAI(http_client=http_client(gate)), "
+        f"the default policy, a {USERS_WINDOW_S:g} s token quota exceeded 1.5x"
+    )
+    print(
+        f"{'gates':<14} {'success':>8} {'429s':>6} {'429%':>7} {'makespan':>8} {'/bound':>7} "
+        f"{'starts':>7}  429s by second from the fleet's first call"
+    )
+    for n in sizes:
+        for url in (None, redis_url):
+            print(users(n, requests, url), flush=True)
+
+
 def cap(n: int, requests: int, redis_url: str | None) -> tuple[str, int]:
     with spawn("--http-port", "0", "--exec-ms", "50", "--max-inflight", "8", http=True) as server:
         extra = ("--cap", "8") if redis_url else ()
@@ -254,11 +314,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--members", type=int, default=4)
     parser.add_argument("--requests", type=int, default=100)
     parser.add_argument("--calls", type=int, default=2000)
-    parser.add_argument("--only", choices=("quota", "cap", "latency"), nargs="*")
+    parser.add_argument("--only", choices=("quota", "cap", "latency", "users"), nargs="*")
+    parser.add_argument("--users-members", type=int, nargs="*", default=[4, 16])
     args = parser.parse_args(argv)
     if args.members % per_process(args.members):
         parser.error(f"--members must be a multiple of {per_process(args.members)}")
-    only = set(args.only or ("quota", "cap", "latency"))
+    only = set(args.only or ("quota", "cap", "latency", "users"))
     print(
         f"{platform.python_version()} on {platform.machine()}, {os.cpu_count()} CPUs; "
         f"{args.members} members x {args.requests} requests, "
@@ -271,6 +332,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             quota_table(args.members, args.requests, redis.url)
         if "cap" in only:
             cap_table(args.members, args.requests, redis.url)
+        if "users" in only:
+            users_table(args.users_members, args.requests, redis.url)
         if "latency" in only:
             print(added_latency(redis.url, args.calls))
     finally:
