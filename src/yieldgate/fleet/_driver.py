@@ -40,6 +40,7 @@ from redis.retry import Retry
 from yieldgate.fleet._health import Health, Pass
 from yieldgate.fleet._keys import Keys
 from yieldgate.fleet._scripts import SCRIPTS
+from yieldgate.fleet._timeout import RoundTripBound
 
 __all__ = [
     "AsyncClient",
@@ -156,10 +157,14 @@ class Drivers:
         if self._sync is not None:
             self._sync_scripts = {n: self._sync.register_script(s) for n, s in SCRIPTS.items()}
 
-    def _client_options(self) -> dict[str, Any]:
+    def _client_options(self, *, asynchronous: bool = False) -> dict[str, Any]:
+        # An asyncio client's round trips are bounded by ``RoundTripBound`` (fair
+        # to a busy event loop), not by socket time-outs that fire while a reply
+        # that came in time waits for the loop to read it.
+        timeout = None if asynchronous else self.budget_s
         return {
-            "socket_timeout": self.budget_s,
-            "socket_connect_timeout": self.budget_s,
+            "socket_timeout": timeout,
+            "socket_connect_timeout": timeout,
             "health_check_interval": 0,
         }
 
@@ -203,7 +208,9 @@ class Drivers:
             for other in [other for other in self._async_clients if other.is_closed()]:
                 del self._async_clients[other]
             client = redis.asyncio.Redis.from_url(
-                self._url, retry=AsyncRetry(NoBackoff(), 0), **self._client_options()
+                self._url,
+                retry=AsyncRetry(NoBackoff(), 0),
+                **self._client_options(asynchronous=True),
             )
             entry = client, self._register_async(client)
             self._async_clients[loop] = entry
@@ -239,7 +246,7 @@ class Drivers:
         if ticket is Pass.SKIP:
             return None
         try:
-            async with asyncio.timeout(self.budget_s):
+            async with RoundTripBound(self.budget_s):
                 if op.command:
                     raw = await getattr(client, op.name)(*op.keys, *op.args)
                 else:

@@ -50,13 +50,15 @@ class Fleet(AuditOps, BreakerOps, BudgetOps, MemberOps, LeaseOps, HoldOps, Bucke
     ``unix://``; a password as ``redis://user:password@host``), or a pair
     ``(sync_client, async_client)`` of ready redis-py clients (plain or
     cluster; either may be ``None``). Clients made from a URL are the
-    fleet's own (closed by ``close`` / ``aclose``), with their socket
-    timeouts set to ``budget_s`` and no retries; a pair passed in stays the
+    fleet's own (closed by ``close`` / ``aclose``), with no retries and the
+    sync one's socket timeouts set to ``budget_s``; a pair passed in stays the
     caller's, as configured.
 
     ``gate`` names the Gate (keys are ``{prefix}:{gate}:{{upstream}}:...``),
     ``member`` this process (default: host, pid and a random tag).
-    ``budget_s`` bounds every operation; ``lease_ttl_s`` is how long a lease
+    ``budget_s`` bounds every operation (an asyncio one in Redis's time: what
+    the event loop spent on other work meanwhile is left out, up to
+    ``max(20 x budget_s, 1 s)`` in all); ``lease_ttl_s`` is how long a lease
     or a membership lasts without renewal. After a failure Redis is skipped
     for ``backoff_s``, doubling to ``max_backoff_s`` while it stays away.
 
@@ -74,7 +76,7 @@ class Fleet(AuditOps, BreakerOps, BudgetOps, MemberOps, LeaseOps, HoldOps, Bucke
         *,
         gate: str,
         prefix: str = "yieldgate",
-        budget_s: float = 0.05,
+        budget_s: float = 0.25,
         member: str | None = None,
         lease_ttl_s: float = 10.0,
         backoff_s: float = 1.0,

@@ -346,7 +346,7 @@ class FleetPolicy:
 
     inflight_cap: int | None = None
     """A fleet-wide cap on attempts in flight per upstream; ``None``: no cap."""
-    budget_s: float = 0.05
+    budget_s: float = 0.25
     """The longest a Redis operation may take, in seconds (0.05); past it the Gate goes on alone."""
     lease_ttl_s: float = 60.0
     """Seconds a lease (or membership) lives unrenewed; above your longest attempt."""
