@@ -144,8 +144,12 @@ class Shared(QuotaLink, FleetWorker):
             self._shapes_due[up.name, scope] = now + HEARTBEAT_EVERY_S
             ops.append(FleetOp("shapes", (up.name,)))
         if self.available and now - self._holds_read.get(up.name, -1.0) >= HOLDS_EVERY_S:
+            if up.name not in self._holds_read:
+                # The member's first read: its burst waits for it (``holds_read`` ends
+                # it), so that none of it goes past a hold another member set. Later
+                # reads refresh what is known, and no call waits for them.
+                self._holds_out[up.name] = (call, {})
             self._holds_read[up.name] = now
-            self._holds_out[up.name] = (call, {})  # ``call`` reads: ``holds_read`` ends it
             ops.append(FleetOp("all_holds", (up.name,)))
             if up.breaker.policy.enabled:
                 ops.append(FleetOp("breaker", (up.name,)))
@@ -220,9 +224,9 @@ class Shared(QuotaLink, FleetWorker):
         if after is not None:
             self.backlog.append(FleetOp(*after))
 
-    def alone(self, up: Upstream) -> None:
-        """Redis is away: ``up``'s first reading ends for this member (``FirstReadings.alone``)."""
-        op = self.first.alone(up)
+    def alone(self, up: Upstream, now: float) -> None:
+        """Redis is away: this member reads ``up``'s quota itself (``FirstReadings.alone``)."""
+        op = self.first.alone(up, now)
         if op is not None:
             with self._cond:
                 self._again[op[0], op[1][0]] = FleetOp(*op)
