@@ -132,30 +132,85 @@ def test_the_fleets_shapes_known_end_the_wait() -> None:
     assert first.settled(up)
 
 
-def test_a_member_gone_alone_gives_back_the_probe_no_attempt_took() -> None:
+def test_a_member_gone_alone_reads_the_quota_itself_and_gives_back_the_fleets_probe() -> None:
+    """Redis away (or slower than the budget) while the member waits for the fleet's
+    reading: on main its whole burst went blind at once; now one call of its reads
+    the quota, the others wait for that answer."""
     first, up = readings(), upstream()
     probe = asked(first, up, "mine")
-    first.park(up, attempt(), lambda: None)
+    waiting = attempt()
+    first.park(up, waiting, lambda: None)
     assert first.left(up, probe, read=False, answered=False) is None  # handed on: not taken yet
-    assert first.alone(up) == ("abandon_first", (UP,))
-    assert first.settled(up)
-    # A member that was only waiting stops waiting, and holds nothing to give back.
+    assert first.alone(up, 1.0) == ("abandon_first", (UP,))  # the fleet's probe goes back
+    assert not first.settled(up)
+    first.park(up, waiting, None)
+    assert first.step(up, waiting, 1.0, None, False) == (None, None)  # the member's own probe
+    assert waiting.first == PROBE
+    op, until = first.step(up, attempt(), 1.0, None, False)
+    assert op is None
+    assert until is not None  # the others wait for its answer
+    # A member that was only waiting reads the quota itself too, and gives back nothing.
     first, up = readings(), upstream()
     asked(first, up, "other")
-    assert first.alone(up) is None
+    assert first.alone(up, 1.0) is None
+    own = attempt()
+    assert first.step(up, own, 1.0, None, False) == (None, None)
+    assert own.first == PROBE
+    # Bounded: first_reading_s after it went alone, every call goes.
+    late = attempt()
+    assert first.step(up, late, 6.0, None, False) == (None, None)
+    assert late.first is None
     assert first.settled(up)
     # A probe out ends as it ends (settled, or handed back then).
     first, up = readings(), upstream()
     probe = asked(first, up, "mine")
-    assert first.alone(up) is None
+    assert first.step(up, probe, 0.0, None, True) == (None, None)
+    assert first.alone(up, 1.0) is None
     assert first.probing(UP)
+    # Redis away from the start: as alone, no wait.
+    first, up = readings(), upstream()
+    assert first.step(up, attempt(), 0.0, None, False) == (None, None)
 
 
-def test_the_wait_is_bounded_from_the_first_ask() -> None:
+def test_past_the_wait_one_call_reads_the_quota_and_the_others_wait_for_it() -> None:
+    """The fleet's reading did not come within ``first_reading_s`` (a probing member or
+    Redis too slow): the member reads the quota itself with one call, not its whole
+    burst blind (on main, every call went at once: a wave of 429s at 5 s), and the
+    others wait for that answer, ``first_reading_s`` more at most."""
     first, up = readings(wait_s=5.0), upstream()
     asked(first, up, "other")
-    late = attempt()
-    assert first.step(up, late, 5.0, None, True) == (None, None)  # over: go alone
+    late, later = attempt(), attempt()
+    assert first.step(up, late, 5.0, None, True) == (None, None)  # the member's own probe
+    assert late.first == PROBE
+    op, until = first.step(up, later, 5.0, None, True)
+    assert op is None
+    assert until is not None
+    assert 5.0 < until <= 10.0
+    assert not first.settled(up)
+    woken: list[int] = []
+    first.park(up, later, lambda: woken.append(1))
+    # The probe failed: handed on to the call that waits (not back to asking the fleet).
+    assert first.left(up, late, read=False, answered=False) is None
+    assert woken == [1]
+    first.park(up, later, None)
+    assert first.step(up, later, 6.0, None, True) == (None, None)
+    assert later.first == PROBE
+    # Its answer settles the reading, and teaches the fleet what it read.
+    bucket = Bucket("openai:tokens", "tokens", 100.0, 1.0, 6.0, learnt=True)
+    up.quota.buckets[bucket.key] = bucket
+    op = first.left(up, later, read=True, answered=True)
+    assert op == ("probed", (UP, {"openai:tokens": ("tokens", 100.0, 1.0)}, PROBED_TTL_S))
+    assert first.settled(up)
+    assert first.audit() == []
+
+
+def test_the_wait_is_bounded_twice_at_most() -> None:
+    first, up = readings(wait_s=5.0), upstream()
+    asked(first, up, "other")
+    probe, other = attempt(), attempt()
+    assert first.step(up, probe, 5.0, None, True) == (None, None)
+    assert first.step(up, other, 10.0, None, True) == (None, None)  # over: go alone
+    assert other.first is None
     assert first.settled(up)
 
 

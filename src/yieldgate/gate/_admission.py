@@ -214,7 +214,7 @@ def _fleet_first(call: CallState, attempt: Attempt, up: Upstream) -> Steps:
         with core.lock:
             now = core.clock()
             if not shared.available:
-                shared.alone(up)
+                shared.alone(up, now)
             op, until = first.step(up, attempt, now, call.deadline, shared.available)
             if op is None and until is not None:
                 call.signal.clear()

@@ -31,10 +31,16 @@ ledger whatever ends the attempt (``left``):
   ends the ask phase at once: the calls waiting on it look again.
 
 The wait is bounded: ``FleetPolicy.first_reading_s`` from the first ask (and
-half of what remains of a call's own time), after which calls go as they
-would alone. Redis away: no wait (the member goes on alone, and gives back
-the probe Redis may have granted it). Sans-IO, under the Gate's lock; the
-waiting calls' wake-ups are kept to wake them when the reading moves.
+half of what remains of a call's own time). When it runs out before the
+fleet's reading came (a Redis or a probing member too slow, a fleet started
+on a machine too busy), the member does not send its burst blind: it reads
+the quota itself, as it would alone, but with one call (a local probe,
+handed on like the fleet's), the others waiting for its answer, for
+``first_reading_s`` more; then calls go as they would alone. What its probe
+reads teaches the fleet too (``Fleet.probed``). Redis away: no wait (the
+member goes on alone, and gives back the probe Redis may have granted it).
+Sans-IO, under the Gate's lock; the waiting calls' wake-ups are kept to wake
+them when the reading moves.
 """
 
 from __future__ import annotations
@@ -68,10 +74,12 @@ _ASK, _ASKING, _PROBE, _WAIT, _DONE = range(5)
 
 
 class _State:
-    __slots__ = ("ask_at", "asking", "phase", "probe", "until", "waiting")
+    __slots__ = ("ask_at", "asking", "local", "phase", "probe", "until", "waiting")
 
     def __init__(self) -> None:
         self.phase = _ASK
+        # The fleet's reading did not come in time: this member reads it itself.
+        self.local = False
         self.until = math.inf  # when waiting ends, whatever the fleet says
         self.ask_at = -math.inf  # when a waiting member asks the fleet again
         self.asking: Attempt | None = None  # the attempt whose ask is out
@@ -95,20 +103,24 @@ class FirstReadings:
         to run first (its name and arguments: the ask, entered in the attempt's
         ledger), or a time to wait until; ``(None, None)``: go (as the probe, entered
         in its ledger, while this member holds it)."""
-        if self.wait_s <= 0 or not available or not up.quota.learn or up.quota.learnt:
+        if self.wait_s <= 0 or not up.quota.learn or up.quota.learnt:
             return None, None
         state = self._states.get(up.name)
+        if not available and (state is None or not state.local):
+            return None, None  # Redis away from the start: as alone
         if state is None:
             state = self._states[up.name] = _State()
         if state.phase == _DONE:
             return None, None
+        if now >= state.until:
+            if state.local:
+                self._end(state)
+                return None, None
+            self._go_local(state, now)
         if state.phase == _ASK:
             if state.until == math.inf:
                 state.until = now + self.wait_s
             return self._ask(state, up, attempt), None
-        if now >= state.until:
-            self._end(state)
-            return None, None
         if state.phase == _PROBE and state.probe in (None, attempt):
             state.probe = attempt
             attempt.first = PROBE
@@ -120,21 +132,33 @@ class FirstReadings:
             return None, None  # the call cannot afford the wait: it goes as it would alone
         return None, until
 
+    def _go_local(self, state: _State, now: float) -> None:
+        """The fleet's reading did not come in time: one call of this member's probes
+        (its own probe of the fleet's, if one is out), the others wait for its answer,
+        ``wait_s`` more at most. An ask out is still waited for: Redis may make this
+        member the fleet's probe."""
+        state.local = True
+        state.until = now + self.wait_s
+        if state.phase in (_ASK, _WAIT):
+            state.phase = _PROBE
+
     def _ask(self, state: _State, up: Upstream, attempt: Attempt) -> Op:
         state.phase = _ASKING
         state.asking = attempt
         attempt.first = ASKING
         return ("first", (up.name, self.wait_s))
 
-    def alone(self, up: Upstream) -> Op | None:
-        """Redis is away: this member goes on alone, and gives back the probe Redis made
-        it that no attempt of its took (an operation to run once Redis answers)."""
+    def alone(self, up: Upstream, now: float) -> Op | None:
+        """Redis is away while this member waits for the fleet's reading: it reads the
+        quota itself (``_go_local``), not with its whole burst blind, and gives back
+        the probe Redis made it that no attempt of its took (an operation to run once
+        Redis answers)."""
         state = self._states.get(up.name)
-        if state is None or state.phase in (_DONE, _ASKING):
+        if state is None or state.local or state.phase in (_DONE, _ASKING):
             return None  # an ask out ends with its answer
         held = state.phase == _PROBE and state.probe is None
-        if state.probe is None:
-            self._end(state)  # a probe out settles or hands on when it ends
+        self._go_local(state, now)
+        self._moved(state)
         return ("abandon_first", (up.name,)) if held else None
 
     def park(self, up: Upstream, attempt: Attempt, wake: Callable[[], None] | None) -> None:
@@ -195,6 +219,8 @@ class FirstReadings:
             state.phase = _PROBE
             state.probe = attempt
             attempt.first = PROBE
+        elif state.local:
+            state.phase = _PROBE  # past the wait: this member reads the quota itself
         else:
             state.phase = _WAIT
             state.ask_at = now + self.poll_s
@@ -214,7 +240,7 @@ class FirstReadings:
                 # The ask ended unanswered: the calls waiting on it look again (the next
                 # asks). What Redis granted a cancelled ask goes back with its reply.
                 state.asking = None
-                state.phase = _ASK
+                state.phase = _PROBE if state.local else _ASK
                 self._moved(state)
             return None
         if held != PROBE:
@@ -239,7 +265,8 @@ class FirstReadings:
             if state.waiting:
                 self._moved(state)
                 return None
-            state.phase = _ASK
+            if not state.local:
+                state.phase = _ASK
         return ("abandon_first", (up.name,))
 
     def audit(self) -> list[str]:
