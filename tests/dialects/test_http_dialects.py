@@ -243,6 +243,22 @@ def test_tgi_overloaded(dialect: HttpDialect) -> None:
     assert (outcome.kind, outcome.reason, outcome.hint_s) == (OutcomeKind.YIELD, "overloaded", None)
 
 
+def test_load_refusals_are_told_from_a_models_quota() -> None:
+    """Issue 39: a 429 that refuses one model's quota holds that model alone, and leaves
+    the window alone; a 429 that refuses load (the reference server's OpenAI yield,
+    TGI's "Model is overloaded" relayed by an endpoint) must narrow the window, so it
+    has a reason of its own (on the tree before this, both read ``rate_limited``: a
+    Gate of threads and tasks made 2.0-3.1 attempts a call where 1.5 is expected)."""
+    governed = {"error": {"message": "full", "type": "yield", "param": None, "code": "saturated"}}
+    outcome = OPENAI.classify(response(429, governed, {"retry-after-ms": "40"}))
+    assert (outcome.kind, outcome.reason, outcome.hint_s) == (OutcomeKind.YIELD, "saturated", 0.04)
+    relayed = HUGGINGFACE.classify(response(429, {"error": "Model is overloaded (saturated)"}))
+    assert (relayed.kind, relayed.reason) == (OutcomeKind.YIELD, "overloaded")
+    quota = {"error": {"message": "Rate limit reached for requests", "code": "rate_limit_exceeded"}}
+    assert OPENAI.classify(response(429, quota, {"retry-after": "2"})).reason == "rate_limited"
+    assert HUGGINGFACE.classify(response(429, {"error": "rate limit"})).reason == "rate_limited"
+
+
 def test_tgi_generation_error_is_retryable_and_validation_fatal() -> None:
     failed = TGI.classify(response(424, {"error": "CUDA OOM", "error_type": "generation"}))
     assert (failed.kind, failed.reason) == (OutcomeKind.RETRYABLE, "generation")
@@ -263,11 +279,12 @@ def test_governed_yield_body_reads_hint_and_reason() -> None:
     headers = {"retry-after-ms": "999", "retry-after": "1"}
     outcome = GOVERNED_HTTP.classify(response(429, body, headers))
     assert (outcome.kind, outcome.reason, outcome.hint_s) == (OutcomeKind.YIELD, "saturated", 0.34)
-    # The same reply through the openai dialect: a 429, hinted by the header.
+    # The same reply through the openai dialect: a yield for load (its error's code),
+    # hinted by the header.
     openai_view = OPENAI.classify(response(429, body, headers))
     assert (openai_view.kind, openai_view.reason, openai_view.hint_s) == (
         OutcomeKind.YIELD,
-        "rate_limited",
+        "saturated",
         0.999,
     )
 

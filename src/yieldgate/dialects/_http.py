@@ -33,12 +33,18 @@ On top of these, each family reads its own bodies:
   "Request too large for" (a request above the whole per-minute limit, reason
   ``request_too_large``); another 429 without a hint header
   takes its hint from the message ("Please try again in 1.234s", Azure's
-  "Please retry after 6 seconds").
+  "Please retry after 6 seconds"). A 429 whose error type is ``yield``
+  (yieldgate's reference server refusing at its door) is a yield whose reason
+  is its code (``saturated``, ``cold_start``): load, not a model's quota, so
+  the window narrows for it as for any overload (a ``rate_limited`` 429 of a
+  call that names a model holds that model's quota alone).
 - ``anthropic``: an ``overloaded_error`` (sent as 529) is a ``yield``, reason
   ``overloaded``; a ``rate_limit_error`` (429) a ``yield``, ``rate_limited``.
 - ``huggingface``: a 503 with ``estimated_time`` (or "currently loading") is a
   model still loading: a ``yield`` with reason ``cold_start`` whose hint is
-  ``estimated_time``. No official client reads it.
+  ``estimated_time``. No official client reads it. A 429 "Model is overloaded"
+  (TGI's refusal past ``max_concurrent_requests``, as endpoints relay it) is a
+  ``yield``, ``overloaded``.
 - ``tgi``: a 429 ``error_type: overloaded`` (TGI's ``max_concurrent_requests``)
   is a ``yield`` with reason ``overloaded`` (TGI sends no hint: backoff); a
   424 (the generation failed) is ``retryable``; 422 is ``fatal``.
@@ -114,11 +120,19 @@ def _base(reply: Reply) -> Outcome:
 
 
 _TOO_LARGE = "Request too large for "
+_OVERLOADED = "Model is overloaded"
 
 
 def _openai_429(reply: Reply) -> Outcome | None:
     if reply.status != 429:
         return None
+    if reply.field("error", "type") == "yield":
+        # yieldgate's reference server refusing at its door (saturated, cold): load,
+        # not a quota of the model's.
+        code = reply.field("error", "code")
+        return Outcome.yielded(
+            reply.hint_s, code if isinstance(code, str) else "saturated", value=reply.response
+        )
     if "insufficient_quota" in (reply.field("error", "code"), reply.field("error", "type")):
         return Outcome.fatal(reply.error(False), reason="insufficient_quota", value=reply.response)
     message = reply.field("error", "message")
@@ -153,6 +167,13 @@ def _gemini(reply: Reply) -> Outcome | None:
 
 
 def _hf_loading(reply: Reply) -> Outcome | None:
+    if reply.status == 429:
+        message = reply.field("error")
+        if isinstance(message, str) and message.startswith(_OVERLOADED):
+            # TGI's refusal past its max_concurrent_requests, as endpoints relay it:
+            # load, not a quota.
+            return Outcome.yielded(reply.hint_s, "overloaded", value=reply.response)
+        return None
     if reply.status != 503:
         return None
     estimated = sanitize_hint_s(reply.field(ESTIMATED_TIME_FIELD))
