@@ -112,7 +112,7 @@ def admit(call: CallState, attempt: Attempt) -> Steps:
             yield from _verdict(call, target)
             continue
         up = attempt.up = target
-        yield from _fleet_before(call, up)
+        yield from _fleet_before(call, attempt, up)
         yield from _fleet_first(call, attempt, up)
         paced = yield from _quota(call, attempt, up)
         if paced is None:
@@ -168,37 +168,40 @@ def _verdict(call: CallState, breaker: Breaker) -> Steps:
             breaker.leave_verdict(signal.wake)
 
 
-def _fleet_before(call: CallState, up: Upstream) -> Steps:
+def _fleet_before(call: CallState, attempt: Attempt, up: Upstream) -> Steps:
     """What the fleet says before admission (``Shared.before``). While another call's
     read of the fleet's holds is out, wait for it: a burst's calls that do not read
-    them (they are read every ``HOLDS_EVERY_S``) are held by what it reads too."""
+    them (they are read every ``HOLDS_EVERY_S``) are held by what it reads too.
+
+    The read and the wait are ``attempt``'s (the ledger ends both, whatever ends
+    the attempt: the backstop for an interrupt on a ``finally``'s first line)."""
     core = call.core
     shared = core.shared
     if shared is None:
         return
     try:
         with core.lock:
-            ops = shared.before(up, core.clock(), call.cost.scope, call)
+            ops = shared.before(up, core.clock(), call.cost.scope, attempt)
         for op in ops:
             got = yield from _fleet(call, op)
             with core.lock:
                 shared.apply(core.upstreams, up, op, got, core.clock())
     finally:
         with core.lock:
-            shared.holds_read(up, call)  # whatever ended it: the others look again
+            shared.holds_read(up, attempt)  # whatever ended it: the others look again
     # Bounded: a read never takes longer than the fleet's budget, with its slack.
     until = core.clock() + 2 * shared.policy.budget_s + 1.0
     while True:
-        with core.lock:
-            if not shared.reading_holds(up, call) or core.clock() >= until:
-                return
-            call.signal.clear()
-            shared.wait_holds(up, call, call.signal.wake)
         try:
+            with core.lock:
+                if not shared.reading_holds(up, attempt) or core.clock() >= until:
+                    return
+                call.signal.clear()
+                shared.wait_holds(up, attempt, call.signal.wake)
             yield from _park(call, until, "waiting for the fleet's holds")
         finally:
             with core.lock:
-                shared.wait_holds(up, call, None)
+                shared.wait_holds(up, attempt, None)
 
 
 def _fleet_first(call: CallState, attempt: Attempt, up: Upstream) -> Steps:
@@ -211,23 +214,25 @@ def _fleet_first(call: CallState, attempt: Attempt, up: Upstream) -> Steps:
         return
     first = shared.first
     while True:
-        with core.lock:
-            now = core.clock()
-            if not shared.available:
-                shared.alone(up, now)
-            op, until = first.step(up, attempt, now, call.deadline, shared.available)
-            if op is None and until is not None:
-                call.signal.clear()
-                first.park(up, attempt, call.signal.wake)
-        if op is not None:
-            got = yield from _fleet(call, FleetOp(*op))
-            with core.lock:
-                call.granted = None  # the probe granted: in the ledger in this step
-                shared.told_first(core.upstreams, up, attempt, got, core.clock())
-            continue
-        if until is None:
-            return
         try:
+            with core.lock:
+                now = core.clock()
+                if not shared.available:
+                    shared.alone(up, now)
+                op, until = first.step(up, attempt, now, call.deadline, shared.available)
+                if op is None and until is not None:
+                    # Entered inside the ``try``: the ``finally`` takes it out, and the
+                    # ledger does if an interrupt lands on the ``finally``'s first line.
+                    call.signal.clear()
+                    first.park(up, attempt, call.signal.wake)
+            if op is not None:
+                got = yield from _fleet(call, FleetOp(*op))
+                with core.lock:
+                    call.granted = None  # the probe granted: in the ledger in this step
+                    shared.told_first(core.upstreams, up, attempt, got, core.clock())
+                continue
+            if until is None:
+                return
             yield from _park(call, until, "waiting for the fleet's first reading of the quota")
         finally:
             with core.lock:

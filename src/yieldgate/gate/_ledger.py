@@ -244,6 +244,12 @@ class Attempt:
         lease, self.lease = self.lease, None
         if lease is not None and shared is not None:
             shared.release(up, lease)
+        if shared is not None:
+            # Waits and reads this attempt entered (taken out by their ``finally``s,
+            # unless an interrupt landed on one's first line).
+            shared.first.park(up, self, None)
+            shared.holds_read(up, self)
+            shared.wait_holds(up, self, None)
         if self.first is not None and shared is not None:
             # Only an answer that came back settles the fleet's first reading.
             answered = sent and signal is Signal.SUCCESS
