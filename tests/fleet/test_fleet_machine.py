@@ -99,7 +99,8 @@ SETTINGS = settings(
     deadline=None,
     derandomize=True,
     database=None,
-    phases=[Phase.generate] if os.environ.get("YIELDGATE_NO_SHRINK") else list(Phase),
+    # Shrinking replays failing runs of real time (seconds each): minutes. On request only.
+    phases=list(Phase) if os.environ.get("YIELDGATE_FLEET_MACHINE_SHRINK") else [Phase.generate],
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 MODELS = ("a", "b")
