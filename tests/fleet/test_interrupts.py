@@ -235,3 +235,44 @@ def test_every_grant_of_the_fleet_has_its_give_back() -> None:
         assert given_back(op, None) is None  # Redis did not answer: nothing granted
         assert back is None or callable(getattr(Fleet, back.name + "_sync"))
     assert {op.name for op, _, _ in cases} == GRANTS
+
+
+def test_a_call_interrupted_as_it_waits_for_the_first_reading_leaves_no_waiter(
+    redis_server: RedisServer, gate: str
+) -> None:
+    """Regression (the fleet machine, tests/fleet/test_fleet_machine.py): a call
+    waiting for another member's probe entered its wake-up among the member's
+    waiters under the lock, and the ``finally`` that takes it out began two lines
+    later: Ctrl-C between them left it there for ever (``audit``: "1 call(s) wait
+    for the first reading"), and every move of the reading woke a call long gone.
+    Each run interrupts ``call_sync`` at its ``n``-th line, on a new member."""
+    policy = GatePolicy(fleet=FleetPolicy(budget_s=2.0, first_reading_s=30.0))
+    holder = Fleet(redis_server.url, gate=gate, member="holder", budget_s=2.0)
+    try:
+        n = 0
+        while True:
+            n += 1
+            member = Gate(
+                policy, name=gate, shared=redis_server.url, instrumentation=NullInstrumentation()
+            )
+            if n == 1:  # another member probes the first reading, for the whole test
+                first = holder.first_sync(member._core.upstreams[0].name, 30.0)
+                assert first is not None
+                assert first.state == "mine"
+            own_lock(member)
+            tracer = InterruptAt(member, n)
+            sys.settrace(tracer)
+            try:
+                member.call_sync(answer, timeout=0.15)  # waits 0.05 s, then goes
+            except KeyboardInterrupt:
+                pass
+            finally:
+                sys.settrace(None)
+            left = [p for p in held(member) if "first reading" in p]
+            assert left == [], f"interrupted at line {n}"
+            member.close()
+            if not tracer.fired:
+                break
+        assert n > 50, n
+    finally:
+        holder.close()
