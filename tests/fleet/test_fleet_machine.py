@@ -551,12 +551,6 @@ def slow_link(redis_server: RedisServer) -> Iterator[DelayProxy]:
         yield proxy
 
 
-@pytest.mark.xfail(
-    reason="open (issue 39 machine): with 30 examples it finds the first reading's probe "
-    "held in Redis with no call running and every member's audit clean (an interrupted "
-    "sync call on a member behind a slow link); not yet diagnosed",
-    strict=False,
-)
 def test_a_fleet_holds_nothing_when_nothing_runs(
     redis_server: RedisServer, slow_link: DelayProxy
 ) -> None:

@@ -269,6 +269,22 @@ class FirstReadings:
                 state.phase = _ASK
         return ("abandon_first", (up.name,))
 
+    def leaving(self, up: Upstream, attempt: Attempt) -> Op | None:
+        """``attempt`` is over (its ledger's give-back, after ``left``): it waits no more,
+        and a probe handed on to the calls that waited, none of which took it (they
+        ended, or went without waiting for their deadline's sake), goes back to the
+        fleet for the next member that asks instead of staying this member's until its
+        TTL. An operation of the fleet's to run, if any."""
+        state = self._states.get(up.name)
+        if state is None:
+            return None
+        state.waiting.pop(id(attempt), None)
+        if state.phase != _PROBE or state.probe is not None or state.waiting:
+            return None
+        if not state.local:
+            state.phase = _ASK
+        return ("abandon_first", (up.name,))
+
     def audit(self) -> list[str]:
         """An ask or a probe held by no live attempt (none when no call runs)."""
         problems = []

@@ -245,17 +245,20 @@ class Attempt:
         if lease is not None and shared is not None:
             shared.release(up, lease)
         if shared is not None:
+            if self.first is not None:
+                # Only an answer that came back settles the fleet's first reading.
+                answered = sent and signal is Signal.SUCCESS
+                op = shared.first.left(up, self, read=self.read, answered=answered)
+                if op is not None:
+                    shared.backlog.append(FleetOp(*op))
             # Waits and reads this attempt entered (taken out by their ``finally``s,
-            # unless an interrupt landed on one's first line).
-            shared.first.park(up, self, None)
-            shared.holds_read(up, self)
-            shared.wait_holds(up, self, None)
-        if self.first is not None and shared is not None:
-            # Only an answer that came back settles the fleet's first reading.
-            answered = sent and signal is Signal.SUCCESS
-            op = shared.first.left(up, self, read=self.read, answered=answered)
+            # unless an interrupt landed on one's first line), and a probe handed on
+            # to waiters none of which took it.
+            op = shared.first.leaving(up, self)
             if op is not None:
                 shared.backlog.append(FleetOp(*op))
+            shared.holds_read(up, self)
+            shared.wait_holds(up, self, None)
         if self.probe:
             self.probe = False
             if shared is not None and (not sent or verdict is Verdict.NEUTRAL):

@@ -128,7 +128,8 @@ def drive(
                     timer.wait(signal.event, None if until is None else max(0.0, until - clock()))
                 elif wait.op.name in GRANTS:
                     # The call's from the step it comes in (until admission enters it).
-                    call.granted = (wait.op, got := run_fleet_op(core, wait.op))
+                    got = _granting(core, wait.op)
+                    call.granted = (wait.op, got)
                 else:
                     got = run_fleet_op(core, wait.op)  # bounded by the fleet's budget
             except BaseException as exc:  # thrown in: the core looks at it first
@@ -297,6 +298,19 @@ def run(
         shared = call.core.shared
         if shared is not None and shared.backlog:
             shared.hand_over()  # what the ledgers gave back, run off this path
+
+
+def _granting(core: GateCore, op: FleetOp) -> Any:
+    """``run_fleet_op`` for an operation that grants. Interrupted while Redis answered,
+    what it granted is unknown: the first reading's probe is handed back by name (which
+    gives back nothing another member holds); a lease or a take lapses with its TTL."""
+    try:
+        return run_fleet_op(core, op)
+    except BaseException:
+        shared = core.shared
+        if op.name == "first" and shared is not None:
+            shared.backlog.append(FleetOp("abandon_first", (op.args[0],)))
+        raise
 
 
 def run_fleet_op(core: GateCore, op: FleetOp) -> Any:
