@@ -16,7 +16,9 @@ without rate-limit headers, an answer that is slow or never comes. Rules:
   line, in flight), through ``call``, ``hold`` or ``call_and_hold``, whose lease
   is released, dropped (freed by reference counting), dropped in a reference
   cycle (as openai's streams are: freed only by a collection), kept for a later
-  rule, or left to lapse (``lapse_after``, as a transport's unread body); or a
+  rule, or left to lapse (``lapse_after``, as a transport's unread body: at once,
+  while the rule's other calls run, or once they are all over, so that no caller
+  of its member looks when it lapses); or a
   sync ``call_and_hold_sync``/``hold_sync`` in a thread, interrupted by a
   ``KeyboardInterrupt`` at a drawn line of the Gate's code (tests/gate/interrupts.py);
 - ``settle``: release or drop a kept lease from outside any call;
@@ -33,13 +35,14 @@ upstream (every 429 is a model's) and no model waits for another's buckets;
 the fleet's first reading never settled as "no quota" (every success here
 reads a bucket); Redis holds no in-flight lease but those of leases kept,
 not yet lapsed, or of dead members (a lapsed one is given back by its member's
-worker, with no later call); a call of a member whose window a lease dropped in
-a cycle fills gets the slot at once (the Gate collects while callers wait);
-then every member's ``audit()`` is empty, its held slots are exactly those of
-its live kept leases, and ``Fleet.audit`` of Redis is empty (nothing leased,
-no probe held, nothing unseen). Real time: the checks wait on conditions
-(operations handed to a worker thread, round trips of cancelled calls), never
-a fixed sleep.
+worker, with no later call: the check first waits until every lease left to
+lapse has, so that it looks before the next rule's callers would); a call of a
+member whose window a lease dropped in a cycle fills gets the slot at once (the
+Gate collects while callers wait); then every member's ``audit()`` is empty,
+its held slots are exactly those of its live kept leases, and ``Fleet.audit``
+of Redis is empty (nothing leased, no probe held, nothing unseen). Real time:
+the checks wait on conditions (operations handed to a worker thread, round
+trips of cancelled calls, a lapse's time), never a fixed sleep.
 """
 
 from __future__ import annotations
@@ -243,6 +246,7 @@ class FleetMachine(RuleBasedStateMachine):
         self.corpses: list[Lease] = []  # kept by members that died
         self.dropped: list[weakref.ref[Lease]] = []
         self.cycled: list[tuple[Gate, weakref.ref[Lease]]] = []
+        self.late: list[Lease] = []  # kept, to lapse once the rule's calls are over
         self.unexpected: list[BaseException] = []
 
     @initialize(
@@ -309,6 +313,7 @@ class FleetMachine(RuleBasedStateMachine):
         elif members == "join" and len(self.members) < 4:
             self.join_one(self.redis.url)
         self.portal.call(self._calls, plans)
+        self.lapse_late()
         if self.unexpected:
             raise self.unexpected[0]
 
@@ -328,6 +333,17 @@ class FleetMachine(RuleBasedStateMachine):
         self.dead.append(gate)
         self.corpses += [lease for member, lease, _ in self.kept if member is gate]
         self.kept = [entry for entry in self.kept if entry[0] is not gate]
+
+    def lapse_late(self) -> None:
+        """The leases kept to lapse once the rule's calls are over start their idle
+        time now: when they lapse no caller of their member looks (its fleet lease is
+        the fleet worker's to give back)."""
+        late = {id(lease) for lease in self.late}
+        self.late.clear()
+        for i, (gate, lease, _) in enumerate(self.kept):
+            if id(lease) in late:
+                lease.lapse_after(LAPSE_S)
+                self.kept[i] = (gate, lease, time.monotonic() + LAPSE_S)
 
     # -- running calls ----------------------------------------------------------------
 
@@ -375,10 +391,12 @@ class FleetMachine(RuleBasedStateMachine):
                 await anyio.sleep(0.01)
         else:
             _, lease = await gate.call_and_hold(send, **kwargs)
-            self.hand(gate, [lease], plan.fate)
+            # (``line`` is the sync calls' alone: here it says when a lease lapses.)
+            self.hand(gate, [lease], plan.fate, late=plan.line % 2 == 0)
 
-    def hand(self, gate: Gate, box: list[Lease], fate: str) -> None:
-        """What the caller does with the lease in ``box`` (the only reference to it)."""
+    def hand(self, gate: Gate, box: list[Lease], fate: str, *, late: bool = False) -> None:
+        """What the caller does with the lease in ``box`` (the only reference to it);
+        ``late``: a lease to lapse lapses once the rule's calls are over."""
         if fate == "release":
             box.pop().release()
         elif fate == "drop":
@@ -391,6 +409,9 @@ class FleetMachine(RuleBasedStateMachine):
             cycle.append(cycle)
             gc.collect(1)  # what survives moves to the oldest generation
             del cycle
+        elif fate == "lapse" and late:
+            self.late.append(box[0])
+            self.kept.append((gate, box.pop(), math.inf))
         elif fate == "lapse":
             box[0].lapse_after(LAPSE_S)
             self.kept.append((gate, box.pop(), time.monotonic() + LAPSE_S))
@@ -438,6 +459,11 @@ class FleetMachine(RuleBasedStateMachine):
         first = self.admin.get(fleet.keys.first(upstream))
         assert first != b"{none}", "a probe that failed settled the first reading as no quota"
         cycled = self.fleet_leases(ref for _, ref in self.cycled)
+        # The leases left to lapse have lapsed (else a poll before would find nothing
+        # stray, and the next rule's callers reclaim them): only their member's
+        # worker gives their fleet leases back now.
+        lapse_at = max((at for _, _, at in self.kept if at < math.inf), default=0.0)
+        time.sleep(max(0.0, lapse_at - time.monotonic()))
         problems = until(lambda: self.stray_leases(fleet, upstream, cycled), self.lapse_wait())
         assert problems == [], problems
         self.collect_while_waiting()
