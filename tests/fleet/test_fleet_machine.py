@@ -20,7 +20,8 @@ without rate-limit headers, an answer that is slow or never comes. Rules:
   while the rule's other calls run, or once they are all over, so that no caller
   of its member looks when it lapses); or a
   sync ``call_and_hold_sync``/``hold_sync`` in a thread, interrupted by a
-  ``KeyboardInterrupt`` at a drawn line of the Gate's code (tests/gate/interrupts.py);
+  ``KeyboardInterrupt`` at a drawn line of the Gate's code (tests/gate/interrupts.py),
+  counted from the call's start or from the end of its attempts (its hand-over);
 - ``settle``: release or drop a kept lease from outside any call;
 - ``die``: a member shuts down (``close``: its link stops renewing) with leases
   its application never released; in-process, that is what a process that
@@ -90,7 +91,7 @@ from yieldgate import (
     YieldgateError,
 )
 from yieldgate.dialects import OPENAI
-from yieldgate.gate import Lease, _dropped
+from yieldgate.gate import Lease, _dropped, _sync
 from yieldgate.protocol import Priority
 
 pytestmark = pytest.mark.counters_may_drift
@@ -112,6 +113,7 @@ FIRST_S = 6.0  # first_reading_s: above SETTLE_S, so that a probe kept shows in 
 SETTLE_S = 3.0  # what handed-over give-backs take at most (a worker, a cancelled ask)
 LAPSE_S = 0.1  # a body left unread this long lapses
 RULE_S = 30.0  # no rule's calls may run longer (each has a deadline)
+AFTER = 200  # a sync call's ``line`` past this: the (line - AFTER)-th once its attempts are over
 
 
 class Provider:
@@ -174,7 +176,7 @@ class Plan:
     start_s: float = 0.0
     cancel_s: float | None = None
     fate: str = "release"  # release drop cycle keep lapse
-    line: int = 1  # where a sync call is interrupted
+    line: int = 1  # where a sync call is interrupted (past ``AFTER``: in its hand-over)
 
 
 ACTS = st.sampled_from(
@@ -212,6 +214,24 @@ PLANS = st.builds(
     FATES,
     st.integers(1, 250),
 )
+
+
+class InterruptAfter(InterruptAt):
+    """``InterruptAt``, counting only the lines run once the call's attempts are over
+    (``_sync.run`` returned or raised): Ctrl-C in the steps that hand its held slot
+    over to the caller's ``Lease``, which a count from the call's start (hundreds of
+    lines, thousands with retries) seldom reaches."""
+
+    def __init__(self, gate: Gate, n: int) -> None:
+        super().__init__(gate, n)
+        self.armed = False
+
+    def local(self, frame: Any, event: str, arg: Any) -> Any:
+        if not self.armed:
+            if event == "return" and frame.f_code is _sync.run.__code__:
+                self.armed = True
+            return self.local
+        return super().local(frame, event, arg)
 
 
 def kept_by(obj: object) -> list[str]:
@@ -420,7 +440,11 @@ class FleetMachine(RuleBasedStateMachine):
 
     def _sync(self, gate: Gate, plan: Plan) -> None:
         """``call_and_hold_sync`` or ``hold_sync``, Ctrl-C at its ``plan.line``-th line."""
-        tracer = InterruptAt(gate, plan.line)
+        tracer = (
+            InterruptAt(gate, plan.line)
+            if plan.line <= AFTER
+            else InterruptAfter(gate, plan.line - AFTER)
+        )
         box: list[Lease] = []
         sys.settrace(tracer)
         try:
