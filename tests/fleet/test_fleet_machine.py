@@ -16,9 +16,12 @@ without rate-limit headers, an answer that is slow or never comes. Rules:
   line, in flight), through ``call``, ``hold`` or ``call_and_hold``, whose lease
   is released, dropped (freed by reference counting), dropped in a reference
   cycle (as openai's streams are: freed only by a collection), kept for a later
-  rule, or left to lapse (``lapse_after``, as a transport's unread body); or a
+  rule, or left to lapse (``lapse_after``, as a transport's unread body: at once,
+  while the rule's other calls run, or once they are all over, so that no caller
+  of its member looks when it lapses); or a
   sync ``call_and_hold_sync``/``hold_sync`` in a thread, interrupted by a
-  ``KeyboardInterrupt`` at a drawn line of the Gate's code (tests/gate/interrupts.py);
+  ``KeyboardInterrupt`` at a drawn line of the Gate's code (tests/gate/interrupts.py),
+  counted from the call's start or from the end of its attempts (its hand-over);
 - ``settle``: release or drop a kept lease from outside any call;
 - ``die``: a member shuts down (``close``: its link stops renewing) with leases
   its application never released; in-process, that is what a process that
@@ -33,13 +36,14 @@ upstream (every 429 is a model's) and no model waits for another's buckets;
 the fleet's first reading never settled as "no quota" (every success here
 reads a bucket); Redis holds no in-flight lease but those of leases kept,
 not yet lapsed, or of dead members (a lapsed one is given back by its member's
-worker, with no later call); a call of a member whose window a lease dropped in
-a cycle fills gets the slot at once (the Gate collects while callers wait);
-then every member's ``audit()`` is empty, its held slots are exactly those of
-its live kept leases, and ``Fleet.audit`` of Redis is empty (nothing leased,
-no probe held, nothing unseen). Real time: the checks wait on conditions
-(operations handed to a worker thread, round trips of cancelled calls), never
-a fixed sleep.
+worker, with no later call: the check first waits until every lease left to
+lapse has, so that it looks before the next rule's callers would); a call of a
+member whose window a lease dropped in a cycle fills gets the slot at once (the
+Gate collects while callers wait); then every member's ``audit()`` is empty,
+its held slots are exactly those of its live kept leases, and ``Fleet.audit``
+of Redis is empty (nothing leased, no probe held, nothing unseen). Real time:
+the checks wait on conditions (operations handed to a worker thread, round
+trips of cancelled calls, a lapse's time), never a fixed sleep.
 """
 
 from __future__ import annotations
@@ -87,7 +91,7 @@ from yieldgate import (
     YieldgateError,
 )
 from yieldgate.dialects import OPENAI
-from yieldgate.gate import Lease, _dropped
+from yieldgate.gate import Lease, _dropped, _sync
 from yieldgate.protocol import Priority
 
 pytestmark = pytest.mark.counters_may_drift
@@ -109,6 +113,7 @@ FIRST_S = 6.0  # first_reading_s: above SETTLE_S, so that a probe kept shows in 
 SETTLE_S = 3.0  # what handed-over give-backs take at most (a worker, a cancelled ask)
 LAPSE_S = 0.1  # a body left unread this long lapses
 RULE_S = 30.0  # no rule's calls may run longer (each has a deadline)
+AFTER = 200  # a sync call's ``line`` past this: the (line - AFTER)-th once its attempts are over
 
 
 class Provider:
@@ -171,7 +176,7 @@ class Plan:
     start_s: float = 0.0
     cancel_s: float | None = None
     fate: str = "release"  # release drop cycle keep lapse
-    line: int = 1  # where a sync call is interrupted
+    line: int = 1  # where a sync call is interrupted (past ``AFTER``: in its hand-over)
 
 
 ACTS = st.sampled_from(
@@ -211,6 +216,24 @@ PLANS = st.builds(
 )
 
 
+class InterruptAfter(InterruptAt):
+    """``InterruptAt``, counting only the lines run once the call's attempts are over
+    (``_sync.run`` returned or raised): Ctrl-C in the steps that hand its held slot
+    over to the caller's ``Lease``, which a count from the call's start (hundreds of
+    lines, thousands with retries) seldom reaches."""
+
+    def __init__(self, gate: Gate, n: int) -> None:
+        super().__init__(gate, n)
+        self.armed = False
+
+    def local(self, frame: Any, event: str, arg: Any) -> Any:
+        if not self.armed:
+            if event == "return" and frame.f_code is _sync.run.__code__:
+                self.armed = True
+            return self.local
+        return super().local(frame, event, arg)
+
+
 def kept_by(obj: object) -> list[str]:
     """What refers to ``obj`` (a failure's message)."""
     return [f"{type(r).__name__}: {r!r:.200}" for r in gc.get_referrers(obj)]
@@ -243,6 +266,7 @@ class FleetMachine(RuleBasedStateMachine):
         self.corpses: list[Lease] = []  # kept by members that died
         self.dropped: list[weakref.ref[Lease]] = []
         self.cycled: list[tuple[Gate, weakref.ref[Lease]]] = []
+        self.late: list[Lease] = []  # kept, to lapse once the rule's calls are over
         self.unexpected: list[BaseException] = []
 
     @initialize(
@@ -309,6 +333,7 @@ class FleetMachine(RuleBasedStateMachine):
         elif members == "join" and len(self.members) < 4:
             self.join_one(self.redis.url)
         self.portal.call(self._calls, plans)
+        self.lapse_late()
         if self.unexpected:
             raise self.unexpected[0]
 
@@ -328,6 +353,17 @@ class FleetMachine(RuleBasedStateMachine):
         self.dead.append(gate)
         self.corpses += [lease for member, lease, _ in self.kept if member is gate]
         self.kept = [entry for entry in self.kept if entry[0] is not gate]
+
+    def lapse_late(self) -> None:
+        """The leases kept to lapse once the rule's calls are over start their idle
+        time now: when they lapse no caller of their member looks (its fleet lease is
+        the fleet worker's to give back)."""
+        late = {id(lease) for lease in self.late}
+        self.late.clear()
+        for i, (gate, lease, _) in enumerate(self.kept):
+            if id(lease) in late:
+                lease.lapse_after(LAPSE_S)
+                self.kept[i] = (gate, lease, time.monotonic() + LAPSE_S)
 
     # -- running calls ----------------------------------------------------------------
 
@@ -375,10 +411,12 @@ class FleetMachine(RuleBasedStateMachine):
                 await anyio.sleep(0.01)
         else:
             _, lease = await gate.call_and_hold(send, **kwargs)
-            self.hand(gate, [lease], plan.fate)
+            # (``line`` is the sync calls' alone: here it says when a lease lapses.)
+            self.hand(gate, [lease], plan.fate, late=plan.line % 2 == 0)
 
-    def hand(self, gate: Gate, box: list[Lease], fate: str) -> None:
-        """What the caller does with the lease in ``box`` (the only reference to it)."""
+    def hand(self, gate: Gate, box: list[Lease], fate: str, *, late: bool = False) -> None:
+        """What the caller does with the lease in ``box`` (the only reference to it);
+        ``late``: a lease to lapse lapses once the rule's calls are over."""
         if fate == "release":
             box.pop().release()
         elif fate == "drop":
@@ -391,6 +429,9 @@ class FleetMachine(RuleBasedStateMachine):
             cycle.append(cycle)
             gc.collect(1)  # what survives moves to the oldest generation
             del cycle
+        elif fate == "lapse" and late:
+            self.late.append(box[0])
+            self.kept.append((gate, box.pop(), math.inf))
         elif fate == "lapse":
             box[0].lapse_after(LAPSE_S)
             self.kept.append((gate, box.pop(), time.monotonic() + LAPSE_S))
@@ -399,7 +440,11 @@ class FleetMachine(RuleBasedStateMachine):
 
     def _sync(self, gate: Gate, plan: Plan) -> None:
         """``call_and_hold_sync`` or ``hold_sync``, Ctrl-C at its ``plan.line``-th line."""
-        tracer = InterruptAt(gate, plan.line)
+        tracer = (
+            InterruptAt(gate, plan.line)
+            if plan.line <= AFTER
+            else InterruptAfter(gate, plan.line - AFTER)
+        )
         box: list[Lease] = []
         sys.settrace(tracer)
         try:
@@ -438,6 +483,11 @@ class FleetMachine(RuleBasedStateMachine):
         first = self.admin.get(fleet.keys.first(upstream))
         assert first != b"{none}", "a probe that failed settled the first reading as no quota"
         cycled = self.fleet_leases(ref for _, ref in self.cycled)
+        # The leases left to lapse have lapsed (else a poll before would find nothing
+        # stray, and the next rule's callers reclaim them): only their member's
+        # worker gives their fleet leases back now.
+        lapse_at = max((at for _, _, at in self.kept if at < math.inf), default=0.0)
+        time.sleep(max(0.0, lapse_at - time.monotonic()))
         problems = until(lambda: self.stray_leases(fleet, upstream, cycled), self.lapse_wait())
         assert problems == [], problems
         self.collect_while_waiting()
