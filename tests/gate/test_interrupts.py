@@ -156,6 +156,10 @@ def interrupted(gate: Gate, n: int, entry: Entry) -> tuple[InterruptAt, list[Any
             outcome.append(exc)
         finally:
             sys.settrace(None)
+            # No attempt stays current in the caller's context (in a REPL, the next
+            # call would take itself for part of it and skip the window).
+            if current_attempt() is not None:
+                outcome.append(f"left current: {current_attempt()!r}")
 
     thread = threading.Thread(target=caller)
     thread.start()

@@ -203,11 +203,15 @@ class _Driver:
             if not attempt.sent:
                 call.begin(attempt, core.clock(), waited=waited)
             attempt.task = call.task if call.hedge is None else current_task()
-            token = CURRENT.set(attempt)
+            token = None
             try:
+                # Inside the ``try``: an interrupt on the next line must not leave the
+                # attempt current in the caller's context.
+                token = CURRENT.set(attempt)
                 outcome, cut = await self._bounded(attempt)
             finally:
-                CURRENT.reset(token)
+                if token is not None:
+                    CURRENT.reset(token)
         finally:
             lost = call.end(attempt, outcome, core.clock(), cut=cut)
         if core.shared is not None:

@@ -22,6 +22,7 @@ at once with ``Stopped`` instead of waiting on.
 
 from __future__ import annotations
 
+import contextvars
 import threading
 import time
 from collections.abc import Callable, Generator
@@ -128,8 +129,8 @@ def drive(
                     timer.wait(signal.event, None if until is None else max(0.0, until - clock()))
                 elif wait.op.name in GRANTS:
                     # The call's from the step it comes in (until admission enters it).
-                    got = _granting(core, wait.op)
-                    call.granted = (wait.op, got)
+                    # One line: an interrupt between the answer and its entry loses it.
+                    call.granted = (wait.op, got := _granting(core, wait.op))
                 else:
                     got = run_fleet_op(core, wait.op)  # bounded by the fleet's budget
             except BaseException as exc:  # thrown in: the core looks at it first
@@ -157,21 +158,22 @@ def _send(
         if not attempt.sent:
             call.begin(attempt, clock(), waited=waited)
         attempt.task = call.task
-        token = CURRENT.set(attempt)
+        # The attempt is current in a copy of the caller's context, never in the
+        # caller's own: no interrupt, at whatever line, leaves it current there (a
+        # later call in a REPL would take itself for part of a dead attempt).
+        context = contextvars.copy_context()
+        context.run(CURRENT.set, attempt)
         try:
+            value = context.run(fn, *args)
+        except Exception as exc:
+            outcome = context.run(checked, classify, None, exc)
+        else:
             try:
-                value = fn(*args)
-            except Exception as exc:
-                outcome = checked(classify, None, exc)
-            else:
-                try:
-                    outcome = checked(classify, value, None)
-                except BaseException:
-                    if discard is not None and value is not None:
-                        discard(value)
-                    raise
-        finally:
-            CURRENT.reset(token)
+                outcome = context.run(checked, classify, value, None)
+            except BaseException:
+                if discard is not None and value is not None:
+                    discard(value)
+                raise
     finally:
         call.end(attempt, outcome, clock())  # never a lost race: threads do not hedge
     if call.core.shared is not None:
