@@ -268,7 +268,8 @@ def default_classify(value: Any, error: BaseException | None) -> Outcome:
     that failed for now), ``TimeoutError`` and httpx (or httpx2) transport
     errors are ``retryable``, except an unsupported protocol or a request the
     library refuses to write; a ``RemoteError`` is as retryable as the server
-    said; a ``GaveUpError`` (another Gate inside the attempt gave up, after its
+    said; an AWS SDK's (botocore's) ``ClientError`` by its code (throttling is a
+    ``yield``, see ``_aws``); a ``GaveUpError`` (another Gate inside the attempt gave up, after its
     own retries) and anything else is ``fatal``: a ``FileNotFoundError`` or a
     ``PermissionError`` fails the same way on every attempt.
     """
@@ -288,7 +289,9 @@ def default_classify(value: Any, error: BaseException | None) -> Outcome:
         return Outcome.retryable(error) if error.retryable else Outcome.fatal(error)
     if _is_httpx_transport_error(error):
         return Outcome.retryable(error)
-    return Outcome.fatal(error)
+    from yieldgate.gate._aws import aws_outcome  # the fatal path only: below this module
+
+    return aws_outcome(error) or Outcome.fatal(error)
 
 
 def checked(classify: Classifier, value: Any, error: BaseException | None) -> Outcome:
