@@ -113,6 +113,16 @@ def decide(call: Deciding, outcome: Outcome, now: float) -> float:
         # The jitter above it is trimmed so that the retry still starts with
         # an attempt's worth of time left, never at the deadline itself.
         left = call.deadline - now
+        if hint is not None and floor > 0.0 and hint > left:
+            # The upstream's own word, before ``max_hint_s`` caps it: a wait past the
+            # deadline (Azure's "retry after 86400 seconds") fails the call now, not
+            # at its deadline after holding every caller behind it.
+            return _stop(
+                call,
+                DeadlineExceededError,
+                f"the upstream asked to wait {hint:g} s, which would pass the call's deadline "
+                f"({left:.3f} s left) after {call.attempts} attempt(s): {outcome.describe()}",
+            )
         if floor > left:
             return _stop(
                 call,
