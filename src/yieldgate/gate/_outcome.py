@@ -269,9 +269,10 @@ def default_classify(value: Any, error: BaseException | None) -> Outcome:
     errors are ``retryable``, except an unsupported protocol or a request the
     library refuses to write; a ``RemoteError`` is as retryable as the server
     said; an AWS SDK's (botocore's) ``ClientError`` by its code (throttling is a
-    ``yield``, see ``_aws``); a ``GaveUpError`` (another Gate inside the attempt gave up, after its
-    own retries) and anything else is ``fatal``: a ``FileNotFoundError`` or a
-    ``PermissionError`` fails the same way on every attempt.
+    ``yield``, see ``_aws_outcome``); a ``GaveUpError`` (another Gate inside the
+    attempt gave up, after its own retries) and anything else is ``fatal``: a
+    ``FileNotFoundError`` or a ``PermissionError`` fails the same way on every
+    attempt.
     """
     if error is None:
         return value if isinstance(value, Outcome) else Outcome.ok(value)
@@ -289,9 +290,7 @@ def default_classify(value: Any, error: BaseException | None) -> Outcome:
         return Outcome.retryable(error) if error.retryable else Outcome.fatal(error)
     if _is_httpx_transport_error(error):
         return Outcome.retryable(error)
-    from yieldgate.gate._aws import aws_outcome  # the fatal path only: below this module
-
-    return aws_outcome(error) or Outcome.fatal(error)
+    return _aws_outcome(error) or Outcome.fatal(error)
 
 
 def checked(classify: Classifier, value: Any, error: BaseException | None) -> Outcome:
@@ -308,3 +307,57 @@ def checked(classify: Classifier, value: Any, error: BaseException | None) -> Ou
 
 def _name(fn: Any) -> str:
     return getattr(fn, "__qualname__", None) or type(fn).__name__
+
+
+# An AWS SDK's errors: boto3 clients (Bedrock's ``converse`` and ``invoke_model`` among
+# them) raise botocore's ``ClientError`` for every refusal, with no ``status_code``: the
+# code is in ``error.response["Error"]["Code"]``. Read by name (nothing imports botocore):
+# throttling is a ``yield``, ``rate_limited`` (a ``Retry-After`` header's hint when the
+# response carries one); ``ServiceUnavailableException`` ``overloaded``;
+# ``ModelNotReadyException`` (a Bedrock model being loaded) a ``cold_start`` yield; model
+# timeouts and internal errors ``retryable``; any other code (validation, access, an
+# account's quota) is left to the rest of ``default_classify`` (``fatal``).
+_YIELDS: Final = {
+    "ThrottlingException": "rate_limited",
+    "TooManyRequestsException": "rate_limited",
+    "Throttling": "rate_limited",
+    "RequestLimitExceeded": "rate_limited",
+    "ProvisionedThroughputExceededException": "rate_limited",
+    "ModelNotReadyException": "cold_start",
+}
+_RETRYABLE: Final = frozenset(
+    {"ModelTimeoutException", "InternalServerException", "InternalFailure"}
+)
+
+
+def _is_client_error(error: BaseException) -> bool:
+    return any(
+        cls.__name__ == "ClientError" and cls.__module__.startswith("botocore")
+        for cls in type(error).__mro__
+    )
+
+
+def _aws_outcome(error: BaseException) -> Outcome | None:
+    """The outcome of a botocore ``ClientError`` (see the module docstring), or ``None``."""
+    if not _is_client_error(error):
+        return None
+    response: Any = getattr(error, "response", None)
+    if not isinstance(response, dict):
+        return None
+    code = (response.get("Error") or {}).get("Code")
+    headers = (response.get("ResponseMetadata") or {}).get("HTTPHeaders") or {}
+    hint = None
+    if isinstance(headers, dict):
+        retry_after = next((v for k, v in headers.items() if k.lower() == "retry-after"), None)
+        if retry_after is not None:
+            try:
+                hint = sanitize_hint_s(float(retry_after))
+            except (TypeError, ValueError):
+                hint = None
+    if code in _YIELDS:
+        return Outcome(OutcomeKind.YIELD, None, hint, _YIELDS[code], error)
+    if code == "ServiceUnavailableException":
+        return Outcome.overloaded(hint, reason="unavailable", error=error)
+    if code in _RETRYABLE:
+        return Outcome.retryable(error, hint_s=hint, reason=code)
+    return None
