@@ -93,8 +93,8 @@ class Shared(QuotaLink, FleetWorker):
         self.available = True
         self.backlog: deque[FleetOp] = deque()
         self._holds_read: dict[str, float] = {}
-        # Per upstream, while a read of the fleet's holds is out: the call reading them,
-        # and the wake-ups of the calls that wait for it (what it reads may hold them).
+        # Per upstream, while a read of the fleet's holds is out: the attempt reading them,
+        # and the wake-ups of the attempts that wait for it (what it reads may hold them).
         self._holds_out: dict[str, tuple[object, dict[int, Callable[[], None]]]] = {}
         self._shapes_due: dict[tuple[str, str], float] = {}
         self._heartbeat_due: dict[str, float] = {}
@@ -115,7 +115,7 @@ class Shared(QuotaLink, FleetWorker):
     # -- before admission -----------------------------------------------------------
 
     def before(
-        self, up: Upstream, now: float, scope: str = "", call: object = None
+        self, up: Upstream, now: float, scope: str = "", owner: object = None
     ) -> list[FleetOp]:
         """What to ask the fleet before admitting a call of ``scope`` to ``up``: a
         heartbeat when due (also the probe that rejoins after an outage), the holds
@@ -148,31 +148,33 @@ class Shared(QuotaLink, FleetWorker):
                 # The member's first read: its burst waits for it (``holds_read`` ends
                 # it), so that none of it goes past a hold another member set. Later
                 # reads refresh what is known, and no call waits for them.
-                self._holds_out[up.name] = (call, {})
+                self._holds_out[up.name] = (owner, {})
             self._holds_read[up.name] = now
             ops.append(FleetOp("all_holds", (up.name,)))
             if up.breaker.policy.enabled:
                 ops.append(FleetOp("breaker", (up.name,)))
         return ops
 
-    def reading_holds(self, up: Upstream, call: object) -> bool:
-        """Whether another call's read of ``up``'s holds is out (``call`` waits for it)."""
+    def reading_holds(self, up: Upstream, owner: object) -> bool:
+        """Whether another attempt's read of ``up``'s holds is out (``owner``, an
+        attempt, waits for it)."""
         out = self._holds_out.get(up.name)
-        return out is not None and out[0] is not call
+        return out is not None and out[0] is not owner
 
-    def wait_holds(self, up: Upstream, call: object, wake: Callable[[], None] | None) -> None:
-        """``call`` waits for the read of ``up``'s holds out (``wake``), or no longer."""
+    def wait_holds(self, up: Upstream, owner: object, wake: Callable[[], None] | None) -> None:
+        """``owner`` (an attempt) waits for the read of ``up``'s holds out (``wake``), or
+        no longer."""
         out = self._holds_out.get(up.name)
         if out is not None and wake is not None:
-            out[1][id(call)] = wake
+            out[1][id(owner)] = wake
         elif out is not None:
-            out[1].pop(id(call), None)
+            out[1].pop(id(owner), None)
 
-    def holds_read(self, up: Upstream, call: object) -> None:
-        """``call``'s read of ``up``'s holds is over (answered, or given up): the calls
-        that waited for it look again."""
+    def holds_read(self, up: Upstream, owner: object) -> None:
+        """``owner``'s read of ``up``'s holds is over (answered, or given up; ``owner`` is
+        the attempt that read them): the attempts that waited for it look again."""
         out = self._holds_out.get(up.name)
-        if out is not None and out[0] is call:
+        if out is not None and out[0] is owner:
             del self._holds_out[up.name]
             for wake in out[1].values():
                 wake()
