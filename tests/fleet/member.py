@@ -12,7 +12,7 @@ fires as soon as its imports are done (after ``--delay-s``), as processes a
 deployment starts do.
 
 ``--users-shape`` is a member as users write one, nothing tuned for the test:
-``Gate(name=..., shared=--redis)`` with the default policy (the fleet's 50 ms
+``Gate(name=..., shared=--redis)`` with the default policy (the fleet's 250 ms
 budget per Redis operation, its 5 s first reading), ``openai.AsyncOpenAI(
 http_client=yieldgate.http_client(gate))`` with openai's own defaults, no
 barrier. It records when each attempt was refused (a 429), on the wall clock
@@ -57,6 +57,7 @@ def start(
     *extra: str,
     name: str | None = None,
     barrier: bool = True,
+    status_dir: Path | None = None,
 ) -> list[subprocess.Popen[str]]:
     """Start ``members`` members (``--seed`` 0, 1, ...), and once every one has said it
     is ready, tell them all to go. Without ``barrier``, each fires as soon as its
@@ -64,7 +65,8 @@ def start(
 
     Their Gate is named ``name``, by default a new name for each fleet started:
     what an earlier fleet left in Redis under its name (the quota it learnt, kept
-    for a minute or more) is not this one's.
+    for a minute or more) is not this one's. With ``status_dir``, member ``i`` keeps
+    what its fleet link has seen so far in ``status_dir / f"{i}.json"`` (``status``).
     """
     name = name or f"fleet-e2e-{uuid.uuid4().hex[:8]}"
     env = member_env()
@@ -74,6 +76,8 @@ def start(
         args += ["--name", name]
         if not barrier:
             args.append("--no-barrier")
+        if status_dir is not None:
+            args += ["--status-file", str(status_dir / f"{i}.json")]
         if redis_url is not None:
             args += ["--redis", redis_url]
         procs.append(
@@ -245,6 +249,36 @@ async def users_shape(args: argparse.Namespace) -> dict[str, Any]:
     return {**report, "attempts": stats.attempts, "refused_at": refusals.at}
 
 
+async def write_status(path: str, links: Sequence[Any]) -> None:
+    """Keep ``path`` holding the fleet links' outages and rejoins so far (a JSON
+    object, replaced whole), for a test to wait on what every member has seen."""
+    last = None
+    while True:
+        stats = [link.fleet.statistics() for link in links if link is not None]
+        now = {
+            "outages": sum(st.outages for st in stats),
+            "rejoins": sum(st.rejoins for st in stats),
+        }
+        if now != last:
+            _replace(path, json.dumps(now))  # a few bytes: no thread needed
+            last = now
+        await asyncio.sleep(0.02)
+
+
+def _replace(path: str, text: str) -> None:
+    with open(f"{path}.tmp", "w") as out:
+        out.write(text)
+    os.replace(f"{path}.tmp", path)
+
+
+def status(path: Path) -> dict[str, int]:
+    """What a member's ``--status-file`` says (nothing seen yet before it exists)."""
+    try:
+        return dict(json.loads(path.read_text()))
+    except FileNotFoundError:
+        return {"outages": 0, "rejoins": 0}
+
+
 async def main(args: argparse.Namespace) -> dict[str, Any]:
     if args.delay_s:
         await asyncio.sleep(args.delay_s)
@@ -282,13 +316,18 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
             extra_body=extra_body,
         )
 
-    report = await fire(
-        [
-            one(client, *job)
-            for g, client in enumerate(clients)
-            for job in jobs(args.requests, args.seed * args.gates + g)
-        ]
-    )
+    watch = asyncio.create_task(write_status(args.status_file, links)) if args.status_file else None
+    try:
+        report = await fire(
+            [
+                one(client, *job)
+                for g, client in enumerate(clients)
+                for job in jobs(args.requests, args.seed * args.gates + g)
+            ]
+        )
+    finally:
+        if watch is not None:
+            watch.cancel()
     stats = [link.fleet.statistics() for link in links if link is not None]
     attempts = sum(gate.statistics().attempts for gate in gates)
     waited_s = sum(gate.statistics().waited_s for gate in gates)
@@ -328,6 +367,8 @@ if __name__ == "__main__":
     # --seed * --gates + 0, 1, ...).
     parser.add_argument("--gates", type=int, default=1)
     parser.add_argument("--users-shape", action="store_true")
+    # Keep the fleet links' outages and rejoins so far in this file (see write_status).
+    parser.add_argument("--status-file")
     result = asyncio.run(main(parser.parse_args()))
     print(json.dumps(result))
     sys.exit(0)

@@ -13,13 +13,14 @@ import signal
 import subprocess
 import time
 import uuid
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.conftest import http_stats
 from tests.fleet.conftest import RedisServer
-from tests.fleet.member import fairness, jobs, results, shares, start
+from tests.fleet.member import fairness, jobs, results, shares, start, status
 from yieldgate.server import ServerProcess
 
 pytestmark = pytest.mark.e2e
@@ -147,22 +148,36 @@ def test_a_fleet_wide_cap_keeps_a_governed_server_from_yielding(
 
 
 def test_redis_killed_mid_burst_fails_no_call_and_restarted_is_rejoined(
-    serve: Any, fresh_redis: RedisServer
+    serve: Any, fresh_redis: RedisServer, tmp_path: Path
 ) -> None:
     server, _tpm, _bound = quota_server(serve)
-    procs = start_members(server, fresh_redis.url)
-    deadline = time.monotonic() + 60
-    while http_stats(server)["quota_requests_charged_total"] < 50:  # the burst is under way
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
-    fresh_redis.stop()
-    while http_stats(server)["quota_requests_charged_total"] < 200:
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
-    fresh_redis.start()  # the same port
+    procs = start(server.http_url, fresh_redis.url, MEMBERS, status_dir=tmp_path)
+    try:
+        deadline = time.monotonic() + 60
+        while http_stats(server)["quota_requests_charged_total"] < 50:  # under way
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        fresh_redis.stop()
+        # Down until every member has met the outage (a member whose calls all wait
+        # out a pace meets it only when they wake) and half the burst is charged.
+        while (
+            http_stats(server)["quota_requests_charged_total"] < 200
+            or min(status(tmp_path / f"{i}.json")["outages"] for i in range(MEMBERS)) < 1
+        ):
+            assert time.monotonic() < deadline, [status(p) for p in tmp_path.glob("*.json")]
+            time.sleep(0.05)
+        fresh_redis.start()  # the same port
+    except BaseException:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+        raise
     runs = results(procs)
     assert [run["failed"] for run in runs] == [0] * MEMBERS, [run["errors"] for run in runs]
-    assert all(run["fleet"]["outages"] >= 1 for run in runs)
+    assert all(run["fleet"]["outages"] >= 1 for run in runs), [run["fleet"] for run in runs]
+    # A member with calls left when Redis came back rejoined it (one that finished
+    # on its local limits meanwhile had nothing to ask it).
+    assert sum(run["fleet"]["rejoins"] for run in runs) >= 1, [run["fleet"] for run in runs]
     assert http_stats(server)["quota_requests_charged_total"] == MEMBERS * REQUESTS
 
 

@@ -178,13 +178,35 @@ def test_a_prefill_workers_bfloat16_kv_goes_in_bit_for_bit() -> None:
     assert seq.output == make_engine().generate([prompt], GREEDY)[0]
 
 
-def test_int8_kv_under_a_bfloat16_model_agrees_with_its_float_cache() -> None:
+def int8_under_bfloat16() -> tuple[float, float]:
+    """int8 KV's teacher-forced agreement with the bfloat16 float cache over 1,024
+    steps, and the bar it is held to.
+
+    bfloat16 flips near-ties by itself: the same float cache read in blocks of 8
+    (other padding, other sums) agrees at 0.997. int8 may cost what float32 allows
+    it (tests/harness/test_kv_int8.py, 2%) on top of that floor. Measured 0.983
+    (over 32 tokens 0.9785: too few steps, each is 0.2%).
+    """
     from yieldgate.harness.kv_quality import measure_agreement
 
-    agreement = measure_agreement(make_engine(), make_engine(kv_dtype="int8"), max_tokens=32)
-    # The bar float32 is held to (tests/harness/test_kv_int8.py); measured 0.988
-    # here, 0.990 for float32 over the same 32 tokens.
-    assert agreement.next_token >= 0.98
+    agreement = measure_agreement(make_engine(), make_engine(kv_dtype="int8"), max_tokens=64)
+    floor = measure_agreement(make_engine(), make_engine(block_size=8), max_tokens=64)
+    return agreement.next_token, 0.98 - (1.0 - floor.next_token)
+
+
+def test_int8_kv_under_a_bfloat16_model_agrees_with_its_float_cache() -> None:
+    agreement, bar = int8_under_bfloat16()
+    assert agreement >= bar, (agreement, bar)
+
+
+def test_the_bfloat16_bar_fails_a_quantiser_with_a_quarter_of_the_levels(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import yieldgate.harness._kv_cache as kv_cache_module
+
+    monkeypatch.setattr(kv_cache_module, "_INT8_MAX", 31.0)  # measured 0.969
+    agreement, bar = int8_under_bfloat16()
+    assert agreement < bar, (agreement, bar)
 
 
 def _first_divergence(a: list[int], b: list[int]) -> int | None:
