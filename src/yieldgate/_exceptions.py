@@ -153,9 +153,12 @@ class CallFailedError(YieldgateError):
 class RequestTooLargeError(CallFailedError):
     """The request costs more of a quota than the whole quota holds: no wait makes it fit.
 
-    ``resource`` is what it would overspend (``tokens``, ``requests``, ...),
-    ``cost`` its cost in that resource and ``limit`` the quota's. Raised
-    before anything is sent.
+    Raised before anything is sent when the cost exceeds a budget of the caller's
+    own (``QuotaPolicy``), or when the provider answered so (``request_too_large``).
+    A limit learnt from headers never raises it: a cost past it waits for the
+    whole bucket and lets the provider decide. ``resource`` is what it would
+    overspend (``tokens``, ``requests``, ...), ``cost`` its cost in that resource
+    and ``limit`` the quota's (0 when only the provider's answer said so).
     """
 
     def __init__(

@@ -8,7 +8,7 @@ import httpx
 import pytest
 
 from tests.gate.test_quota import gate_for
-from yieldgate import Cost, QuotaPolicy, RequestTooLargeError
+from yieldgate import Cost, QuotaPolicy
 from yieldgate.dialects import OPENAI
 from yieldgate.dialects._cost import estimate_cost, request_scope
 from yieldgate.dialects._hints import retry_hint_s
@@ -46,11 +46,24 @@ def test_a_reading_paces_its_own_scope_alone() -> None:
     assert quota.try_take(tokens(100, "b"), 0.0)  # model b: nothing learnt, not a's
 
 
-def test_a_cost_too_large_for_one_scope_fits_another() -> None:
+def test_a_cost_past_one_scopes_learnt_limit_waits_for_its_whole_bucket() -> None:
+    """Never refused: the learnt limit is the provider's word as read (or a guess);
+    only the provider says a request is too large. Another scope's fits at once."""
     quota = Quota()
-    answered(quota, tokens(10, "gpt-4o"), 590.0, 0.0)  # 600 tokens a minute
-    assert quota.too_large(tokens(40_000, "gpt-4o").cost) is not None
-    assert quota.too_large(tokens(40_000, "gpt-4o-mini").cost) is None
+    answered(quota, tokens(10, "gpt-4o"), 590.0, 0.0)  # 600 tokens a minute, 590 left
+    assert quota.too_large(tokens(40_000, "gpt-4o").cost) is None
+    assert quota.try_take(tokens(40_000, "gpt-4o-mini"), 0.0)
+    big = tokens(40_000, "gpt-4o")
+    assert not quota.try_take(big, 0.0)
+    assert quota.binding(big.cost, 0.0) is quota.buckets["openai:tokens@gpt-4o"]
+    assert quota.try_take(big, 1.0)  # full again (10 tokens a second): it goes
+    assert quota.buckets["openai:tokens@gpt-4o"].level_at(1.0) == 0.0  # spent the whole
+    assert not quota.try_take(tokens(10, "gpt-4o"), 1.0)
+
+
+def test_a_budget_of_the_callers_own_refuses_a_cost_past_its_limit() -> None:
+    quota = Quota(tokens_per_minute=1000)
+    assert quota.too_large(tokens(1001, "a").cost) is quota.buckets["policy:tokens"]
 
 
 def test_a_scopes_queue_does_not_hold_another_scope() -> None:
@@ -113,7 +126,7 @@ def test_azure_headers_read_as_remaining_alone() -> None:
     assert quota_readings(httpx.Headers(bad)) == ()
 
 
-def test_the_limit_is_the_most_seen_remaining_plus_in_flight_at_first() -> None:
+def test_the_limit_is_the_most_seen_remaining_and_own_cost_plus_in_flight_at_first() -> None:
     quota = Quota()
     inflight = [tokens(100, key=i) for i in range(3)]
     for c in inflight:
@@ -121,20 +134,21 @@ def test_the_limit_is_the_most_seen_remaining_plus_in_flight_at_first() -> None:
         quota.sent(c, 0.0)
     quota.observe([read(900.0, limit=None)], inflight[0], 0.0)
     bucket = quota.buckets["openai:tokens"]
-    assert bucket.limit == 1100.0  # 900 left, 200 more still in flight
-    assert bucket.rate == pytest.approx(1100.0 / 60)
+    # 900 left after the answered 100, 200 more still in flight.
+    assert bucket.limit == 1200.0
+    assert bucket.rate == pytest.approx(1200.0 / 60)
     assert bucket.level == 700.0
     quota.observe([read(100.0, limit=None)], inflight[1], 1.0)
-    assert bucket.limit == 1100.0  # less remaining never lowers it
+    assert bucket.limit == 1200.0  # less remaining never lowers it
     quota.observe([read(1500.0, limit=None)], inflight[2], 2.0)
-    assert bucket.limit == 1500.0
+    assert bucket.limit == 1600.0  # 1,500 left after its own 100
     # Later, what is in flight is not added: much of it was counted already.
     later = [tokens(100, key=10 + i) for i in range(5)]
     for c in later:
         assert quota.try_take(c, 3.0)
         quota.sent(c, 3.0)
-    quota.observe([read(1400.0, limit=None)], later[0], 3.0)
-    assert bucket.limit == 1500.0
+    quota.observe([read(1600.0, limit=None)], later[0], 3.0)
+    assert bucket.limit == 1700.0  # 1,600 and its own 100; not the 400 in flight
 
 
 def test_azure_retry_hints() -> None:
@@ -157,7 +171,8 @@ def test_borrow_paces_a_new_scope_by_the_last_ones_shapes_until_its_own_answer()
     assert quota.borrow_for("b", 1.0)
     assert {"openai:tokens@b", "openai:requests@b"} <= set(quota.buckets)
     assert quota.buckets["openai:tokens@b"].limit == 600.0
-    assert quota.too_large(tokens(700, "b").cost) is not None
+    assert quota.too_large(tokens(700, "b").cost) is None  # a borrowed limit never refuses
+    assert quota.binding(tokens(700, "b").cost, 1.0) is None  # full: it would spend it all
     assert not quota.borrow_for("b", 1.0)  # known now
     # b's own answer: its tokens bucket is its own; the borrowed requests bucket goes.
     answered(quota, tokens(10, "b"), 99_000.0, 2.0, limit=100_000.0)
@@ -213,7 +228,8 @@ def test_a_cost_scope_must_be_a_string() -> None:
 
 async def test_one_gate_two_models_each_paced_by_its_own_answers() -> None:
     """After gpt-4o's answer (600 TPM, spent), a gpt-4o-mini call of 40k tokens is
-    neither refused as too large nor held behind gpt-4o's quota."""
+    neither refused as too large nor held behind gpt-4o's quota; a gpt-4o call of 40k
+    waits for gpt-4o's whole bucket (a minute) and goes: the provider decides."""
     gate = gate_for(anyio.current_time)
     spent = {"x-ratelimit-limit-tokens": "600", "x-ratelimit-remaining-tokens": "0"}
 
@@ -231,8 +247,7 @@ async def test_one_gate_two_models_each_paced_by_its_own_answers() -> None:
     big = {"x-ratelimit-limit-tokens": "1000000", "x-ratelimit-remaining-tokens": "999000"}
     assert await call("gpt-4o-mini", 40_000, big) < 0.01
     assert await call("gpt-4o-mini", 40_000, big) < 0.01
-    with pytest.raises(RequestTooLargeError):
-        await call("gpt-4o", 40_000, spent)
+    assert 59.0 <= await call("gpt-4o", 40_000, spent) <= 61.0
     assert gate._core.audit() == []
 
 
@@ -275,5 +290,6 @@ def test_anthropic_input_and_output_buckets_are_charged_apart() -> None:
     # Another 100 in fits the input bucket; 100 out does not fit what is left of output.
     assert not quota.try_take(claim(100, 100), 0.0)
     assert quota.try_take(claim(100, 50), 0.0)
-    # An output bound past the whole output limit can never fit, whatever the input.
-    assert quota.too_large(Cost.of(1, 201)) is not None
+    # An output bound past the whole output limit waits for the whole output bucket.
+    assert quota.too_large(Cost.of(1, 201)) is None
+    assert quota.binding(Cost.of(1, 201), 0.0) is quota.buckets["anthropic:output_tokens"]

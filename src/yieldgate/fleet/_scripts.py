@@ -60,10 +60,13 @@ for i = 2, #KEYS do
     unseen = tonumber(h[5]) or 0
     top = math.max(top, tonumber(h[6]) or 0)
   end
+  -- A learnt limit paces, never refuses: a cost past it waits for the whole bucket
+  -- and spends that (the caller's own budgets refuse such a cost before asking).
+  amount = math.min(amount, limit)
   local short = amount - level
   if short > 0 then
     local need = math.huge
-    if amount <= limit and rate > 0 then need = short / rate end
+    if rate > 0 then need = short / rate end
     if need > wait then wait = need end
     short_of[#short_of + 1] = i - 1
     short_of[#short_of + 1] = fmt(need)

@@ -180,17 +180,24 @@ class Bucket:
         self.level = self.level_at(now, cap, pace)
         self.updated = max(self.updated, now)
 
+    def spends(self, amount: float, cap: float = 1.0) -> float:
+        """What a claim of ``amount`` spends here. A learnt limit is a reading, or a guess
+        from what remains, and may be wrong: a cost past it waits for the whole bucket
+        and spends that, never more (it paces; only the provider says a request is too
+        large, and its answer corrects the limit). The caller's own budgets are exact."""
+        return min(amount, self.limit * cap) if self.learnt else amount
+
     def take(self, amount: float, now: float, cap: float = 1.0, pace: float = 1.0) -> None:
         self.settle(now, cap, pace)
-        self.level -= amount
+        self.level -= self.spends(amount, cap)
 
     def give(self, amount: float, now: float, cap: float = 1.0, pace: float = 1.0) -> None:
         self.settle(now, cap, pace)
-        self.level = min(self.limit * cap, self.level + amount)
+        self.level = min(self.limit * cap, self.level + self.spends(amount, cap))
 
     def wait_s(self, amount: float, now: float, cap: float = 1.0, pace: float = 1.0) -> float:
         """How long until ``amount`` fits (0: now)."""
-        short = amount - self.level_at(now, cap, pace)
+        short = self.spends(amount, cap) - self.level_at(now, cap, pace)
         if short <= 0:
             return 0.0
         return short / (self.rate * pace)

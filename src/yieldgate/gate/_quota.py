@@ -36,8 +36,10 @@ Waiting: one lane per scope (one per upstream when it has budgets of the
 caller's own, which every claim spends), by priority and then arrival
 (``_quota_lanes``); only the head sleeps, until its cost fits (the time each
 bucket needs to refill the difference), re-reading the buckets when it wakes,
-as the rate cap does. A cost larger than a bucket's whole limit can never
-fit: ``too_large`` says so before any wait.
+as the rate cap does. A cost larger than a caller's budget's whole limit can
+never fit: ``too_large`` says so before any wait. A learnt limit never refuses:
+a cost past it waits for the whole bucket (``Bucket.spends``) and the provider,
+not a guess, says whether it is too large.
 
 What stays on a scope: a provider's 429 for a scope's quota holds that
 scope's claims alone (``lanes.hold``; ``_quota_lanes`` says how they go),
@@ -170,9 +172,11 @@ class Quota:
         return [b for b in self.buckets.values() if b.scope is None or b.scope == scope]
 
     def too_large(self, cost: Cost) -> Bucket | None:
-        """The bucket whose whole limit ``cost`` exceeds (no wait makes it fit)."""
+        """The caller's own bucket whose whole limit ``cost`` exceeds (no wait makes it
+        fit). A learnt bucket never refuses: its limit is the provider's word as read,
+        or a guess, and a cost past it waits for the whole bucket (``Bucket.spends``)."""
         for bucket in self._of(cost.scope):
-            if cost.amount(bucket.resource) > bucket.limit:
+            if not bucket.learnt and cost.amount(bucket.resource) > bucket.limit:
                 return bucket
         return None
 
@@ -351,6 +355,8 @@ class Quota:
         scope = claim.scope if claim is not None and claim is not BLIND else ""
         if blind is not None:
             scope = blind.scope
+        mine = claim.cost if claim is not None and claim is not BLIND else NOTHING
+        answered = blind if blind is not None else mine  # the answered attempt's cost
         borrowed = False
         for reading in readings:
             key = scoped_key(reading.key, scope)
@@ -370,9 +376,13 @@ class Quota:
                 # that limit over a minute; every answer sets the level again.
                 # (In flight counts once, at the first reading: later, much of what
                 # is in flight was counted already, and adding it again would feed
-                # itself: a higher limit, more in flight, a higher limit.)
+                # itself: a higher limit, more in flight, a higher limit.) The
+                # answered attempt's own cost was counted before what remains: the
+                # limit is at least both (without it, a request costing most of the
+                # quota would never fit the limit guessed from its own answer).
+                own = answered.amount(resource)
                 known = bucket.limit if bucket is not None else 0.0
-                limit = max(known, reading.remaining + (sent if bucket is None else 0.0))
+                limit = max(known, reading.remaining + own + (sent if bucket is None else 0.0))
             if not (MIN_LIMIT <= limit < math.inf):
                 continue  # no bucket a request could ever fit
             rate = reading_rate(reading, limit, bucket)
