@@ -57,6 +57,7 @@ SURFACE = {
         "TransportError",
         "StreamInterruptedError",
         "RemoteError",
+        "QuotaExhaustedError",
         "RequestTooLargeError",
         "MissingExtraError",
     ],

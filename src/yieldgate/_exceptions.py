@@ -8,7 +8,8 @@ dependency's exception type escapes the public API::
      ├── BlockingCallError          a sync call from a thread that runs an event loop
      ├── FleetConfigError           Redis refused a shared Gate's credentials or commands
      ├── CallFailedError            an attempt failed in a way retrying cannot fix
-     │    └── RequestTooLargeError       its cost exceeds a whole quota: no wait helps
+     │    ├── RequestTooLargeError       its cost exceeds a whole quota: no wait helps
+     │    └── QuotaExhaustedError        a daily quota spent, or a reset past the deadline
      ├── GaveUpError                the Gate stopped trying; a later call may succeed
      │    ├── RetriesExhaustedError      failures kept coming until max_attempts
      │    ├── YieldExhaustedError        the upstream kept yielding until max_yields
@@ -61,6 +62,7 @@ __all__ = [
     "GaveUpError",
     "IntegrityError",
     "ProtocolError",
+    "QuotaExhaustedError",
     "RemoteError",
     "RequestTooLargeError",
     "ResponseFormatError",
@@ -171,6 +173,36 @@ class RequestTooLargeError(CallFailedError):
         """The request's cost in that resource."""
         self.limit = limit
         """The whole quota of that resource."""
+
+
+class QuotaExhaustedError(CallFailedError):
+    """The provider's quota is spent for longer than the call may wait: a daily (or
+    monthly) quota (said by its header family or its 429's body), a billing quota,
+    or a quota whose reset is past the call's deadline. Retrying within the call
+    cannot help, so it fails at once rather than holding every caller behind it.
+
+    ``reset_s`` is how long until the quota refills as the provider said it
+    (``None``: it did not say), ``reset_at`` that moment on the wall clock (epoch
+    seconds) and ``reason`` the outcome's (``daily_quota``, ``rate_limited``,
+    ``insufficient_quota``, ``no_quota``).
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        reset_s: float | None = None,
+        reset_at: float | None = None,
+        reason: str = "",
+        **kw: Any,
+    ) -> None:
+        super().__init__(message, **kw)
+        self.reset_s = reset_s
+        """Seconds until the quota refills, as the provider said (``None``: not said)."""
+        self.reset_at = reset_at
+        """When it refills on the wall clock, in epoch seconds (``None``: not said)."""
+        self.reason = reason
+        """Why: ``daily_quota``, ``rate_limited``, ``insufficient_quota``, ``no_quota``."""
 
 
 class GaveUpError(YieldgateError):

@@ -46,11 +46,16 @@ def test_an_anthropic_reset_in_the_year_9999_refills_within_a_minute() -> None:
     assert quota.buckets["anthropic:tokens"].rate >= 600 / 60
 
 
-def test_an_ietf_window_past_an_hour_is_read_as_an_hour() -> None:
+def test_a_window_past_a_month_is_read_as_a_month() -> None:
+    # A day's window is a daily quota's (IETF's w=86400, Cerebras' -day headers), paced
+    # as daily; three years is a bad header's.
     headers = httpx.Headers({"ratelimit-policy": '"p";q=3600;w=99999999', "ratelimit": '"p";r=0'})
     quota = Quota()
     quota.observe(quota_readings(headers), None, 0.0)
-    assert quota.buckets["ietf:p"].rate == pytest.approx(1.0)
+    assert quota.buckets["ietf:p"].rate == pytest.approx(3600 / (31 * 86400))
+    daily = httpx.Headers({"ratelimit-policy": '"d";q=8640;w=86400', "ratelimit": '"d";r=0'})
+    quota.observe(quota_readings(daily), None, 0.0)
+    assert quota.buckets["ietf:d"].rate == pytest.approx(0.1)
 
 
 def test_a_limit_below_one_is_no_bucket() -> None:

@@ -28,6 +28,13 @@ may come from a proxy whose upstream did work or broke: it stays
 The hint is ``retry-after-ms``, else ``retry-after`` (seconds or an HTTP date).
 On top of these, each family reads its own bodies:
 
+In every dialect but ``gemini`` (which reads its own), a 429 for a daily or
+monthly quota (a spent bucket whose header family names such a window, or a
+body that says "per day", as OpenRouter's and Groq's do) is a ``yield``, reason
+``daily_quota``, whose hint is when the quota refills; ``fatal`` when nothing
+says when (``_daily``). The Gate fails such a call at once with
+``QuotaExhaustedError`` unless the refill comes before its deadline.
+
 - ``openai``: a 429 whose error code is ``insufficient_quota`` is ``fatal``
   (no wait makes a spent quota pass), and so is one whose message starts
   "Request too large for" (a request above the whole per-minute limit, reason
@@ -80,6 +87,7 @@ from typing import Any
 
 from yieldgate._headers import ESTIMATED_TIME_FIELD, IDEMPOTENCY_KEY_HEADER, LOADING_MESSAGE
 from yieldgate.dialects._client_errors import client_error_outcome
+from yieldgate.dialects._daily import daily_refusal
 from yieldgate.dialects._gemini import retry_delay_s, spent_quota
 from yieldgate.dialects._hints import message_hint_s
 from yieldgate.dialects._ratelimit import quota_readings
@@ -123,16 +131,20 @@ _TOO_LARGE = "Request too large for "
 _OVERLOADED = "Model is overloaded"
 
 
-def _openai_429(reply: Reply) -> Outcome | None:
-    if reply.status != 429:
-        return None
-    if reply.field("error", "type") == "yield":
+def _openai_yield(reply: Reply) -> Outcome | None:
+    if reply.status == 429 and reply.field("error", "type") == "yield":
         # yieldgate's reference server refusing at its door (saturated, cold): load,
         # not a quota of the model's.
         code = reply.field("error", "code")
         return Outcome.yielded(
             reply.hint_s, code if isinstance(code, str) else "saturated", value=reply.response
         )
+    return None
+
+
+def _openai_429(reply: Reply) -> Outcome | None:
+    if reply.status != 429:
+        return None
     if "insufficient_quota" in (reply.field("error", "code"), reply.field("error", "type")):
         return Outcome.fatal(reply.error(False), reason="insufficient_quota", value=reply.response)
     message = reply.field("error", "message")
@@ -264,15 +276,17 @@ def _is_response(value: Any) -> bool:
     return isinstance(getattr(value, "status_code", None), int) and hasattr(value, "headers")
 
 
-OPENAI = HttpDialect("openai", (_openai_429,), idempotency_header=IDEMPOTENCY_KEY_HEADER)
+OPENAI = HttpDialect(
+    "openai", (_openai_yield, daily_refusal, _openai_429), idempotency_header=IDEMPOTENCY_KEY_HEADER
+)
 """OpenAI and Azure OpenAI: a spent quota or a request too large is ``fatal``; hints from
 429 messages too."""
-ANTHROPIC = HttpDialect("anthropic", (_anthropic,))
+ANTHROPIC = HttpDialect("anthropic", (daily_refusal, _anthropic))
 """Anthropic: ``overloaded_error`` (529) and ``rate_limit_error`` (429) are yields."""
 GEMINI = HttpDialect("gemini", (_gemini,))
 """The Gemini API: ``RetryInfo.retryDelay`` is a hint; a daily (or zero) quota's 429 is
 ``fatal``, another 429 a yield."""
-HUGGINGFACE = HttpDialect("huggingface", (_hf_loading,))
+HUGGINGFACE = HttpDialect("huggingface", (daily_refusal, _hf_loading))
 """HuggingFace endpoints: a 503 for a model still loading is a ``cold_start`` yield."""
 TGI = HttpDialect("tgi", (_tgi,))
 """Text Generation Inference: its overloaded 429 is a yield (no hint), a 424 ``retryable``."""

@@ -1,19 +1,20 @@
 """Reading a provider's quota out of its rate-limit headers.
 
-Three families, each turned into ``QuotaReading``s (a bucket's limit, what
-remains of it and how long until it is full again):
+Two kinds, each turned into ``QuotaReading``s (a bucket's limit, what remains of
+it, how long until it is full again and, when said, the window its limit is for):
 
-- OpenAI and Azure OpenAI: ``x-ratelimit-{limit,remaining,reset}-{requests,tokens}``,
-  the resets as Go durations (``6m0s``, ``1s``, ``20ms``, ``1.234s``). Azure sends
-  ``x-ratelimit-remaining-*`` alone: a reading with no limit, which the quota
-  learns from what remains.
-- Anthropic: ``anthropic-ratelimit-{requests,tokens,input-tokens,output-tokens}-
-  {limit,remaining,reset}``, the resets as RFC 3339 times.
-- The IETF fields (draft-ietf-httpapi-ratelimit-headers): ``RateLimit-Policy``
-  (``"name";q=100;w=60``, with a quota unit ``qu``) and ``RateLimit``
-  (``"name";r=50;t=30``; a partition key ``pk`` makes a bucket of its own),
-  and the older ``RateLimit-Limit`` / ``-Remaining`` / ``-Reset`` form
-  (``RateLimit-Limit: 100, 100;w=60``).
+- The providers' own header families, one row each in ``_families.FAMILIES``
+  (OpenAI and Azure OpenAI, OpenAI's project limits, Groq, Anthropic, Cerebras
+  and Mistral's window-suffixed headers, Fireworks, Together, OpenRouter's and
+  many gateways' plain ``X-RateLimit-*``). Azure sends ``x-ratelimit-remaining-*``
+  alone: a reading with no limit, which the quota learns from what remains.
+- The IETF fields (draft-ietf-httpapi-ratelimit-headers), read when no family
+  row matched: ``RateLimit-Policy`` (``"name";q=100;w=60``, with a quota unit
+  ``qu``) and ``RateLimit`` (``"name";r=50;t=30``; a partition key ``pk`` makes a
+  bucket of its own), draft 7's dictionaries (``RateLimit: limit=100,
+  remaining=50, reset=30`` with ``RateLimit-Policy: 100;w=60``) and the older
+  ``RateLimit-Limit`` / ``-Remaining`` / ``-Reset`` form (``RateLimit-Limit: 100,
+  100;w=60``).
 
 A value that cannot be read is ignored, never raised: a malformed header must
 not turn a good answer into a crash. A bucket needs at least its limit and
@@ -25,24 +26,22 @@ from __future__ import annotations
 import math
 import re
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from datetime import datetime
 
+from yieldgate.dialects._families import FAMILIES, ResetFormat
 from yieldgate.gate._cost import SCOPE_MARK
 from yieldgate.gate._quota import QuotaReading
 
 __all__ = ["go_duration_s", "quota_readings"]
 
-_OPENAI = (("requests", "requests"), ("tokens", "tokens"))
-_ANTHROPIC = (
-    ("requests", "requests"),
-    ("tokens", "tokens"),
-    ("input-tokens", "input_tokens"),
-    ("output-tokens", "output_tokens"),
-)
 # The IETF quota units this Gate can pace; other units (content-bytes,
 # concurrent-requests) are not a rate it spends per request.
 _IETF_UNITS = {"requests": "requests", "tokens": "tokens"}
+
+# A reset past these is a time, not a delay: epoch milliseconds, epoch seconds.
+_EPOCH_MS = 1e12
+_EPOCH_S = 1e9
 
 _GO_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|h|m|s)")
 _GO_UNIT_S = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
@@ -104,47 +103,51 @@ def _reading(
     )
 
 
-def _family(
-    headers: Mapping[str, str],
-    family: str,
-    names: Sequence[tuple[str, str]],
-    name: Callable[[str, str], str],
-    reset_s: Callable[[str], float | None],
-) -> list[QuotaReading]:
-    """The buckets of one family of ``{limit, remaining, reset}`` headers: ``name(part,
-    infix)`` spells each header, ``reset_s`` reads a reset."""
-    found = []
-    for infix, resource in names:
-        limit = _count(headers.get(name("limit", infix)))
-        if limit is None and name("limit", infix) in headers:
-            continue  # a limit sent and unreadable: nothing to learn from what remains
-        reset = headers.get(name("reset", infix))
-        reading = _reading(
-            f"{family}:{resource}",
-            resource,
-            limit,
-            _count(headers.get(name("remaining", infix))),
-            None if reset is None else reset_s(reset),
-        )
-        if reading is not None:
-            found.append(reading)
+def _reset_s(form: ResetFormat, text: str, now: float) -> float | None:
+    """Seconds until a bucket is full again, from its reset header written as ``form``."""
+    if form == "duration":
+        return go_duration_s(text)
+    if form == "rfc3339":
+        return _rfc3339_delay_s(text, now)
+    value = _count(text)
+    if value is None:
+        return None
+    if value >= _EPOCH_MS:
+        return max(0.0, value / 1000 - now)
+    if value >= _EPOCH_S:
+        return max(0.0, value - now)
+    return value
+
+
+def _families(headers: Mapping[str, str], now: float) -> list[QuotaReading]:
+    """The buckets of every row of ``FAMILIES`` the headers carry; a header one row
+    read is not read again by a later row."""
+    found: list[QuotaReading] = []
+    read: set[str] = set()
+    for family in FAMILIES:
+        if family.marker is not None and family.marker not in headers:
+            continue
+        for bucket in family.buckets:
+            remaining_text = headers.get(bucket.remaining)
+            if remaining_text is None or bucket.remaining in read:
+                continue
+            read.update((bucket.limit, bucket.remaining))
+            limit_text = headers.get(bucket.limit)
+            limit = _count(limit_text)
+            if limit is None and limit_text is not None:
+                continue  # a limit sent and unreadable: nothing to learn from what remains
+            reset = None if bucket.reset is None else headers.get(bucket.reset)
+            reading = _reading(
+                f"{family.key}:{bucket.name or bucket.resource}",
+                bucket.resource,
+                limit,
+                _count(remaining_text),
+                None if reset is None else _reset_s(family.reset, reset, now),
+                bucket.window_s,
+            )
+            if reading is not None:
+                found.append(reading)
     return found
-
-
-def _openai(headers: Mapping[str, str]) -> list[QuotaReading]:
-    return _family(
-        headers, "openai", _OPENAI, lambda part, infix: f"x-ratelimit-{part}-{infix}", go_duration_s
-    )
-
-
-def _anthropic(headers: Mapping[str, str], now: float) -> list[QuotaReading]:
-    return _family(
-        headers,
-        "anthropic",
-        _ANTHROPIC,
-        lambda part, infix: f"anthropic-ratelimit-{infix}-{part}",
-        lambda text: _rfc3339_delay_s(text, now),
-    )
 
 
 # -- the IETF fields: a small reader of structured-field lists --------------------
@@ -249,9 +252,7 @@ def quota_readings(
     against. Never raises on a malformed value: that bucket is skipped.
     """
     try:
-        found = _openai(headers)
-        if not found:
-            found = _anthropic(headers, now())
+        found = _families(headers, now())
         if not found:
             found = _ietf(headers)
     except (AttributeError, TypeError):  # headers of an unexpected shape

@@ -37,6 +37,7 @@ from yieldgate.gate import _dropped as dropped
 from yieldgate.gate._breaker import Breaker
 from yieldgate.gate._call import CallState
 from yieldgate.gate._choice import not_after, upstream
+from yieldgate.gate._decide import quota_past_deadline
 from yieldgate.gate._ledger import Attempt
 from yieldgate.gate._quota import Claim
 from yieldgate.gate._shared import FleetOp
@@ -272,7 +273,7 @@ def _quota(call: CallState, attempt: Attempt, up: Upstream) -> Steps:
                             attempt.queued = False  # taken: it left the queue
                             break
                         if call.deadline is not None and again > call.deadline:
-                            raise call.deadline_error(quota.beyond(claim, now, again))
+                            raise quota_past_deadline(call, quota, claim, now, again)
                     call.signal.clear()
                 yield from _park(call, again, "waiting for the quota")
         finally:

@@ -28,6 +28,7 @@ from yieldgate._exceptions import (
     CallFailedError,
     CircuitOpenError,
     DeadlineExceededError,
+    QuotaExhaustedError,
     RequestTooLargeError,
     YieldgateError,
 )
@@ -45,6 +46,9 @@ from yieldgate.gate._window import RANK, Signal
 from yieldgate.protocol import Priority
 
 __all__ = ["CallSignal", "CallState"]
+
+# A fatal outcome's reasons that say a provider's quota is spent, its reset unknown.
+QUOTA_SPENT = ("daily_quota", "no_quota", "insufficient_quota")
 
 
 class CallSignal(Protocol):
@@ -171,6 +175,13 @@ class CallState:
             raise self.stop_error from outcome.error
         # A provider's "Request too large": more than its whole quota, as the Gate's own
         # check says of a cost it knows (the provider's limit, its amount: not told).
+        if outcome.reason in QUOTA_SPENT:
+            # A quota no wait within the call refills (a daily one, a billing one).
+            raise self.error(
+                QuotaExhaustedError,
+                f"the provider's quota is spent and its reset unknown: {outcome.describe()}",
+                reason=outcome.reason,
+            ) from outcome.error
         cls = RequestTooLargeError if outcome.reason == "request_too_large" else CallFailedError
         raise self.error(cls, f"call failed: {outcome.describe()}") from outcome.error
 
@@ -344,7 +355,7 @@ class CallState:
     def _quota_scope(self, outcome: Outcome) -> str:
         """The scope whose quota ``outcome`` says is spent (a provider's refusal of a
         call that names a model or a deployment); ``""``: none, or the upstream's."""
-        return self.cost.scope if outcome.reason == "rate_limited" else ""
+        return self.cost.scope if outcome.reason in ("rate_limited", "daily_quota") else ""
 
     def _note(self, outcome: Outcome, attempt: Attempt, now: float) -> AttemptDetails | None:
         core = self.core

@@ -13,6 +13,7 @@ from typing import NamedTuple
 
 __all__ = [
     "DEFAULT_WINDOW_S",
+    "LONGEST_WINDOW_S",
     "MAX_WINDOW_S",
     "MIN_LIMIT",
     "NOTHING",
@@ -32,9 +33,11 @@ DEFAULT_WINDOW_S = 60.0
 # A reading whose used share is below this says too little about the refill rate.
 _MIN_USED_SHARE = 0.02
 # What a reading may say, whatever a header claims: a bucket is full again within
-# its window (a minute unless a header names one, at most an hour), so no reading
-# can stall a Gate past it; its limit is one request or token at least.
+# its window (a minute unless a header names one, at most an hour unless the
+# provider's header family documents a longer one: a day's, a month's), so no
+# reading can stall a Gate past it; its limit is one request or token at least.
 MAX_WINDOW_S = 3600.0
+LONGEST_WINDOW_S = 31 * 86_400.0
 MIN_LIMIT = 1.0
 # Between a learnt bucket's reading key and its scope, in its key (``openai:tokens@gpt-4o``).
 SCOPE_MARK = "@"
@@ -207,7 +210,7 @@ def reading_rate(reading: QuotaReading, limit: float, bucket: Bucket | None) -> 
     """The refill rate a reading implies: its window's, the used share over the
     time to full, or what the bucket had (a minute's limit, first)."""
     if reading.window_s is not None and reading.window_s > 0:
-        return limit / min(reading.window_s, MAX_WINDOW_S)
+        return limit / min(reading.window_s, LONGEST_WINDOW_S)
     used = limit - reading.remaining
     if reading.reset_s is not None and reading.reset_s > 0 and used >= _MIN_USED_SHARE * limit:
         # Per-minute limits (OpenAI's, Anthropic's) are full again within a minute: a

@@ -11,21 +11,27 @@ sets the call's ``stop_error``. It reads and writes the call's state
 
 from __future__ import annotations
 
+import time
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Protocol
 
 from yieldgate._exceptions import (
     CircuitOpenError,
     DeadlineExceededError,
+    QuotaExhaustedError,
     RetriesExhaustedError,
     RetryBudgetExhaustedError,
     YieldExhaustedError,
     YieldgateError,
 )
+from yieldgate.gate._cost import DEFAULT_WINDOW_S, MAX_WINDOW_S
 from yieldgate.gate._outcome import Outcome, OutcomeKind
 from yieldgate.gate._retry import backoff_floor_s, backoff_s, hinted_floor_s, hinted_wait_s
 
 if TYPE_CHECKING:
+    from yieldgate.gate._claim import Claim
     from yieldgate.gate._core import GateCore
+    from yieldgate.gate._quota import Quota
     from yieldgate.gate._upstream import Upstream
     from yieldgate.protocol import Priority
 
@@ -54,6 +60,45 @@ class Deciding(Protocol):
 def _stop(call: Deciding, cls: type[YieldgateError], message: str, **extra: Any) -> float:
     call.stop_error = call.error(cls, message, **extra)
     return 0.0
+
+
+def _quota_spent(call: Deciding, outcome: Outcome, hint: float, left: float) -> float:
+    reset_at = time.time() + hint
+    when = datetime.fromtimestamp(reset_at, UTC).isoformat(timespec="seconds")
+    return _stop(
+        call,
+        QuotaExhaustedError,
+        f"the provider's quota is spent until {when} (in {hint:g} s), past the call's "
+        f"deadline ({left:.3f} s left) after {call.attempts} attempt(s): {outcome.describe()}",
+        reset_s=hint,
+        reset_at=reset_at,
+        reason=outcome.reason,
+    )
+
+
+def quota_past_deadline(
+    call: Any, quota: Quota, claim: Claim, now: float, again: float
+) -> YieldgateError:
+    """The error of a ``call`` whose quota claim has room only at ``again``, past its
+    deadline: a spent daily (or longer) learnt bucket's is ``QuotaExhaustedError``
+    naming its refill; any other, ``DeadlineExceededError``."""
+    bucket = quota.binding(claim.cost, now)
+    if bucket is None or not bucket.learnt or bucket.limit <= bucket.rate * MAX_WINDOW_S:
+        error: YieldgateError = call.deadline_error(quota.beyond(claim, now, again))
+        return error
+    wait = again - now
+    reset_at = time.time() + wait
+    when = datetime.fromtimestamp(reset_at, UTC).isoformat(timespec="seconds")
+    window_h = bucket.limit / bucket.rate / 3600
+    error = call.error(
+        QuotaExhaustedError,
+        f"quota bucket {bucket.key!r} (a {window_h:.3g} h window) has room only at {when} "
+        f"(in {wait:.3g} s), past the call's deadline",
+        reset_s=wait,
+        reset_at=reset_at,
+        reason="daily_quota",
+    )
+    return error
 
 
 def _elsewhere(call: Deciding, last: Upstream, now: float) -> bool:
@@ -116,7 +161,13 @@ def decide(call: Deciding, outcome: Outcome, now: float) -> float:
         if hint is not None and floor > 0.0 and hint > left:
             # The upstream's own word, before ``max_hint_s`` caps it: a wait past the
             # deadline (Azure's "retry after 86400 seconds") fails the call now, not
-            # at its deadline after holding every caller behind it.
+            # at its deadline after holding every caller behind it. A quota's refusal
+            # (a daily one's, or a hint longer than a minute's quota takes to refill)
+            # is the quota spent: ``QuotaExhaustedError``, naming when it refills.
+            if outcome.reason == "daily_quota" or (
+                outcome.reason == "rate_limited" and hint > DEFAULT_WINDOW_S
+            ):
+                return _quota_spent(call, outcome, hint, left)
             return _stop(
                 call,
                 DeadlineExceededError,

@@ -59,6 +59,7 @@ from collections.abc import Callable, Iterable, Sequence
 from yieldgate.gate._claim import BLIND, Claim
 from yieldgate.gate._cost import (
     DEFAULT_WINDOW_S,
+    LONGEST_WINDOW_S,
     MAX_WINDOW_S,
     MIN_LIMIT,
     NOTHING,
@@ -460,7 +461,7 @@ class Quota:
             return False
         if not (0 <= rate < math.inf):
             return False
-        rate = max(rate, limit / MAX_WINDOW_S)
+        rate = max(rate, limit / LONGEST_WINDOW_S)
         scope = scope_of(key)
         bucket = Bucket(key, resource, limit, rate, now, learnt=True, scope=scope)
         self._forget_stalest(now)
