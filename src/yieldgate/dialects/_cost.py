@@ -44,7 +44,7 @@ from urllib.parse import unquote
 
 from yieldgate.gate import Cost, QuotaPolicy
 
-__all__ = ["estimate_cost", "prompt_text", "request_scope", "usage_of"]
+__all__ = ["estimate_cost", "model_of", "prompt_text", "request_scope", "usage_of"]
 
 _OUTPUT_FIELDS = ("max_completion_tokens", "max_tokens", "max_output_tokens")
 
@@ -226,6 +226,17 @@ def usage_of(tail: bytes) -> Cost | None:
     if prompt is None and output is None:
         return None
     return Cost.of(prompt or 0, output or 0)
+
+
+_MODEL = re.compile(rb'"model"\s*:\s*"([^"\\]{1,256})"')
+_MODEL_HEAD = 4096  # bytes of an answer's start searched for its ``model``
+
+
+def model_of(head: bytes) -> str | None:
+    """The model an answer names in its first bytes (a JSON body's or a stream's first
+    event's ``model``), or ``None``."""
+    match = _MODEL.search(head, 0, _MODEL_HEAD)
+    return None if match is None else match.group(1).decode("utf-8", "replace")
 
 
 def _four_chars(text: str) -> int:

@@ -70,6 +70,13 @@ class AttemptInfo:
         if self.attempt is not None and readings:
             self.attempt.observe(readings)
 
+    def report_model(self, model: str) -> None:
+        """Report the model the response names (its ``model`` field). A snapshot of the
+        model requested (``gpt-4o-2024-08-06`` for ``gpt-4o``) spends the requested
+        model's quota from now on. The HTTP transports do it for every 2xx answer."""
+        if self.attempt is not None and model:
+            self.attempt.answered_model(model)
+
     def remaining_s(self) -> float | None:
         """Seconds left for this attempt (its timeout or the call's deadline), or None."""
         if self.deadline is None:

@@ -160,6 +160,14 @@ class Attempt:
             if core.shared is not None and claim is not None:
                 core.shared.observe(up, claim, readings, core.clock())
 
+    def answered_model(self, model: str) -> None:
+        """The model the answer names (its ``model`` field): a snapshot of the scope
+        requested is metered as that scope from now on (``GateCore.learn_alias``)."""
+        core = self.core
+        if self.cost.scope and model != self.cost.scope:
+            with core.lock:
+                core.learn_alias(self.cost.scope, model)
+
     def refused(self, now: float) -> None:
         """Refused at the door (a yield), before any work: it used nothing."""
         if self.settled or self.claim is None or self.up is None:

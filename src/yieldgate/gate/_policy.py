@@ -11,7 +11,7 @@ their own modules (``_window``, ``_retry``, ``_breaker``, ``_budget``,
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Final, Literal
 
@@ -274,7 +274,9 @@ class QuotaPolicy:
     model no answer has described yet is paced by nothing learnt until its
     first answers come; with ``borrow``, by copies of the quota of the model
     read last. The caller's own budgets are the upstream's, spent by every
-    model. ``Cost(..., scope="gpt-4o")`` names the scope directly.
+    model. ``Cost(..., scope="gpt-4o")`` names the scope directly. Names that
+    share one quota are one scope: a snapshot an answer names for the model
+    requested (its ``model`` field) is learnt, ``aliases`` names the rest.
     """
 
     learn: bool = True
@@ -293,8 +295,16 @@ class QuotaPolicy:
     """Pace a model not yet described by a copy of the quota of the model read last."""
     settle: Literal["usage", "estimate"] = "usage"
     """What the caller's budgets are charged: each response's ``usage``, or the ``"estimate"``."""
+    aliases: Mapping[str, str] | tuple[tuple[str, str], ...] = ()
+    """Model names metered as another's quota: ``{"my-deployment-b": "gpt-4o"}`` (kept
+    as sorted pairs). A snapshot an answer names for a requested model
+    (``gpt-4o-2024-08-06`` for ``gpt-4o``) is learnt as one without it."""
 
     def __post_init__(self) -> None:
+        aliases = dict(self.aliases)
+        if not all(isinstance(k, str) and isinstance(v, str) for k, v in aliases.items()):
+            raise TypeError("quota aliases must map model names (str) to scopes (str)")
+        object.__setattr__(self, "aliases", tuple(sorted(aliases.items())))
         for name in ("requests_per_minute", "tokens_per_minute"):
             value = getattr(self, name)
             if value is not None and not (value > 0 and math.isfinite(value)):

@@ -58,7 +58,7 @@ class _AsyncGated(GatedCore):
             raise
 
     async def _attempt(self, request: Any) -> Any:
-        request, _ = self.for_attempt(request)
+        request, attempt = self.for_attempt(request)
         response = await self.inner.handle_async_request(request)
         if not is_success(response):
             # The dialect reads error bodies, and a retry drops this response,
@@ -66,6 +66,7 @@ class _AsyncGated(GatedCore):
             return await self._bounded(response, request)
         if not is_closed(response):
             await self._first_chunk(response)
+        self.note_model(response, attempt)
         return response
 
     async def _bounded(self, response: Any, request: Any) -> Any:

@@ -29,7 +29,7 @@ from yieldgate._headers import (
     TRANSFER_ENCODING_HEADER,
 )
 from yieldgate.dialects import HttpDialect
-from yieldgate.dialects._cost import estimate_cost, usage_of
+from yieldgate.dialects._cost import estimate_cost, model_of, usage_of
 from yieldgate.gate import (
     AttemptInfo,
     Cost,
@@ -138,6 +138,22 @@ class GatedCore:
             if remaining is not None:
                 request.headers[DEADLINE_HEADER] = str(max(1, int(remaining * 1000)))
         return request, attempt
+
+    def note_model(self, response: Any, attempt: AttemptInfo | None) -> None:
+        """Tell the Gate the model a 2xx answer names (its first chunk read, or its
+        whole body), so that a snapshot of the model requested shares its quota."""
+        if attempt is None or not self.gate.policy.quota.per_model:
+            return
+        stream = response.stream
+        if isinstance(stream, Prefetched):
+            head = stream.first
+        elif is_closed(response):
+            head = response.content
+        else:
+            return
+        model = None if not head else model_of(head)
+        if model is not None:
+            attempt.report_model(model)
 
     def _copy_for(self, request: Any, attempt: AttemptInfo) -> Any:
         url = request.url

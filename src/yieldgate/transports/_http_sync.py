@@ -121,6 +121,7 @@ class _SyncGated(GatedCore):
             return self._bounded(response, request, attempt)
         if not is_closed(response):
             self._first_chunk(response)
+        self.note_model(response, attempt)
         return response
 
     def _bounded(self, response: Any, request: Any, attempt: AttemptInfo | None) -> Any:
