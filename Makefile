@@ -49,14 +49,14 @@ pytest: $(STAMP)
 # index, then its tests) to the rest on 2 cores.
 test: lint typecheck docs pytest compat
 
-# The SDK's tests (gate, dialects, transports, fleet) on every supported Python
+# The SDK's tests (gate, dialects, transports, fleet, zoo) on every supported Python
 # found here, each in its own .venv-3.X with the SDK's extras and the test-sdk group
 # (no torch: the harness, the burst tool and the docs stay on the default python3,
 # which `make test` covers). A version that is not installed is skipped and said so;
 # one that is found and fails fails the target. python3.X on PATH is used when it
 # runs, else pyenv's newest 3.X.
 PYTHONS ?= 3.11 3.12 3.13
-SDK_TESTS := tests/gate tests/dialects tests/transports tests/fleet
+SDK_TESTS := tests/gate tests/dialects tests/transports tests/fleet tests/zoo
 
 test-pythons:
 	@set -e; passed=""; failed=""; \

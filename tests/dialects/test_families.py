@@ -273,3 +273,15 @@ async def test_a_spent_daily_quota_fails_the_call_at_once(reset: str | None) -> 
         assert raised.value.reset_s == pytest.approx(5 * 3600, abs=5)
         assert "spent until" in str(raised.value)
     assert gate._core.audit() == []
+
+
+def test_ietf_draft_7_dictionary_form() -> None:
+    found = readings(
+        {"RateLimit": "limit=100, remaining=50, reset=30", "RateLimit-Policy": "10;w=1, 100;w=60"}
+    )
+    assert found == {"ietf:default": ("requests", 100.0, 50.0, 30.0, 60.0)}
+    # Without a policy: no window said (a minute is assumed).
+    assert readings({"RateLimit": "limit=5, remaining=0, reset=2"}) == {
+        "ietf:default": ("requests", 5.0, 0.0, 2.0, None)
+    }
+    assert readings({"RateLimit": "remaining=oops"}) == {}

@@ -121,5 +121,5 @@ def test_aliases_are_kept_as_sorted_pairs_and_checked() -> None:
 )
 def test_which_answers_are_snapshots(requested: str, answered: str, alias: bool) -> None:
     core = Gate(GatePolicy())._core
-    core.learn_alias(requested, answered)
+    core.aliases.learn(requested, answered)
     assert core.aliases == ({answered: requested} if alias else {})

@@ -205,9 +205,12 @@ def _ceil_s(wait: float) -> str:
 # -- the zoo -------------------------------------------------------------------------------
 
 
-def specs(tpm: float, binding_rpm: float, rpm: float = 100_000) -> list[Spec]:
-    """Every provider, its binding bucket ``tpm`` tokens a minute, or ``binding_rpm``
-    requests a minute where it meters only requests in headers (OpenRouter)."""
+def specs(
+    tpm: float, binding_rpm: float, itpm: float, otpm: float, rpm: float = 100_000
+) -> list[Spec]:
+    """Every provider, its binding bucket ``tpm`` tokens a minute, ``binding_rpm``
+    requests a minute where it meters only requests in headers (OpenRouter), or
+    ``itpm`` input and ``otpm`` output tokens where it meters them apart."""
     return [
         Spec(
             "openai",
@@ -317,8 +320,8 @@ def specs(tpm: float, binding_rpm: float, rpm: float = 100_000) -> list[Spec]:
             "fireworks",
             {
                 "requests": Limit("requests", rpm),
-                "prompt": Limit("input_tokens", tpm * 0.8),
-                "generated": Limit("output_tokens", tpm * 0.8),
+                "prompt": Limit("input_tokens", itpm),
+                "generated": Limit("output_tokens", otpm),
             },
             lambda s: {
                 **_openai_names(s, {"requests": "requests"}),
@@ -347,8 +350,8 @@ def specs(tpm: float, binding_rpm: float, rpm: float = 100_000) -> list[Spec]:
             "anthropic",
             {
                 "requests": Limit("requests", rpm),
-                "input": Limit("input_tokens", tpm * 0.8),
-                "output": Limit("output_tokens", tpm * 0.8),
+                "input": Limit("input_tokens", itpm),
+                "output": Limit("output_tokens", otpm),
             },
             _anthropic_headers,
             lambda key, wait, s: (

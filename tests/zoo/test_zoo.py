@@ -37,8 +37,16 @@ def cost(text: str, max_tokens: int) -> int:
 
 
 def zoo() -> list[Spec]:
-    total = sum(cost(*job) for job in jobs())
-    return specs(tpm=math.ceil(total / 1.5), binding_rpm=math.ceil(CALLS / 1.5))
+    """Every provider, its binding quota two thirds of what the burst costs."""
+    burst = jobs()
+    inputs = sum(math.ceil(len(f"user: {text}") / 4) for text, _ in burst)
+    outputs = sum(max_tokens for _, max_tokens in burst)
+    return specs(
+        tpm=math.ceil((inputs + outputs) / 1.5),
+        binding_rpm=math.ceil(CALLS / 1.5),
+        itpm=math.ceil(inputs / 1.5),
+        otpm=math.ceil(outputs / 1.5),
+    )
 
 
 def bound_s(spec: Spec) -> float:

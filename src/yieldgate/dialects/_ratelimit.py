@@ -188,10 +188,35 @@ def _sf_list(text: str) -> list[tuple[str, dict[str, str]]]:
     return members
 
 
+_DICT_MEMBER = re.compile(r"([a-z*][a-z0-9_.*-]*)\s*=\s*(\d+(?:\.\d+)?)")
+
+
+def _ietf_dictionary(state: str, policy: str | None) -> list[QuotaReading]:
+    """Draft 7's form: ``RateLimit: limit=100, remaining=50, reset=30`` (a dictionary),
+    its window in ``RateLimit-Policy: 100;w=60`` (the member whose quota is the limit)."""
+    fields = dict(_DICT_MEMBER.findall(state))
+    limit = fields.get("limit")
+    window = None
+    if policy is not None and limit is not None:
+        members = _sf_list(policy)
+        window = next((_count(p.get("w")) for v, p in members if v == limit and "w" in p), None)
+    reading = _reading(
+        "ietf:default",
+        "requests",
+        _count(limit),
+        _count(fields.get("remaining")),
+        _count(fields.get("reset")),
+        window,
+    )
+    return [] if reading is None else [reading]
+
+
 def _ietf(headers: Mapping[str, str]) -> list[QuotaReading]:
     found = []
     policy_field = headers.get("ratelimit-policy")
     state_field = headers.get("ratelimit")
+    if state_field is not None and "remaining" in dict(_DICT_MEMBER.findall(state_field)):
+        return _ietf_dictionary(state_field, policy_field)
     if state_field is not None and policy_field is not None:
         policies = {name: params for name, params in _sf_list(policy_field)}
         for name, params in _sf_list(state_field):

@@ -90,7 +90,7 @@ class GateBase:
             task = current_task()
         call = CallState(core, prio, deadline, started, hold=hold, observer=observer, task=task)
         if charge is not None:
-            call.cost = core.scoped(charge) if core.aliases else charge
+            call.cost = core.aliases.scoped(charge) if core.aliases else charge
         return call
 
     def _ended(self, call: CallState, error: BaseException | None) -> None:

@@ -37,18 +37,18 @@ import itertools
 import logging
 import os
 import random
-import re
 import threading
 import time
 import weakref
 from collections.abc import Callable
 from typing import Any, Final
 
+from yieldgate.gate._aliases import Aliases
 from yieldgate.gate._breaker import Breaker, BreakerState
 from yieldgate.gate._budget import RetryBudget
 from yieldgate.gate._outcome import Classifier
 from yieldgate.gate._policy import GatePolicy
-from yieldgate.gate._quota import Cost, Quota
+from yieldgate.gate._quota import Quota
 from yieldgate.gate._ratecap import RateCap
 from yieldgate.gate._shared import Shared
 from yieldgate.gate._statistics import Counters, GateStatistics
@@ -70,14 +70,6 @@ default_clock: Final[Callable[[], float]] = time.monotonic
 def unique_name() -> str:
     """A name for a Gate built without one: each its own telemetry label."""
     return f"gate-{next(_SERIAL)}"
-
-
-# Learnt aliases kept per Gate at most (answers naming a new snapshot each time must
-# not grow them without bound).
-MAX_ALIASES = 256
-# A snapshot's version after its model's name: a date (2024-08-06, 20250929) or a
-# number (0613, 2411).
-_VERSION = re.compile(r"\d{2,8}(?:-\d{2}){0,2}")
 
 
 class GateCore:
@@ -127,25 +119,8 @@ class GateCore:
         self.next_lapse = float("inf")
         # Names metered as one quota: the caller's (``QuotaPolicy.aliases``), then
         # snapshots answers named for a requested model (``learn_alias``).
-        self.aliases: dict[str, str] = dict(policy.quota.aliases)
+        self.aliases = Aliases(policy.quota.aliases)
         _CORES.add(self)
-
-    def scoped(self, cost: Cost) -> Cost:
-        """``cost`` in the scope its model is metered as."""
-        scope = self.aliases.get(cost.scope)
-        return cost if scope is None or scope == cost.scope else cost._replace(scope=scope)
-
-    def learn_alias(self, requested: str, answered: str) -> None:
-        """An answer to a request of scope ``requested`` names ``answered``: a dated
-        snapshot of it (``gpt-4o-2024-08-06`` of ``gpt-4o``, ``claude-sonnet-4-5-20250929``
-        of ``claude-sonnet-4-5``, ``mistral-large-2411`` of ``mistral-large-latest``) is
-        metered as ``requested`` from now on. Anything else (another model of the same
-        family, an Azure deployment's model, a router's choice) is not. Under the lock."""
-        if answered not in self.aliases and len(self.aliases) < MAX_ALIASES:
-            base = requested.removesuffix("-latest")
-            version = answered.removeprefix(f"{base}-")
-            if base and version != answered and _VERSION.fullmatch(version):
-                self.aliases[answered] = requested
 
     def make_upstream(
         self, name: str, target: Any, *, label: str, latency: LatencyTracker | None = None

@@ -162,11 +162,11 @@ class Attempt:
 
     def answered_model(self, model: str) -> None:
         """The model the answer names (its ``model`` field): a snapshot of the scope
-        requested is metered as that scope from now on (``GateCore.learn_alias``)."""
+        requested is metered as that scope from now on (``Aliases.learn``)."""
         core = self.core
         if self.cost.scope and model != self.cost.scope:
             with core.lock:
-                core.learn_alias(self.cost.scope, model)
+                core.aliases.learn(self.cost.scope, model)
 
     def refused(self, now: float) -> None:
         """Refused at the door (a yield), before any work: it used nothing."""
