@@ -285,3 +285,19 @@ def test_ietf_draft_7_dictionary_form() -> None:
         "ietf:default": ("requests", 5.0, 0.0, 2.0, None)
     }
     assert readings({"RateLimit": "remaining=oops"}) == {}
+
+
+def test_anthropics_unified_limit_rejected_waits_for_its_reset() -> None:
+    headers = {
+        "anthropic-ratelimit-unified-status": "rejected",
+        "anthropic-ratelimit-unified-reset": f"{time.time() + 5 * 3600:.0f}",
+        "anthropic-ratelimit-unified-5h-utilization": "1.0",
+    }
+    body = {"type": "error", "error": {"type": "rate_limit_error", "message": "limit reached"}}
+    from yieldgate.dialects import ANTHROPIC
+
+    outcome = ANTHROPIC.classify(_429(body, headers))
+    assert (outcome.kind, outcome.reason) == (OutcomeKind.YIELD, "daily_quota")
+    assert outcome.hint_s == pytest.approx(5 * 3600, abs=5)
+    allowed = {**headers, "anthropic-ratelimit-unified-status": "allowed_warning"}
+    assert ANTHROPIC.classify(_429(body, allowed)).reason == "rate_limited"

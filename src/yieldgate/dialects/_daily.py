@@ -7,7 +7,9 @@ OpenRouter's "Rate limit exceeded: free-models-per-day", Groq's "on requests per
 day (RPD)", Gemini's OpenAI-compatible endpoint's ``quotaId``
 ``GenerateRequestsPerDayPerProjectPerModel-FreeTier``. OpenRouter also relays the
 refusing bucket's headers inside the body (``error.metadata.headers``): read as
-the response's own.
+the response's own. Anthropic's unified limits (a subscription's five-hour and
+seven-day windows) say ``anthropic-ratelimit-unified-status: rejected`` and the
+epoch second they refill at (``anthropic-ratelimit-unified-reset``).
 
 The rule answers ``yield``, reason ``daily_quota``, with the time until the quota
 refills as its hint (the hint headers, the message's "try again in", else the
@@ -21,12 +23,13 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from collections.abc import Mapping
 from typing import Any
 
 from yieldgate.dialects._families import DAY
 from yieldgate.dialects._hints import message_hint_s
-from yieldgate.dialects._ratelimit import quota_readings
+from yieldgate.dialects._ratelimit import quota_readings, reset_s
 from yieldgate.dialects._reply import Reply
 from yieldgate.gate import Outcome
 
@@ -75,10 +78,29 @@ def _message(body: Any) -> str:
     return message if isinstance(message, str) else ""
 
 
+def _unified(reply: Reply) -> Outcome | None:
+    """Anthropic's unified limits (a subscription's five-hour and seven-day windows):
+    ``anthropic-ratelimit-unified-status: rejected``, refilled at the epoch second of
+    ``anthropic-ratelimit-unified-reset``. No count to pace by: the refusal says when."""
+    status = reply.header("anthropic-ratelimit-unified-status")
+    if status is None or status.strip().lower() != "rejected":
+        return None
+    reset = reply.header("anthropic-ratelimit-unified-reset")
+    hint = reply.hint_s
+    if hint is None and reset is not None:
+        hint = reset_s("epoch_or_delta", reset, time.time())
+    if hint is None:
+        return Outcome.fatal(reply.error(False), reason="daily_quota", value=reply.response)
+    return Outcome.yielded(hint, "daily_quota", value=reply.response)
+
+
 def daily_refusal(reply: Reply) -> Outcome | None:
     """The outcome of a 429 for a daily or monthly quota (see the module), else ``None``."""
     if reply.status != 429:
         return None
+    unified = _unified(reply)
+    if unified is not None:
+        return unified
     readings = list(quota_readings(reply.response.headers))
     relayed = _relayed(reply.body)
     if relayed is not None:

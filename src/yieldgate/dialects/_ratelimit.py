@@ -33,7 +33,7 @@ from yieldgate.dialects._families import FAMILIES, ResetFormat
 from yieldgate.gate._cost import SCOPE_MARK
 from yieldgate.gate._quota import QuotaReading
 
-__all__ = ["go_duration_s", "quota_readings"]
+__all__ = ["go_duration_s", "quota_readings", "reset_s"]
 
 # The IETF quota units this Gate can pace; other units (content-bytes,
 # concurrent-requests) are not a rate it spends per request.
@@ -103,7 +103,7 @@ def _reading(
     )
 
 
-def _reset_s(form: ResetFormat, text: str, now: float) -> float | None:
+def reset_s(form: ResetFormat, text: str, now: float) -> float | None:
     """Seconds until a bucket is full again, from its reset header written as ``form``."""
     if form == "duration":
         return go_duration_s(text)
@@ -142,7 +142,7 @@ def _families(headers: Mapping[str, str], now: float) -> list[QuotaReading]:
                 bucket.resource,
                 limit,
                 _count(remaining_text),
-                None if reset is None else _reset_s(family.reset, reset, now),
+                None if reset is None else reset_s(family.reset, reset, now),
                 bucket.window_s,
             )
             if reading is not None:
