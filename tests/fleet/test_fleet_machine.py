@@ -482,7 +482,14 @@ class FleetMachine(RuleBasedStateMachine):
         self.holds_stay_on_their_scope(fleet, upstream)
         first = self.admin.get(fleet.keys.first(upstream))
         assert first != b"{none}", "a probe that failed settled the first reading as no quota"
+        # Leases in a cycle are given back when collected, below. So are those dropped
+        # while a garbage cycle keeps their caller's frame alive: redis-py's connect
+        # catches a ResponseError (``CLIENT SETINFO`` on Redis before 7.2) whose
+        # traceback, in a cycle, holds every frame above it, the one that dropped a
+        # lease included, until the next collection (Python 3.13's, later than
+        # 3.11's, came after this check).
         cycled = self.fleet_leases(ref for _, ref in self.cycled)
+        cycled |= self.fleet_leases(self.dropped)
         # The leases left to lapse have lapsed (else a poll before would find nothing
         # stray, and the next rule's callers reclaim them): only their member's
         # worker gives their fleet leases back now.
