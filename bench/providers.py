@@ -46,7 +46,7 @@ import yieldgate  # noqa: E402
 import yieldgate.gate._gate  # noqa: E402
 from tests.vtime import VirtualTimeLoop  # noqa: E402
 from tests.zoo.conftest import _loop  # noqa: E402
-from tests.zoo.providers import Fake, Spec, specs  # noqa: E402
+from tests.zoo.providers import Fake, Spec, quotas, specs  # noqa: E402
 
 STRATEGIES = ("gate", "official")
 
@@ -89,14 +89,7 @@ def client_for(spec: Spec, http_client: Any, **kwargs: Any) -> Any:
 
 async def run(name: str, strategy: str, calls: int, seed: int) -> dict[str, Any]:
     burst = jobs(calls, seed)
-    inputs = sum(math.ceil(len(f"user: {text}") / 4) for text, _ in burst)
-    outputs = sum(max_tokens for _, max_tokens in burst)
-    zoo = specs(
-        tpm=math.ceil((inputs + outputs) / 1.5),
-        binding_rpm=math.ceil(calls / 1.5),
-        itpm=math.ceil(inputs / 1.5),
-        otpm=math.ceil(outputs / 1.5),
-    )
+    zoo = specs(quotas([(math.ceil(len(f"user: {t}") / 4), m) for t, m in burst]))
     (spec,) = [s for s in zoo if s.name == name]
     fake = Fake(spec, anyio.current_time, httpx2)
     inner = httpx2.MockTransport(fake.handle)
@@ -184,7 +177,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     # Gates read the loop's (virtual) clock, as in the tests.
     yieldgate.gate._gate.default_clock = anyio.current_time  # type: ignore[attr-defined]
-    names = args.only or [s.name for s in specs(1, 1, 1, 1)]
+    names = args.only or [s.name for s in specs(quotas([(1, 1)]))]
     results = []
     for round_ in range(args.rounds):  # interleaved: every provider and client each round
         for name in names:

@@ -124,7 +124,7 @@ def test_the_plain_triples_reset_is_epoch_seconds_or_a_delay(reset: str, seconds
     assert found["ratelimit:requests"][3] == seconds
 
 
-def test_together_tokens_beside_its_requests() -> None:
+def test_together_requests_and_tokens_per_second() -> None:
     found = readings(
         {
             "x-ratelimit-limit": "100",
@@ -134,13 +134,14 @@ def test_together_tokens_beside_its_requests() -> None:
             "x-tokenlimit-remaining": "199000",
         }
     )
+    # Per second, as Together's docs say ("We measure rate limits in seconds").
     assert found == {
-        "together:tokens": ("tokens", 200000.0, 199000.0, None, None),
-        "ratelimit:requests": ("requests", 100.0, 99.0, 1.0, None),
+        "together:requests": ("requests", 100.0, 99.0, 1.0, 1.0),
+        "together:tokens": ("tokens", 200000.0, 199000.0, None, 1.0),
     }
 
 
-def test_fireworks_prompt_and_generated_tokens_apart() -> None:
+def test_fireworks_prompt_and_generated_tokens_apart_per_second() -> None:
     found = readings(
         {
             "x-ratelimit-limit-requests": "600",
@@ -153,8 +154,8 @@ def test_fireworks_prompt_and_generated_tokens_apart() -> None:
     )
     assert found == {
         "openai:requests": ("requests", 600.0, 599.0, None, None),
-        "fireworks:input_tokens": ("input_tokens", 60000.0, 59000.0, None, None),
-        "fireworks:output_tokens": ("output_tokens", 12000.0, 11900.0, None, None),
+        "fireworks:input_tokens": ("input_tokens", 60000.0, 59000.0, None, 1.0),
+        "fireworks:output_tokens": ("output_tokens", 12000.0, 11900.0, None, 1.0),
     }
 
 
@@ -301,3 +302,59 @@ def test_anthropics_unified_limit_rejected_waits_for_its_reset() -> None:
     assert outcome.hint_s == pytest.approx(5 * 3600, abs=5)
     allowed = {**headers, "anthropic-ratelimit-unified-status": "allowed_warning"}
     assert ANTHROPIC.classify(_429(body, allowed)).reason == "rate_limited"
+
+
+def test_mistral_requests_per_minute_and_its_older_limit_by_size() -> None:
+    found = readings(
+        {
+            "x-ratelimit-limit-req-minute": "720",
+            "x-ratelimit-remaining-req-minute": "717",
+            "x-ratelimitbysize-limit-month": "1000000000",
+            "x-ratelimitbysize-remaining-month": "999967993",
+        }
+    )
+    assert found == {
+        "windowed:req-minute": ("requests", 720.0, 717.0, None, MINUTE),
+        "mistral:tokens-month": ("tokens", 1e9, 999967993.0, None, MONTH),
+    }
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        "Rate limit exceeded: free-models-per-day-high-balance.",
+        "Rate limit exceeded: limit_rpd/meta-llama/llama-3.3-70b:free/abc",
+        "Rate limit reached for model `m` in organization `org` on tokens per day (TPD): "
+        "Limit 100000, Used 97050, Requested 3619.",
+    ],
+)
+def test_daily_quotas_said_in_the_body(message: str) -> None:
+    outcome = OPENAI.classify(_429({"error": {"message": message, "code": 429}}))
+    assert (outcome.kind, outcome.reason) == (OutcomeKind.FATAL, "daily_quota")
+
+
+def test_geminis_openai_compatible_daily_quota_is_fatal_whatever_its_retry_in() -> None:
+    # A list, as that endpoint answers; "Please retry in" is no refill of a daily quota.
+    violation = {
+        "quotaMetric": "generativelanguage.googleapis.com/generate_content_free_tier_requests",
+        "quotaId": "GenerateRequestsPerDayPerProjectPerModel-FreeTier",
+        "quotaValue": "20",
+    }
+    body = [
+        {
+            "error": {
+                "code": 429,
+                "message": "You exceeded your current quota. Please retry in 51.98s.",
+                "status": "RESOURCE_EXHAUSTED",
+                "details": [
+                    {
+                        "@type": "type.googleapis.com/google.rpc.QuotaFailure",
+                        "violations": [violation],
+                    },
+                    {"@type": "type.googleapis.com/google.rpc.RetryInfo", "retryDelay": "26s"},
+                ],
+            }
+        }
+    ]
+    outcome = OPENAI.classify(_429(body))
+    assert (outcome.kind, outcome.reason) == (OutcomeKind.FATAL, "daily_quota")

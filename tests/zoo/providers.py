@@ -205,12 +205,42 @@ def _ceil_s(wait: float) -> str:
 # -- the zoo -------------------------------------------------------------------------------
 
 
-def specs(
-    tpm: float, binding_rpm: float, itpm: float, otpm: float, rpm: float = 100_000
-) -> list[Spec]:
-    """Every provider, its binding bucket ``tpm`` tokens a minute, ``binding_rpm``
-    requests a minute where it meters only requests in headers (OpenRouter), or
-    ``itpm`` input and ``otpm`` output tokens where it meters them apart."""
+@dataclass(frozen=True)
+class Quotas:
+    """The binding quotas a burst is run against: ``tpm`` tokens a minute,
+    ``binding_rpm`` requests a minute where a provider meters only requests in headers
+    (OpenRouter), ``itpm`` input and ``otpm`` output tokens a minute where it meters
+    them apart; per second (Together, Fireworks) the same rates, each second's bucket
+    at least the burst's largest request (``tps``, ``itps``, ``otps``)."""
+
+    tpm: float
+    binding_rpm: float
+    itpm: float
+    otpm: float
+    tps: float
+    itps: float
+    otps: float
+
+
+def quotas(burst: list[tuple[int, int]], share: float = 1 / 1.5) -> Quotas:
+    """The quotas for ``burst`` (each call's prompt and output tokens): ``share`` of its
+    cost, so the burst exceeds them by half by default."""
+    inputs = sum(i for i, _ in burst)
+    outputs = sum(o for _, o in burst)
+    return Quotas(
+        tpm=math.ceil((inputs + outputs) * share),
+        binding_rpm=math.ceil(len(burst) * share),
+        itpm=math.ceil(inputs * share),
+        otpm=math.ceil(outputs * share),
+        tps=max(math.ceil((inputs + outputs) * share / 60), max(i + o for i, o in burst)),
+        itps=max(math.ceil(inputs * share / 60), max(i for i, _ in burst)),
+        otps=max(math.ceil(outputs * share / 60), max(o for _, o in burst)),
+    )
+
+
+def specs(q: Quotas, rpm: float = 100_000) -> list[Spec]:
+    """Every provider, metering as its documentation says, bound by ``q``."""
+    tpm, binding_rpm, itpm, otpm = q.tpm, q.binding_rpm, q.itpm, q.otpm
     return [
         Spec(
             "openai",
@@ -295,8 +325,8 @@ def specs(
             ),
         ),
         Spec(
-            "together",
-            {"requests": Limit("requests", rpm), "tokens": Limit("tokens", tpm)},
+            "together",  # per second
+            {"requests": Limit("requests", rpm / 60, 1.0), "tokens": Limit("tokens", q.tps, 1.0)},
             lambda s: {
                 **_plain_triple(s, "requests", lambda full: f"{full:.0f}"),
                 "x-tokenlimit-limit": f"{s['tokens'][0]:.0f}",
@@ -320,8 +350,8 @@ def specs(
             "fireworks",
             {
                 "requests": Limit("requests", rpm),
-                "prompt": Limit("input_tokens", itpm),
-                "generated": Limit("output_tokens", otpm),
+                "prompt": Limit("input_tokens", q.itps, 1.0),  # per second
+                "generated": Limit("output_tokens", q.otps, 1.0),
             },
             lambda s: {
                 **_openai_names(s, {"requests": "requests"}),

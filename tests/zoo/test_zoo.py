@@ -19,7 +19,7 @@ import httpx2
 import pytest
 
 import yieldgate
-from tests.zoo.providers import Fake, Spec, specs
+from tests.zoo.providers import Fake, Spec, quotas, specs
 from yieldgate import Gate
 
 pytestmark = pytest.mark.anyio
@@ -38,15 +38,7 @@ def cost(text: str, max_tokens: int) -> int:
 
 def zoo() -> list[Spec]:
     """Every provider, its binding quota two thirds of what the burst costs."""
-    burst = jobs()
-    inputs = sum(math.ceil(len(f"user: {text}") / 4) for text, _ in burst)
-    outputs = sum(max_tokens for _, max_tokens in burst)
-    return specs(
-        tpm=math.ceil((inputs + outputs) / 1.5),
-        binding_rpm=math.ceil(CALLS / 1.5),
-        itpm=math.ceil(inputs / 1.5),
-        otpm=math.ceil(outputs / 1.5),
-    )
+    return specs(quotas([(math.ceil(len(f"user: {t}") / 4), m) for t, m in jobs()]))
 
 
 def bound_s(spec: Spec) -> float:

@@ -28,6 +28,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from yieldgate.dialects._families import DAY
+from yieldgate.dialects._gemini import spent_quota
 from yieldgate.dialects._hints import message_hint_s
 from yieldgate.dialects._ratelimit import quota_readings, reset_s
 from yieldgate.dialects._reply import Reply
@@ -35,8 +36,10 @@ from yieldgate.gate import Outcome
 
 __all__ = ["daily_refusal"]
 
+# "per day", "free-models-per-day", "PerDay", "daily", "_daily", "(RPD)", "limit_rpd/",
+# "tokens per day (TPD)", and the same of months.
 _SAID = re.compile(
-    r"per[\s_-]?day|per[\s_-]?month|\bdaily\b|\bmonthly\b|PerDay|PerMonth|\bRPD\b", re.IGNORECASE
+    r"per[\s_-]?(?:day|month)|(?<![a-z])(?:daily|monthly|rpd|tpd)(?![a-z])", re.IGNORECASE
 )
 _MAX_SCANNED = 8192  # characters of a 429's body searched for the words
 
@@ -101,6 +104,13 @@ def daily_refusal(reply: Reply) -> Outcome | None:
     unified = _unified(reply)
     if unified is not None:
         return unified
+    body = reply.body
+    if isinstance(body, list) and body:  # Gemini's OpenAI-compatible endpoint: a list
+        body = body[0]
+    if spent_quota(body) is not None:
+        # Gemini's QuotaFailure naming a daily (or zero) quota: its retryDelay, or the
+        # message's "Please retry in 52s", is no refill of it (the gemini dialect's rule).
+        return Outcome.fatal(reply.error(False), reason="daily_quota", value=reply.response)
     readings = list(quota_readings(reply.response.headers))
     relayed = _relayed(reply.body)
     if relayed is not None:

@@ -74,10 +74,21 @@ def _buckets(
     )
 
 
+SECOND = 1.0
+_WINDOWS = (
+    ("second", SECOND),
+    ("10-second", 10 * SECOND),
+    ("minute", MINUTE),
+    ("5-minute", 5 * MINUTE),
+    ("hour", HOUR),
+    ("day", DAY),
+    ("month", MONTH),
+)
+# Cerebras spells requests ``requests``, Mistral ``req``.
 _SUFFIXED = tuple(
-    (f"-{what}-{suffix}", what, window)
-    for what in ("requests", "tokens")
-    for suffix, window in (("minute", MINUTE), ("hour", HOUR), ("day", DAY), ("month", MONTH))
+    (f"-{spelt}-{suffix}", what, window)
+    for spelt, what in (("requests", "requests"), ("req", "requests"), ("tokens", "tokens"))
+    for suffix, window in _WINDOWS
 )
 
 FAMILIES: tuple[Family, ...] = (
@@ -104,21 +115,23 @@ FAMILIES: tuple[Family, ...] = (
         "duration",
     ),
     # Window-suffixed (Cerebras' ``-requests-day`` / ``-tokens-minute``, Mistral's
-    # ``-tokens-minute`` / ``-tokens-month``): the suffix is the window.
+    # ``-tokens-minute`` / ``-tokens-month`` / ``-req-minute``): the suffix is the window.
     Family("windowed", _buckets("x-ratelimit", _SUFFIXED, named=True), "duration"),
-    # Fireworks: prompt and generated tokens apart.
+    # Fireworks: prompt and generated tokens apart, per second (its serverless docs:
+    # "effective rate limits (described in tokens per second)"; older docs said per
+    # minute). The cache-adjusted prompt's is not read: a cost cannot tell cached tokens.
     Family(
         "fireworks",
         _buckets(
             "x-ratelimit",
             (
-                ("-tokens-prompt", "input_tokens", None),
-                ("-tokens-generated", "output_tokens", None),
+                ("-tokens-prompt", "input_tokens", SECOND),
+                ("-tokens-generated", "output_tokens", SECOND),
             ),
         ),
         "duration",
     ),
-    # Mistral's limit by request size (tokens).
+    # Mistral's older limit by request size (tokens), and its minute and month forms.
     Family(
         "mistral",
         (
@@ -128,17 +141,44 @@ FAMILIES: tuple[Family, ...] = (
                 "ratelimitbysize-reset",
                 "tokens",
             ),
+            Bucket(
+                "x-ratelimitbysize-limit-minute",
+                "x-ratelimitbysize-remaining-minute",
+                None,
+                "tokens",
+                MINUTE,
+                "tokens-minute",
+            ),
+            Bucket(
+                "x-ratelimitbysize-limit-month",
+                "x-ratelimitbysize-remaining-month",
+                None,
+                "tokens",
+                MONTH,
+                "tokens-month",
+            ),
         ),
         "epoch_or_delta",
     ),
-    # Together's tokens beside its requests (the plain triple below).
+    # Together (told by its ``x-tokenlimit-*``): requests and tokens per second, the
+    # requests under the plain triple's names, the reset a delay in seconds.
     Family(
         "together",
-        (Bucket("x-tokenlimit-limit", "x-tokenlimit-remaining", None, "tokens"),),
+        (
+            Bucket(
+                "x-ratelimit-limit",
+                "x-ratelimit-remaining",
+                "x-ratelimit-reset",
+                "requests",
+                SECOND,
+            ),
+            Bucket("x-tokenlimit-limit", "x-tokenlimit-remaining", None, "tokens", SECOND),
+        ),
         "epoch_or_delta",
+        marker="x-tokenlimit-limit",
     ),
     # The plain ``X-RateLimit-*`` triple: OpenRouter (its reset in epoch milliseconds),
-    # Together (seconds), many gateways (epoch seconds).
+    # many gateways (epoch seconds, or a delay).
     Family("ratelimit", _buckets("x-ratelimit", (("", "requests", None),)), "epoch_or_delta"),
     Family(
         "anthropic",
