@@ -253,7 +253,7 @@ def test_a_minutes_429_is_still_rate_limited() -> None:
 @pytest.mark.anyio
 @pytest.mark.parametrize("reset", [None, "hours away"])
 async def test_a_spent_daily_quota_fails_the_call_at_once(reset: str | None) -> None:
-    """On main: 46 attempts over 296 s (each a 429 waited out as a minute's), then a
+    """On main: 45-48 attempts over 297 s (each 429 waited out as a minute's), then a
     deadline error; the official client fails in 1.6 s."""
     gate = Gate(GatePolicy(), name="daily")
     attempts = 0
@@ -358,3 +358,21 @@ def test_geminis_openai_compatible_daily_quota_is_fatal_whatever_its_retry_in() 
     ]
     outcome = OPENAI.classify(_429(body))
     assert (outcome.kind, outcome.reason) == (OutcomeKind.FATAL, "daily_quota")
+
+
+@pytest.mark.parametrize("reset", [None, "hours away"])
+def test_a_spent_daily_quota_fails_a_sync_call_at_once(reset: str | None) -> None:
+    gate = Gate(GatePolicy(), name="daily-sync")
+    attempts = 0
+
+    def attempt() -> httpx.Response:
+        nonlocal attempts
+        attempts += 1
+        return openrouter_per_day(None if reset is None else (time.time() + 5 * 3600) * 1000)
+
+    with pytest.raises(QuotaExhaustedError) as raised:
+        gate.call_sync(attempt, classify=OPENAI, timeout=300)
+    assert attempts == 1
+    assert raised.value.reason == "daily_quota"
+    assert (raised.value.reset_at is None) == (reset is None)
+    assert gate._core.audit() == []
