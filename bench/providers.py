@@ -28,8 +28,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
-import random
 import statistics
 import sys
 from collections.abc import Sequence
@@ -45,84 +43,26 @@ import httpx2  # noqa: E402
 import yieldgate  # noqa: E402
 import yieldgate.gate._gate  # noqa: E402
 from tests.vtime import VirtualTimeLoop  # noqa: E402
+from tests.zoo.burst import bound_s, fire, jobs, official, zoo  # noqa: E402
 from tests.zoo.conftest import _loop  # noqa: E402
-from tests.zoo.providers import Fake, Spec, quotas, specs  # noqa: E402
+from tests.zoo.providers import Fake, quotas, specs  # noqa: E402
 
 STRATEGIES = ("gate", "official")
 
 
-def jobs(calls: int, seed: int) -> list[tuple[str, int]]:
-    rng = random.Random(seed)
-    return [("x" * rng.choice((40, 400, 1600)), rng.choice((16, 64, 256))) for _ in range(calls)]
-
-
-def cost(text: str, max_tokens: int) -> int:
-    return math.ceil(len(f"user: {text}") / 4) + max_tokens
-
-
-def bound_s(spec: Spec, burst: list[tuple[str, int]]) -> float:
-    amounts = {
-        "requests": [1] * len(burst),
-        "tokens": [cost(*job) for job in burst],
-        "input_tokens": [math.ceil(len(f"user: {t}") / 4) for t, _ in burst],
-        "output_tokens": [m for _, m in burst],
-    }
-    return max(
-        (sum(amounts[limit.resource]) - limit.limit) / (limit.limit / limit.window_s)
-        for limit in spec.limits.values()
-    )
-
-
-def client_for(spec: Spec, http_client: Any, **kwargs: Any) -> Any:
-    if spec.dialect == "anthropic":
-        import anthropic
-
-        return anthropic.AsyncAnthropic(
-            api_key="zoo", base_url="http://zoo", http_client=http_client, **kwargs
-        )
-    import openai
-
-    return openai.AsyncOpenAI(
-        api_key="zoo", base_url="http://zoo/v1", http_client=http_client, **kwargs
-    )
-
-
 async def run(name: str, strategy: str, calls: int, seed: int) -> dict[str, Any]:
     burst = jobs(calls, seed)
-    zoo = specs(quotas([(math.ceil(len(f"user: {t}") / 4), m) for t, m in burst]))
-    (spec,) = [s for s in zoo if s.name == name]
+    (spec,) = [s for s in zoo(burst) if s.name == name]
     fake = Fake(spec, anyio.current_time, httpx2)
     inner = httpx2.MockTransport(fake.handle)
     gate = None
     if strategy == "gate":
         gate = yieldgate.Gate(name=f"bench-{name}")
         http_client = yieldgate.http_client(gate, dialect=spec.dialect, inner=inner)
-        client = client_for(spec, http_client, max_retries=0)
+        client = official(spec, http_client, max_retries=0)
     else:
-        client = client_for(spec, httpx2.AsyncClient(transport=inner))
-    ok = 0
-
-    async def one(text: str, max_tokens: int) -> None:
-        nonlocal ok
-        messages = [{"role": "user", "content": text}]
-        try:
-            if spec.dialect == "anthropic":
-                await client.messages.create(
-                    model="claude-zoo", messages=messages, max_tokens=max_tokens
-                )
-            else:
-                await client.chat.completions.create(
-                    model="model-x", messages=messages, max_tokens=max_tokens
-                )
-        except Exception:
-            return
-        ok += 1
-
-    start = anyio.current_time()
-    async with anyio.create_task_group() as tg:
-        for job in burst:
-            tg.start_soon(one, *job)
-    makespan = anyio.current_time() - start
+        client = official(spec, httpx2.AsyncClient(transport=inner))
+    errors, makespan = await fire(spec, client, burst)
     await client.close()
     if gate is not None:
         await gate.aclose()
@@ -131,7 +71,7 @@ async def run(name: str, strategy: str, calls: int, seed: int) -> dict[str, Any]
         "strategy": strategy,
         "seed": seed,
         "calls": calls,
-        "ok": ok,
+        "ok": calls - len(errors),
         "refused": fake.refused,
         "makespan_s": makespan,
         "bound_s": bound_s(spec, burst),
