@@ -74,8 +74,6 @@ def _text(reply: Reply) -> str:
 
 
 def _message(body: Any) -> str:
-    if isinstance(body, list) and body:  # Gemini's OpenAI-compatible endpoint: a list
-        body = body[0]
     error = body.get("error") if isinstance(body, dict) else None
     message = error.get("message") if isinstance(error, dict) else None
     return message if isinstance(message, str) else ""
@@ -121,7 +119,7 @@ def daily_refusal(reply: Reply) -> Outcome | None:
         return None
     hint = reply.hint_s
     if hint is None:
-        hint = message_hint_s(_message(reply.body))
+        hint = message_hint_s(_message(body))
     if hint is None:
         resets = [r.reset_s for r in (long_spent or spent) if r.reset_s is not None]
         hint = max(resets) if resets else None

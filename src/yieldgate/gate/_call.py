@@ -173,8 +173,6 @@ class CallState:
             return outcome.value
         if self.stop_error is not None:
             raise self.stop_error from outcome.error
-        # A provider's "Request too large": more than its whole quota, as the Gate's own
-        # check says of a cost it knows (the provider's limit, its amount: not told).
         if outcome.reason in QUOTA_SPENT:
             # A quota no wait within the call refills (a daily one, a billing one).
             raise self.error(
@@ -182,6 +180,8 @@ class CallState:
                 f"the provider's quota is spent and its reset unknown: {outcome.describe()}",
                 reason=outcome.reason,
             ) from outcome.error
+        # A provider's "Request too large": more than its whole quota, as the Gate's own
+        # check says of a cost it knows (the provider's limit, its amount: not told).
         cls = RequestTooLargeError if outcome.reason == "request_too_large" else CallFailedError
         raise self.error(cls, f"call failed: {outcome.describe()}") from outcome.error
 

@@ -62,9 +62,14 @@ def _stop(call: Deciding, cls: type[YieldgateError], message: str, **extra: Any)
     return 0.0
 
 
+def _refill_at(wait_s: float) -> tuple[float, str]:
+    """When a quota ``wait_s`` from now refills: epoch seconds, and as an ISO time."""
+    reset_at = time.time() + wait_s
+    return reset_at, datetime.fromtimestamp(reset_at, UTC).isoformat(timespec="seconds")
+
+
 def _quota_spent(call: Deciding, outcome: Outcome, hint: float, left: float) -> float:
-    reset_at = time.time() + hint
-    when = datetime.fromtimestamp(reset_at, UTC).isoformat(timespec="seconds")
+    reset_at, when = _refill_at(hint)
     return _stop(
         call,
         QuotaExhaustedError,
@@ -87,8 +92,7 @@ def quota_past_deadline(
         error: YieldgateError = call.deadline_error(quota.beyond(claim, now, again))
         return error
     wait = again - now
-    reset_at = time.time() + wait
-    when = datetime.fromtimestamp(reset_at, UTC).isoformat(timespec="seconds")
+    reset_at, when = _refill_at(wait)
     window_h = bucket.limit / bucket.rate / 3600
     error = call.error(
         QuotaExhaustedError,
