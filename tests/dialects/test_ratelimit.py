@@ -78,7 +78,8 @@ def test_anthropic_headers() -> None:
             ),
         }
     )
-    assert found["anthropic:requests"] == ("requests", 50.0, 49.0, pytest.approx(12.0), None)
+    # Every Anthropic limit is per minute: the window, not the reset, gives the rate.
+    assert found["anthropic:requests"] == ("requests", 50.0, 49.0, pytest.approx(12.0), 60.0)
     assert found["anthropic:input_tokens"][:3] == ("input_tokens", 40000.0, 39000.0)
     # A reset time already past is "full now", not negative.
     assert found["anthropic:output_tokens"][3] == 0.0

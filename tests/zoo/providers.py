@@ -157,8 +157,13 @@ def _openai_429(what: str, wait: float) -> tuple[dict[str, Any], dict[str, str]]
     return body, {}
 
 
+def wall() -> float:
+    """The provider's wall clock (a test may set it apart from the client's)."""
+    return time.time()
+
+
 def _rfc3339(seconds: float) -> str:
-    return datetime.fromtimestamp(time.time() + seconds, UTC).isoformat().replace("+00:00", "Z")
+    return datetime.fromtimestamp(wall() + seconds, UTC).isoformat().replace("+00:00", "Z")
 
 
 def _anthropic_headers(states: States) -> dict[str, str]:
@@ -185,7 +190,7 @@ def _plain_triple(states: States, key: str, reset: Callable[[float], str]) -> di
 
 
 def _epoch_ms(seconds: float) -> str:
-    return f"{(time.time() + seconds) * 1000:.0f}"
+    return f"{(wall() + seconds) * 1000:.0f}"
 
 
 def _windowed(states: States, rows: Mapping[str, str]) -> dict[str, str]:

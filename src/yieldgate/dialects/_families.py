@@ -180,6 +180,8 @@ FAMILIES: tuple[Family, ...] = (
     # The plain ``X-RateLimit-*`` triple: OpenRouter (its reset in epoch milliseconds),
     # many gateways (epoch seconds, or a delay).
     Family("ratelimit", _buckets("x-ratelimit", (("", "requests", None),)), "epoch_or_delta"),
+    # Anthropic: every limit per minute (RPM, ITPM, OTPM). The window, not the reset,
+    # gives the rate: a reset is a wall-clock time, off by as much as the clocks disagree.
     Family(
         "anthropic",
         tuple(
@@ -188,6 +190,7 @@ FAMILIES: tuple[Family, ...] = (
                 f"anthropic-ratelimit-{infix}-remaining",
                 f"anthropic-ratelimit-{infix}-reset",
                 resource,
+                MINUTE,
             )
             for infix, resource in (
                 ("requests", "requests"),
