@@ -137,9 +137,12 @@ class BlockingCallError(YieldgateError, RuntimeError):
     Waiting there for a window slot would block the loop, and with it every
     task that could free the slot: the call would sit until its deadline.
     Await the async form (``gate.call``, the async client), or run the sync
-    code in a worker thread (``anyio.to_thread.run_sync``). Pass
+    code in a worker thread (``asyncio.to_thread``). Pass
     ``allow_event_loop=True`` only where the call cannot wait (the Gate is
-    this loop's alone, with slots to spare). Raised before anything is taken.
+    this loop's alone, with slots to spare). Raised before anything is taken,
+    in one line naming the call. Never raised in a notebook's cell (the main
+    thread of an IPython shell): there a sync call blocks the cell as the plain
+    clients' calls do, with one ``RuntimeWarning`` per process.
     """
 
 

@@ -9,14 +9,23 @@ event loop that would block the loop, and with it the tasks that could free
 what the call waits for: such a call is refused at once
 (``BlockingCallError``) unless the caller says it cannot wait
 (``allow_event_loop=True``).
+
+A notebook is the exception: a Jupyter (or IPython) cell runs on the kernel's
+event loop, and the plain sync clients just work there, blocking it as any sync
+code in a cell does. So a sync call on the main thread of an IPython shell
+proceeds as if ``allow_event_loop`` were given, with one warning per process:
+an async task of that loop (a cell's ``create_task``) cannot free a slot while
+the cell waits.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import sys
 import threading
+import warnings
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar, TypeVarTuple
 
@@ -33,7 +42,7 @@ from yieldgate.gate._telemetry import NULL_OBSERVER, observed
 from yieldgate.gate._window import Signal
 from yieldgate.protocol import Priority
 
-__all__ = ["SyncCalls", "in_event_loop"]
+__all__ = ["SyncCalls", "blocking_here", "in_event_loop", "in_notebook_kernel"]
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -55,29 +64,77 @@ def in_event_loop() -> bool:
     return trio is not None and bool(trio.lowlevel.in_trio_run())
 
 
+def in_notebook_kernel() -> bool:
+    """Whether this is the main thread of an IPython shell (a Jupyter kernel, or
+    IPython's terminal running a cell that awaits): its loop is the cells' own."""
+    ipython = sys.modules.get("IPython")
+    if ipython is None or threading.current_thread() is not threading.main_thread():
+        return False
+    try:
+        return ipython.get_ipython() is not None
+    except Exception:  # an IPython of an unexpected shape: not a notebook then
+        return False
+
+
+_warned_notebook = False
+
+NOTEBOOK_WARNING = (
+    "yieldgate: a sync call in a notebook cell blocks the kernel's event loop while it "
+    "waits, as any sync code there does; an async task of this notebook cannot free a "
+    "Gate's slot meanwhile (await the async client in such cells)"
+)
+
+
+def blocking_here() -> bool:
+    """Whether a sync call here would block an event loop it must not block: this
+    thread runs one, and it is not a notebook kernel's (there, warn once and go on)."""
+    if not in_event_loop():
+        return False
+    if in_notebook_kernel():
+        global _warned_notebook
+        if not _warned_notebook:
+            _warned_notebook = True
+            warnings.warn(NOTEBOOK_WARNING, RuntimeWarning, stacklevel=3)
+        return False
+    return True
+
+
+def _named(fn: Callable[..., Any]) -> str:
+    return getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or repr(fn)
+
+
+def refuse_coroutine_function(gate: str, what: str, fn: Callable[..., Any]) -> None:
+    """``TypeError`` (one line) for an ``async def`` handed to a sync call."""
+    if inspect.iscoroutinefunction(fn):
+        raise TypeError(
+            f"gate {gate!r}: {what}({_named(fn)}) got an async function, whose call "
+            f"would only make a coroutine: use `await gate.call({_named(fn)}, ...)`"
+        )
+
+
 class SyncCalls(GateBase):
     """The thread side of a Gate."""
 
     _timer: _sync.Timer
 
-    def _thread(self, what: str, allowed: bool) -> object:
-        """Where a sync call runs (its thread, or its task when ``allowed`` in a loop's
-        thread); ``BlockingCallError`` in a loop's thread unless ``allowed``."""
+    def _thread(self, what: str, fn: Callable[..., Any], allowed: bool) -> object:
+        """Where a sync call runs (its thread, or its task when ``allowed`` or in a
+        notebook's cell); ``BlockingCallError`` in another loop's thread."""
         if allowed:
             return current_task()
-        self._refuse_in_loop(what)
+        if in_event_loop():
+            self._refuse_in_loop(what, fn)  # a notebook's cell goes on
+            return current_task()
         return threading.current_thread()
 
-    def _refuse_in_loop(self, what: str) -> None:
-        if in_event_loop():
+    def _refuse_in_loop(self, what: str, fn: Callable[..., Any]) -> None:
+        """``BlockingCallError`` where a sync call would block a loop."""
+        if blocking_here():
+            name = _named(fn)
             raise BlockingCallError(
-                f"gate {self.name!r}: {what} was called from a thread that runs an event "
-                "loop; waiting here would block the loop (and the tasks that could free a "
-                "slot) until the call's deadline. Await the async form, or run the sync "
-                "code in a worker thread (anyio.to_thread.run_sync). In a Jupyter cell "
-                "(which runs on the kernel's loop), or where no task of this loop holds "
-                "the Gate's slots, pass allow_event_loop=True (to a sync client: "
-                "http_client, openai_client, huggingface_clients)"
+                f"gate {self.name!r}: {what}({name}) would block this thread's running "
+                f"event loop: use `await gate.{what.removesuffix('_sync')}({name}, ...)` "
+                f"here, or run it in a worker thread (`await asyncio.to_thread(...)`)"
             )
 
     def _run_sync(
@@ -127,13 +184,14 @@ class SyncCalls(GateBase):
         Raises ``BlockingCallError`` when called from a thread that runs an
         event loop, unless ``allow_event_loop`` (see the module docstring).
         """
+        refuse_coroutine_function(self.name, "call_sync", fn)
         if self._nested():
             try:
                 value = fn(*args)
             except Exception as exc:
                 return self._classify_nested(classify, None, exc)
             return self._classify_nested(classify, value, None)
-        task = self._thread("call_sync", allow_event_loop)
+        task = self._thread("call_sync", fn, allow_event_loop)
         call = self._new_call(priority, timeout, hold=False, cost=cost, task=task)
         return self._run_sync(fn, args, call, classify, None)
 
@@ -190,7 +248,8 @@ class SyncCalls(GateBase):
         """``call_and_hold`` for a plain function, in the calling thread."""
         if self._nested():
             return self.call_sync(fn, *args, classify=classify), self._nested_lease()
-        task = self._thread("call_and_hold_sync", allow_event_loop)
+        refuse_coroutine_function(self.name, "call_and_hold_sync", fn)
+        task = self._thread("call_and_hold_sync", fn, allow_event_loop)
         call = self._new_call(priority, timeout, hold=True, cost=cost, task=task)
         try:
             value = self._run_sync(fn, args, call, classify, discard)
@@ -227,8 +286,9 @@ class SyncCalls(GateBase):
         limit = self._map_limit(concurrency)
         if not work:
             return []
+        refuse_coroutine_function(self.name, "map_sync", fn)
         if not allow_event_loop:
-            self._refuse_in_loop("map_sync")
+            self._refuse_in_loop("map_sync", fn)
         results: list[Any] = [None] * len(work)
         failure: list[BaseException] = []
         batch = _sync.Batch()

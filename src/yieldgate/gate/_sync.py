@@ -26,6 +26,7 @@ import contextvars
 import threading
 import time
 from collections.abc import Callable, Generator
+from types import CoroutineType
 from typing import Any
 
 from yieldgate.gate import _admission as admission
@@ -142,6 +143,16 @@ def drive(
             batch.leave(signal)
 
 
+def _refuse_coroutine(value: CoroutineType[Any, Any, Any]) -> None:
+    """A sync call's function made a coroutine: closed (never "never awaited"), and
+    the attempt fails with a ``TypeError`` instead of counting as a success."""
+    value.close()
+    raise TypeError(
+        f"a sync call's function returned a coroutine (made by {value.__qualname__}): "
+        "await it with gate.call instead"
+    )
+
+
 def _send(
     call: CallState,
     attempt: Attempt,
@@ -165,6 +176,8 @@ def _send(
         context.run(CURRENT.set, attempt)
         try:
             value = context.run(fn, *args)
+            if type(value) is CoroutineType:  # a lambda around an async call
+                _refuse_coroutine(value)
         except Exception as exc:
             outcome = context.run(checked, classify, None, exc)
         else:

@@ -19,6 +19,7 @@ from typing import Any
 from yieldgate._exceptions import BlockingCallError, YieldgateError
 from yieldgate.dialects import HttpDialect, get_dialect
 from yieldgate.gate import USE_POLICY, AttemptInfo, Gate, Signal, UsePolicy
+from yieldgate.gate._gate_sync import blocking_here
 from yieldgate.transports._flavor import library
 from yieldgate.transports._http_core import (
     ErrorBody,
@@ -81,6 +82,12 @@ class _SyncGated(GatedCore):
     allow_event_loop = False
 
     def handle(self, request: Any) -> Any:
+        if not self.allow_event_loop and blocking_here():
+            raise BlockingCallError(
+                f"a sync client's request ({request.method} {request.url}) would block "
+                "this thread's running event loop: use the async client and await it, or "
+                "run the sync code in a worker thread (`await asyncio.to_thread(...)`)"
+            )
         # Attempts after the first resend the body: load it once.
         request.read()
         priority = self.start(request)
