@@ -28,7 +28,9 @@ the app needs of the front, ``_http_front``). The parts: an inference route is
 ``_http_inference`` (its own secret check and request count), reached
 without starlette through ``_http_router``; the other routes are
 starlette's, behind the secret check and the request counts of
-``_http_middleware``; the JSON answers they share are ``_http_responses``,
+``_http_middleware``; a request no route takes (404, 405) is answered in
+the shape of the API it was meant for (``_http_unknown``), and a bug in a
+route in its route's; the JSON answers they share are ``_http_responses``,
 and the uvicorn server (``make_uvicorn``, ``guarded_protocol``, re-exported
 here) ``_http_uvicorn``.
 """
@@ -62,8 +64,15 @@ from yieldgate.server._http_inference import Inference
 from yieldgate.server._http_metrics import CONTENT_TYPE, MetricsExporter
 from yieldgate.server._http_middleware import Counted, RequireSecret, Secret
 from yieldgate.server._http_openai_more import AzureChatCompletions, Responses
-from yieldgate.server._http_responses import MESSAGES_PATH, route_error
+from yieldgate.server._http_responses import (
+    MESSAGES_PATH,
+    NO_RETRY,
+    Family,
+    path_family,
+    route_error,
+)
 from yieldgate.server._http_router import InferenceRouter
+from yieldgate.server._http_unknown import RouteTable
 from yieldgate.server._http_uvicorn import _Uvicorn as _Uvicorn
 from yieldgate.server._http_uvicorn import guarded_protocol, make_uvicorn
 
@@ -148,21 +157,34 @@ def build_app(front: Front) -> ASGIApp:
     async def unknown(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, HTTPException)
         path = request.url.path
+        # In the shape of the family the request was meant for (``_http_unknown``).
+        answer = table.unknown(request.method, path, exc.status_code)
         if secret is not None and not secret.admits(request.scope):
             # Without the secret, nothing (not even which routes exist) is told.
-            body, headers = secret.refusal(path)
+            refusal, headers = secret.refusal(path, answer.family)
             return Response(
-                body,
+                refusal,
                 status_code=401,
                 media_type="application/json",
                 headers={k.decode(): v.decode() for k, v in headers},
             )
         front.governor.record_error(ErrorCode.UNKNOWN_OP)
-        message = f"{request.method} {path}: {exc.detail}"
-        response = json_response(
-            exc.status_code, route_error(path, ErrorCode.UNKNOWN_OP, message, exc.status_code)
+        body = route_error(
+            path, ErrorCode.UNKNOWN_OP, answer.message, exc.status_code, answer.family
         )
+        response = json_response(exc.status_code, body)
         response.headers.update(exc.headers or {})
+        return response
+
+    async def crashed(request: Request, exc: Exception) -> Response:
+        # A bug in a route; starlette re-raises it after this answer, so it is logged.
+        front.governor.record_error(ErrorCode.BACKEND_ERROR)
+        path = request.url.path
+        route = getattr(request.scope.get("route"), "path_format", None)
+        family = table.family_of(route, path)
+        body = route_error(path, ErrorCode.BACKEND_ERROR, "internal error", 500, family)
+        response = json_response(500, body)
+        response.headers[NO_RETRY[0].decode()] = NO_RETRY[1].decode()
         return response
 
     routes = [
@@ -184,9 +206,19 @@ def build_app(front: Front) -> ASGIApp:
         Route("/stats", guarded(stats), methods=["GET"]),
         Route("/metrics", guarded(prometheus), methods=["GET"]),
     ]
-    app = Starlette(routes=routes, exception_handlers={HTTPException: unknown})
+    table = RouteTable([(route, _family(route, inference_routes)) for route in routes])
+    app = Starlette(routes=routes, exception_handlers={HTTPException: unknown, Exception: crashed})
     app.router.redirect_slashes = False
     return InferenceRouter(inference_routes, Counted(app, front.requests))
+
+
+def _family(route: Route, inference_routes: list[tuple[Route, Inference]]) -> Family:
+    """The family whose shape ``route``'s errors take: its dialect's, OpenAI's for
+    ``/v1/models``, TGI's (``{"error", "error_type"}``) for the server's own."""
+    for inference_route, inference in inference_routes:
+        if inference_route is route:
+            return inference.dialect.family
+    return path_family(route.path)
 
 
 async def _not_routed(request: Request) -> Response:

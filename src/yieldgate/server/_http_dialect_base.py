@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from yieldgate.server._http_logprobs import TokenLogprob
+from yieldgate.server._http_responses import Family
 from yieldgate.server.backends import BackendError
 from yieldgate.server.governor import Yield
 
@@ -346,7 +347,7 @@ class Job:
 class Dialect:
     """One route family's request format, bodies, errors and yields."""
 
-    family: ClassVar[str]
+    family: ClassVar[Family]
     invalid_status: ClassVar[int] = 400
     #: The status of a yield (Anthropic answers overload with 529).
     yield_status: ClassVar[int] = 429

@@ -17,7 +17,8 @@ protocol class:
   response, or the connection is closed (counted; uvicorn's 5 s keep-alive
   timer may close a silent one first). It must also fit in ``MAX_HEAD_BYTES``
   (h11's limit in uvicorn; httptools has none, and would keep growing a head
-  sent fast): past it the connection is answered 431 and closed (counted).
+  sent fast): past it the connection is answered 431 (in the API shape of the
+  request line's path) and closed (counted).
   Then a body deadline: a request's body must arrive whole within
   ``body_timeout_s`` of its head, or the request's scope is marked
   ``BODY_TIMED_OUT`` and the app, woken from its ``receive``, answers 408 in
@@ -48,6 +49,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import json
 import logging
 import socket
 import time
@@ -57,7 +59,9 @@ from typing import TYPE_CHECKING, Any, Literal
 import anyio
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from yieldgate.protocol import ErrorCode
 from yieldgate.server._flow import WriteProgress, check_interval_s
+from yieldgate.server._http_responses import route_error
 
 __all__ = [
     "BODY_TIMED_OUT",
@@ -79,10 +83,8 @@ MAX_HEAD_BYTES = 16 * 1024  # uvicorn's h11_max_incomplete_event_size default
 BODY_TIMED_OUT = "yieldgate.body_timed_out"
 # What the connection's deadline is for.
 _NOTHING, _HEAD, _BODY = 0, 1, 2
-_HEAD_TOO_LARGE = (
-    b"HTTP/1.1 431 Request Header Fields Too Large\r\n"
-    b"content-length: 0\r\nconnection: close\r\n\r\n"
-)
+# How much of a head that arrives in pieces is kept, for its path in a 431's body.
+_HEAD_START_BYTES = 1024
 
 
 class ConnectionGuard:
@@ -139,6 +141,7 @@ class GuardedProtocol(_Base):
         self._write_timer: asyncio.TimerHandle | None = None
         self._head_of: object = None  # the request whose head arrived last
         self._head_bytes = 0  # received since, once that request's body ended
+        self._head_start = b""  # the first piece of those bytes
         self._progress: WriteProgress | None = None
 
     # -- uvicorn's hooks --------------------------------------------------------
@@ -166,10 +169,12 @@ class GuardedProtocol(_Base):
             self._head_bytes = 0
             self._time_body()
         elif next_head:
+            if not self._head_bytes:
+                self._head_start = data[:_HEAD_START_BYTES]
             self._head_bytes += len(data)
             if self._head_bytes > MAX_HEAD_BYTES and not self.transport.is_closing():
                 self.guard.heads_too_large += 1
-                self.transport.write(_HEAD_TOO_LARGE)
+                self.transport.write(_head_too_large(self._head_start))
                 self.transport.close()
         elif self._due_for == _BODY and not cycle.more_body:
             self._due_for = _NOTHING  # the body arrived whole
@@ -309,3 +314,18 @@ async def accept_connections(
             await loop.connect_accepted_socket(protocol, conn)
         except OSError:
             conn.close()
+
+
+def _head_too_large(head_start: bytes) -> bytes:
+    """The 431 of a head past ``MAX_HEAD_BYTES``, its JSON body in the shape of the API
+    family its path (read from the request line, where it arrived) is of."""
+    target = head_start.partition(b" ")[2].partition(b" ")[0]
+    path = target.partition(b"?")[0].decode("latin-1")
+    message = f"request head larger than {MAX_HEAD_BYTES} bytes"
+    error = route_error(path, ErrorCode.FRAME_TOO_LARGE, message, 431)
+    body = json.dumps(error, separators=(",", ":")).encode()
+    return (
+        b"HTTP/1.1 431 Request Header Fields Too Large\r\n"
+        b"content-type: application/json\r\n"
+        b"content-length: %d\r\nconnection: close\r\n\r\n" % len(body)
+    ) + body

@@ -244,7 +244,7 @@ class Inference:
 
         try:
             if self._secret is not None and not self._secret.admits(scope):
-                body, headers = self._secret.refusal(scope["path"])
+                body, headers = self._secret.refusal(scope["path"], self.dialect.family)
                 await send_json(tracked, 401, body, headers)
                 return
             await self._handle(scope, receive, tracked)

@@ -18,7 +18,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from yieldgate._headers import AUTHORIZATION_HEADER, WWW_AUTHENTICATE_HEADER, X_API_KEY_HEADER
 from yieldgate.protocol import ErrorCode
 from yieldgate.server._http_dialects import dumps
-from yieldgate.server._http_responses import NO_RETRY, route_error, send_json
+from yieldgate.server._http_responses import NO_RETRY, Family, route_error, send_json
 
 if TYPE_CHECKING:
     from yieldgate.server._http_front import Front
@@ -55,13 +55,16 @@ class Secret:
         by_key = hmac.compare_digest((api_key or b"").strip(), self._secret)
         return by_bearer or by_key
 
-    def refusal(self, path: str) -> tuple[bytes, list[tuple[bytes, bytes]]]:
-        """The 401's body and headers, counted as an ``unauthorized`` error."""
+    def refusal(
+        self, path: str, family: Family | None = None
+    ) -> tuple[bytes, list[tuple[bytes, bytes]]]:
+        """The 401's body and headers, counted as an ``unauthorized`` error; the body
+        in ``family``'s shape (by default the path's)."""
         self._front.governor.record_error(ErrorCode.UNAUTHORIZED)
         message = (
             "missing or wrong bearer token (Authorization: Bearer <secret>, or x-api-key: <secret>)"
         )
-        body = dumps(route_error(path, ErrorCode.UNAUTHORIZED, message, 401))
+        body = dumps(route_error(path, ErrorCode.UNAUTHORIZED, message, 401, family))
         return body, [NO_RETRY, _BEARER_CHALLENGE]
 
 
