@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import warnings
 from collections.abc import Iterator
 from typing import Any
 from urllib.parse import urlsplit
@@ -20,6 +21,7 @@ from yieldgate.dialects import HttpDialect
 from yieldgate.gate import USE_POLICY, Gate, UsePolicy
 from yieldgate.transports._flavor import detect_flavor, library
 from yieldgate.transports._hub_factories import enter_block, exit_block
+from yieldgate.transports._per_loop import PerLoopTransport
 from yieldgate.transports.http import gate_transport, http_client
 
 __all__ = ["anthropic_client", "huggingface_clients", "openai_client"]
@@ -56,7 +58,7 @@ def openai_client(
     included, as for ``http_client``; openai's own per-request timeout keeps
     its default (``client.with_options(timeout=...)`` changes it).
     ``allow_event_loop=True`` lets a sync client be used from a thread that runs
-    an event loop (a Jupyter cell: see ``gate_transport``).
+    an event loop (a notebook's cell needs none: see ``gate_transport``).
     """
     return _sdk_client(
         "openai",
@@ -126,12 +128,17 @@ def _sdk_client(
     client_kwargs: dict[str, Any],
 ) -> Any:
     """One of the SDKs that take an ``http_client`` and ``max_retries`` (openai's, anthropic's)."""
-    for name in ("http_client", "max_retries"):
-        if name in client_kwargs:
-            raise TypeError(
-                f"{package}_client sets {name} itself (the Gate's client, its retries off); "
-                f"build {package}'s client with yieldgate.http_client to choose your own"
-            )
+    if "http_client" in client_kwargs:
+        raise TypeError(
+            f"{package}_client sets http_client itself (the Gate's); "
+            f"build {package}'s client with yieldgate.http_client to choose your own"
+        )
+    retries = client_kwargs.pop("max_retries", 0)
+    if retries != 0:
+        raise TypeError(
+            f"{package}_client sets max_retries=0 itself, got {retries!r}: the Gate retries "
+            f"(set its RetryPolicy), and {package}'s own retries would multiply its attempts"
+        )
     module = _import(package, package)
     flavor = detect_flavor(client=package)
     http = http_client(
@@ -143,7 +150,40 @@ def _sdk_client(
         allow_event_loop=allow_event_loop,
     )
     client_class = getattr(module, classes[0] if sync else classes[1])
-    return client_class(http_client=http, max_retries=0, **client_kwargs)
+    return _retries_stay_off(client_class(http_client=http, max_retries=0, **client_kwargs))
+
+
+# The SDKs whose clients have been told once that a max_retries was ignored.
+_WARNED: set[str] = set()
+
+
+def _retries_stay_off(client: Any) -> Any:
+    """``client``, whose ``with_options`` (``copy``) keeps ``max_retries`` at 0.
+
+    Frameworks call ``client.with_options(max_retries=N)`` on a client they are
+    given: refused, they would break; followed, N retries of the SDK's own
+    would run under each of the Gate's attempts. The copy keeps the SDK's
+    retries off, and the first such call of the process warns.
+    """
+    copy = client.copy
+    package = type(client).__module__.partition(".")[0]
+
+    def copy_without_retries(*args: Any, **kwargs: Any) -> Any:
+        retries = kwargs.get("max_retries")
+        if isinstance(retries, int) and retries != 0:
+            kwargs["max_retries"] = 0
+            if package not in _WARNED:
+                _WARNED.add(package)
+                warnings.warn(
+                    f"max_retries={retries} ignored: a yieldgate {package} client keeps "
+                    f"{package}'s retries off, the Gate retries (set its RetryPolicy)",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
+        return _retries_stay_off(copy(*args, **kwargs))
+
+    client.copy = client.with_options = copy_without_retries
+    return client
 
 
 @contextlib.contextmanager
@@ -171,10 +211,10 @@ def huggingface_clients(
     background requests) go around it, unless ``include_hub=True``: the Hub is
     another upstream, and its failures (an offline machine cannot resolve
     huggingface.co) must not open the breaker of the endpoint the Gate guards.
-    ``dialect``, ``timeout`` and ``allow_event_loop`` (for the sync clients: a
-    Jupyter cell runs on an event loop) are as for ``http_client``; like the
-    library's own clients, the Gate's follow redirects and set no network
-    timeout of their own (the inference clients pass theirs per request).
+    ``dialect``, ``timeout`` and ``allow_event_loop`` (for the sync clients) are as
+    for ``http_client``; like the library's own clients, the Gate's follow
+    redirects and set no network timeout of their own (the inference clients pass
+    theirs per request).
 
     The factories are process-wide: every thread's huggingface_hub calls go
     through the block's Gate while it is active. Blocks nest in one thread
@@ -204,7 +244,7 @@ def huggingface_clients(
         )
         transport = gated
         if hub_origin is not None:
-            plain = lib.HTTPTransport() if sync else lib.AsyncHTTPTransport()
+            plain = lib.HTTPTransport() if sync else PerLoopTransport(lib.AsyncHTTPTransport)
             transport = _around_the_hub(lib, sync, hub_origin, gated, plain)
         client_class = lib.Client if sync else lib.AsyncClient
         return client_class(

@@ -25,6 +25,7 @@ from yieldgate.transports._http_core import (
     is_closed,
     is_success,
 )
+from yieldgate.transports._per_loop import PerLoopTransport
 
 __all__ = ["async_transport_class"]
 
@@ -177,7 +178,9 @@ def async_transport_class(flavor: str) -> type:
             inner: Any = None,
             timeout: float | UsePolicy | None = USE_POLICY,
         ) -> None:
-            inner = inner if inner is not None else lib.AsyncHTTPTransport()
+            # A pool of our own is one per event loop: a client made once keeps
+            # working under a second ``asyncio.run``. An inner of yours is used as is.
+            inner = inner if inner is not None else PerLoopTransport(lib.AsyncHTTPTransport)
             self._core = _AsyncGated(
                 gate, get_dialect(dialect), inner, lib, Leased, Prefetched, timeout
             )

@@ -13,7 +13,7 @@ from __future__ import annotations
 import threading
 import uuid
 import weakref
-from typing import Any
+from typing import Any, NoReturn
 from urllib.parse import urlsplit
 
 from yieldgate._exceptions import (
@@ -230,11 +230,22 @@ def given_up(exc: YieldgateError, request: Any, lib: Any) -> Any:
         return last.value
     cause = exc.__cause__
     if isinstance(exc, CallFailedError) and isinstance(cause, Exception):
-        raise cause from None
+        _raise_again(cause)
     if isinstance(exc, CallFailedError):
         raise exc
     # The copy is the Gate's error too; its cause stays the last attempt's error.
     raise library_error(exc, request, lib) from exc.__cause__
+
+
+def _raise_again(error: Exception) -> NoReturn:
+    """Raise ``error`` again, its chain as it was. Raised while the Gate's error (whose
+    ``__cause__`` it is) is handled, it would get that error as its ``__context__``:
+    a cycle, which a program walking ``__cause__`` and ``__context__`` follows forever."""
+    context, suppress = error.__context__, error.__suppress_context__
+    try:
+        raise error
+    finally:
+        error.__context__, error.__suppress_context__ = context, suppress
 
 
 _BOTH: dict[tuple[type[BaseException], type[YieldgateError]], type[YieldgateError]] = {}

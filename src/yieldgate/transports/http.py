@@ -102,15 +102,17 @@ def gate_transport(
     An ``AsyncBaseTransport``, or with ``sync=True`` a ``BaseTransport``, of the
     library ``flavor`` names, else the one detected as for ``http_client``.
     ``inner`` is the transport that does the sending (default: the library's
-    ``AsyncHTTPTransport()`` or ``HTTPTransport()``); ``dialect`` says what
+    ``AsyncHTTPTransport()``, one per event loop, so that the client outlives an
+    ``asyncio.run``; or ``HTTPTransport()``); ``dialect`` says what
     responses mean (a name or an ``HttpDialect``); ``timeout`` is each
     request's total time, retries and waits included (seconds; ``USE_POLICY``,
     the default: the Gate policy's ``total_s``; ``None``: no limit).
 
     A sync transport refuses a request made from a thread that runs an event loop
-    (``BlockingCallError``: an ``async def`` calling a sync client, or a Jupyter
-    cell, which runs on the kernel's loop), unless ``allow_event_loop=True``
-    (see ``Gate.call_sync``).
+    (``BlockingCallError``: an ``async def`` calling a sync client), unless
+    ``allow_event_loop=True`` (see ``Gate.call_sync``). A notebook's cell, which
+    runs on the kernel's loop, is not refused: the request blocks the cell as the
+    plain clients do (one warning per process).
     """
     chosen = _resolve(flavor, inner, sync)
     if not sync:
