@@ -350,16 +350,21 @@ class _Conn:
 class _Process:
     def __init__(self, alive: bool, exitcode: int | None = None) -> None:
         self.alive, self.exitcode = alive, exitcode
+        self.pid = 0
 
     def is_alive(self) -> bool:
         return self.alive
 
 
 def _pool(conns: list[_Conn], processes: list[_Process]) -> Any:
+    from yieldgate.burst._stop import Stop
     from yieldgate.burst._workers import _Pool
 
     pool = object.__new__(_Pool)
     pool.workers, pool.conns, pool.processes = len(conns), conns, processes
+    pool.stop = Stop()
+    for n, process in enumerate(processes):
+        process.pid = 1000 + n
     return pool
 
 
@@ -375,6 +380,10 @@ def test_the_pool_gathers_answers_and_fails_on_a_worker_error_or_death() -> None
     failing = _pool([_Conn(("error", error))], [_Process(True)])
     with pytest.raises(RuntimeError, match=r"^burst worker 0 failed: ValueError: boom$"):
         failing.poll("done", {})
+    # A dead worker cuts the run short (issue 41): the stop names it and its status.
     dead = _pool([_Conn(), _Conn()], [_Process(True), _Process(False, exitcode=-9)])
-    with pytest.raises(RuntimeError, match=r"burst worker 1 exited \(code -9\)"):
+    from yieldgate.burst._workers import _CutShort
+
+    with dead.stop.watching(*dead.watched()), pytest.raises(_CutShort):
         dead.poll("done", {})
+    assert dead.stop.reason == "burst worker 1 (pid 1001) was killed by SIGKILL"

@@ -19,6 +19,7 @@ from yieldgate.burst._config import BurstConfig
 from yieldgate.burst._progress import Progress, Relabelled
 from yieldgate.burst._results import BurstReport
 from yieldgate.burst._runner import run_burst
+from yieldgate.burst._stop import Stop
 
 __all__ = ["run_comparison"]
 
@@ -28,17 +29,26 @@ def run_comparison(
     *,
     name: str,
     progress: Progress | None = None,
+    stop: Stop | None = None,
 ) -> BurstReport:
-    """Run every part in order; one report with each result labelled by its part."""
+    """Run every part in order; one report with each result labelled by its part. Cut
+    short (``stop``), the parts not run are unfinished too."""
     if not parts:
         raise ValueError("a comparison needs at least one part")
     labels = [label for label, _ in parts]
     if len(set(labels)) != len(labels):
         raise ValueError("a comparison's parts need different labels")
-    reports = []
+    stop = stop or Stop()
+    reports: list[tuple[str, BurstReport]] = []
+    unfinished: list[str] = []
     for label, part in parts:
+        if stop.is_set() and reports:
+            unfinished.extend(f"{label}: {s.label}" for s in part.strategies)
+            continue
         shown = None if progress is None else Relabelled(progress, before=f"{label}: ")
-        reports.append((label, run_burst(part, progress=shown)))
+        report = run_burst(part, progress=shown, stop=stop)
+        unfinished.extend(f"{label}: {name}" for name in report.unfinished)
+        reports.append((label, report))
     results = tuple(
         dataclasses.replace(r, label=f"{label}: {r.label}")
         for label, report in reports
@@ -54,4 +64,6 @@ def run_comparison(
         created=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         results=results,
         goal=reports[0][1].goal,
+        stopped_by=stop.reason,
+        unfinished=tuple(unfinished),
     )

@@ -177,9 +177,17 @@ def sim_ramp(serve_args: Sequence[str] | None) -> tuple[float, float]:
     return known.cold_start_s, known.ramp_s
 
 
-def burst_report(config: BurstConfig, results: Sequence[StrategyResult]) -> BurstReport:
-    """The report of ``config``'s run: its results, stamped with the machine and the time."""
+def burst_report(
+    config: BurstConfig, results: Sequence[StrategyResult], stopped_by: str | None = None
+) -> BurstReport:
+    """The report of ``config``'s run: its results, stamped with the machine and the time.
+    Cut short (``stopped_by``), the strategies without a complete result are unfinished."""
+    done = {r.label for r in results if r.complete}
     return BurstReport(
+        stopped_by=stopped_by,
+        unfinished=tuple(s.label for s in config.strategies if s.label not in done)
+        if stopped_by is not None
+        else (),
         config=config.as_dict(),
         machine=_machine(),
         created=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),

@@ -64,6 +64,8 @@ CSV_COLUMNS: tuple[str, ...] = (
     "scraped_kv_cache_peak",
     "server_rss_peak_mb",
     "unreachable",
+    # Issue 41: 0 for a strategy whose run was cut short (Ctrl-C, a dead server).
+    "complete",
 )
 """The CSV header, in order (``write_csv``); docs/burst.md defines each column."""
 
@@ -136,6 +138,7 @@ def _new_figures(r: StrategyResult) -> dict[str, Any]:
             None if r.server_rss_peak_bytes is None else r.server_rss_peak_bytes / 2**20
         ),
         "unreachable": r.unreachable or "",
+        "complete": int(r.complete),
     }
     classes = {c.priority: c for c in r.priorities}
     for name in _PRIORITIES:

@@ -85,6 +85,7 @@ _RESULT_KEYS = frozenset(
 
 _CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src data:"
 _STYLE = """
+.interrupted{background:#fdecea;border:2px solid #b3261e;padding:.6rem 1rem;border-radius:4px}
 body{font:15px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;color:#1b1b1b;
 background:#fff;max-width:70rem;margin:1.5rem auto;padding:0 1rem}
 h1{font-size:1.5rem;margin:0 0 .3rem}h2{font-size:1.2rem;margin:2rem 0 .5rem;
@@ -363,10 +364,24 @@ def _sweep_page(report: SweepReport) -> str:
 
 
 def html_report(report: BurstReport | SweepReport) -> str:
-    """The report as one self-contained HTML page (``write_html`` writes it)."""
+    """The report as one self-contained HTML page (``write_html`` writes it); a run cut
+    short has a banner that says so, first thing on the page."""
+    page = _sweep_page(report) if isinstance(report, SweepReport) else _burst_page(report)
+    if not report.interrupted:
+        return page
     if isinstance(report, SweepReport):
-        return _sweep_page(report)
-    return _burst_page(report)
+        left = [f"{report.sweep.axis}={v:g}" for v in report.unfinished_points]
+        cut = [f"{report.sweep.axis}={v:g}: {n}" for v, p in report.points for n in p.unfinished]
+        unfinished = cut + [f"{name} (not run)" for name in left]
+    else:
+        unfinished = list(report.unfinished)
+    banner = (
+        '<p class="interrupted" role="alert" id="interrupted"><strong>Interrupted: '
+        f"a partial report.</strong> {_e(report.stopped_by)}. Not finished: "
+        f"{_e(', '.join(unfinished) or 'none')}. A result cut short counts its requests "
+        "in flight or not yet sent as <code>interrupted</code>.</p>\n"
+    )
+    return page.replace("<main>\n", "<main>\n" + banner, 1)
 
 
 def write_html(report: BurstReport | SweepReport, path: str | Path) -> Path:

@@ -209,14 +209,21 @@ def render_table(report: BurstReport, console: Any = None) -> None:
     table = Table(title=Text(_title(report)), title_justify="left", show_lines=False)
     table.add_column("", style="bold")
     for r in report.results:
-        table.add_column(r.label, justify="right")
+        table.add_column(r.label if r.complete else f"{r.label} (cut short)", justify="right")
     for name, cell in _rows(report, "\n"):
         table.add_row(name, *(cell(r) for r in report.results))
     console.print(table)
     console.print(f"goodput: {_slo_text(report)}")
+    if report.interrupted:
+        console.print(Text(f"partial results, {report.stopped_by}; {_unfinished(report)}"))
     verdicts = summary_line(report)
     if verdicts:
         console.print(verdicts)
+
+
+def _unfinished(report: BurstReport) -> str:
+    names = list(report.unfinished)
+    return f"not finished: {', '.join(names)}" if names else "every strategy finished"
 
 
 def markdown_table(report: BurstReport) -> str:

@@ -251,6 +251,8 @@ class StrategyResult:
     unreachable: str | None = None  # "connection refused to HOST:PORT": why, if any could not
     # The offered window: the last arrival, from the first (0 when all arrive at once).
     offered_s: float = 0.0
+    # False: the run was cut short (a signal, a dead server) before every request ended.
+    complete: bool = True
 
     @property
     def timeouts(self) -> int:
@@ -336,6 +338,7 @@ class StrategyResult:
             "priorities": [c.as_dict() for c in self.priorities],
             "server_rss_peak_bytes": self.server_rss_peak_bytes,
             "unreachable": self.unreachable,
+            "complete": self.complete,
             "timeline": [p.as_dict() for p in self.timeline] if timeline else [],
         }
 
@@ -349,6 +352,14 @@ class BurstReport:
     created: str
     results: tuple[StrategyResult, ...]
     goal: Goal | None = None
+    # Why the run was cut short (``yieldgate.burst._stop``), and the strategies it never
+    # finished: those without a result, by label.
+    stopped_by: str | None = None
+    unfinished: tuple[str, ...] = ()
+
+    @property
+    def interrupted(self) -> bool:
+        return self.stopped_by is not None
 
     def verdicts(self) -> list[tuple[str, bool, str]]:
         """``(label, met, text)`` for each ``yieldgate`` result, when the run has a goal."""
@@ -368,6 +379,9 @@ class BurstReport:
             "config": dict(self.config),
             "machine": dict(self.machine),
             "goal": None if self.goal is None else self.goal.as_dict(),
+            "interrupted": self.interrupted,
+            "stopped_by": self.stopped_by,
+            "unfinished": list(self.unfinished),
             "results": [r.as_dict(timeline=timeline) for r in self.results],
         }
 
@@ -388,6 +402,7 @@ def summarise(
     attempt_log: Sequence[AttemptRecord] | None = None,
     probes: Sequence[Probe] | None = None,
     priorities: Mapping[int, str] | None = None,
+    complete: bool = True,
 ) -> StrategyResult:
     """Turn the raw records of one run into its figures.
 
@@ -473,4 +488,5 @@ def summarise(
         ),
         unreachable=next((r.unreachable for r in requests if r.unreachable), None),
         offered_s=last_arrival,
+        complete=complete,
     )

@@ -134,6 +134,7 @@ _RESULT = _obj(
         "priorities": {"type": "array", "items": _PRIORITY},
         "server_rss_peak_bytes": _INT_OR_NULL,
         "unreachable": {"type": ["string", "null"]},
+        "complete": {"type": "boolean"},
         "timeline": {"type": "array", "items": _POINT},
     }
 )
@@ -191,6 +192,12 @@ _GOAL = _obj(
     },
     nullable=True,
 )
+# A run cut short (docs/burst.md, "Interrupted runs"): why, and what it never finished.
+_STOPPED = {
+    "interrupted": {"type": "boolean"},
+    "stopped_by": {"type": ["string", "null"]},
+    "unfinished": {"type": "array", "items": {"type": "string"}},
+}
 
 SCHEMA: dict[str, Any] = {
     "$schema": "https://json-schema.org/draft/2020-12/schema",
@@ -203,6 +210,7 @@ SCHEMA: dict[str, Any] = {
             "config": _CONFIG,
             "machine": _MACHINE,
             "goal": _GOAL,
+            **_STOPPED,
             "results": {"type": "array", "items": _RESULT},
         }
     ),
@@ -226,6 +234,9 @@ SWEEP_SCHEMA: dict[str, Any] = {
             ),
             "config": _CONFIG,
             "machine": _MACHINE,
+            "interrupted": {"type": "boolean"},
+            "stopped_by": {"type": ["string", "null"]},
+            "unfinished_points": {"type": "array", "items": _NUM},
             "points": {
                 "type": "array",
                 "items": _obj(
@@ -233,6 +244,7 @@ SWEEP_SCHEMA: dict[str, Any] = {
                         "value": _NUM,
                         "config": _CONFIG,
                         "goal": _GOAL,
+                        "unfinished": _STOPPED["unfinished"],
                         "results": {"type": "array", "items": _RESULT},
                     }
                 ),

@@ -27,6 +27,7 @@ from yieldgate.burst._metrics import AttemptLog, AttemptRecord, Probe, draw_prio
 from yieldgate.burst._progress import Progress
 from yieldgate.burst._results import ServerCounters, TimelinePoint, summarise
 from yieldgate.burst._scrape import common_series, parse_exposition, process_rss_bytes
+from yieldgate.burst._stop import Stop, Watched
 from yieldgate.burst._strategies import Strategy
 from yieldgate.burst._targets import Request, StatsSource, Target, error_kind, open_target
 from yieldgate.burst._unreachable import UNREACHABLE, unreachable_line
@@ -35,6 +36,10 @@ __all__ = ["Live", "Share", "live_server", "run_async", "run_one", "wait_ready"]
 
 _log = logging.getLogger("yieldgate.burst")
 
+# How often a run checks whether it must stop (a signal came, a server died).
+_WATCH_S = 0.05
+# How long a run cut short waits for the server's last counters.
+_LAST_READS_S = 2.0
 # Failures that say the tool or the code under test is broken, not the upstream.
 _BUGS = (AttributeError, TypeError, NameError, AssertionError, ImportError, LookupError)
 
@@ -69,7 +74,9 @@ class Live:
 
 
 @contextlib.contextmanager
-def live_server(config: BurstConfig, target: Target) -> Iterator[Live]:
+def live_server(config: BurstConfig, target: Target, stop: Stop) -> Iterator[Live]:
+    """The target a strategy meets: a server started for it (``serve_args``), which
+    ``stop`` watches until it is stopped, or the configured target."""
     if config.serve_args is None:
         yield Live(target, scrape=config.scrape)
         return
@@ -77,7 +84,13 @@ def live_server(config: BurstConfig, target: Target) -> Iterator[Live]:
         auto = None
         if config.scrape_auto and server.http_address is not None:
             auto = f"http://{server.http_address[0]}:{server.http_address[1]}/metrics"
-        yield Live(live, pid=server.pid, scrape=config.scrape or auto)
+        watched = Watched(
+            "the server the tool started", server.pid, server.poll, lambda: server.stderr
+        )
+        # Which process serves which target: what to look for when one dies.
+        _log.info("started yieldgate serve (pid %d) at %s", server.pid, live.url)
+        with stop.watching(watched):
+            yield Live(live, pid=server.pid, scrape=config.scrape or auto)
 
 
 @contextlib.contextmanager
@@ -88,12 +101,15 @@ def _live_target(config: BurstConfig, target: Target) -> Iterator[tuple[Target, 
     from yieldgate.server import spawn
 
     assert config.serve_args is not None
+    # In a session of its own: a Ctrl-C at the terminal reaches the tool alone, which
+    # ends the run and then stops the server itself (SIGTERM), in order.
     with spawn(
         "--grace-s",
         "0",
         *config.serve_args,
         http=target.is_http,
         ready_timeout=config.ready_timeout_s,
+        new_session=True,
     ) as server:
         address = server.http_address if target.is_http else None
         yield target.at(*(address or (server.host, server.port))), server
@@ -128,8 +144,13 @@ async def run_one(
     run_index: int,
     progress: Progress,
     share: Share | None = None,
+    stop: Stop | None = None,
 ) -> Any:
+    """Send ``strategy``'s requests and summarise them (a worker: hand them to ``share``).
+    ``stop`` cuts the run short: what is in flight then is cancelled, what was not sent
+    is not, both counted as ``interrupted``, and the result is marked incomplete."""
     target = live.target
+    stop = stop or Stop()
     log = AttemptLog()
     gate = strategy.make_gate(log)
     requests = [Request(index=i, arrival_s=offset) for i, offset in enumerate(offsets)]
@@ -313,20 +334,34 @@ async def run_one(
                 tg.start_soon(probe_then_mark)
             else:
                 probing.set()
-            async with anyio.create_task_group() as fire:
-                if config.concurrency is None:
-                    for request, prompt in zip(requests, prompts, strict=True):
-                        fire.start_soon(one, request, prompt)
-                else:
-                    # In order of arrival (a stable sort: ties keep their order).
-                    order = sorted(zip(requests, prompts, strict=True), key=_arrival)
-                    queue = iter(order)
-                    for _ in range(min(config.concurrency, len(order))):
-                        fire.start_soon(closed_loop, queue)
+            with anyio.CancelScope() as firing:
+                tg.start_soon(_watch, stop, firing, done)
+                async with anyio.create_task_group() as fire:
+                    if config.concurrency is None:
+                        for request, prompt in zip(requests, prompts, strict=True):
+                            fire.start_soon(one, request, prompt)
+                    else:
+                        # In order of arrival (a stable sort: ties keep their order).
+                        order = sorted(zip(requests, prompts, strict=True), key=_arrival)
+                        queue = iter(order)
+                        for _ in range(min(config.concurrency, len(order))):
+                            fire.start_soon(closed_loop, queue)
             done.set()
+            if firing.cancel_called:
+                tg.cancel_scope.cancel()  # no recovery to wait for: the run ends now
             await probing.wait()
-        await sample()
-        after = await stats() if share is None else None
+        cut_short = firing.cancel_called
+        # A dead server answers nothing: its last reads may not hold up the report.
+        with anyio.move_on_after(_LAST_READS_S if cut_short else math.inf):
+            await sample()
+        after = None
+        if share is None:
+            with anyio.move_on_after(_LAST_READS_S if cut_short else math.inf):
+                after = await stats()
+    if cut_short:
+        for r in requests:
+            if not r.ok and r.error is None:
+                r.error = "interrupted"
     never = sum(1 for r in requests if not r.ok and r.error is None)
     if never:
         # A cancellation that escaped one request ends the whole burst; say so.
@@ -359,7 +394,19 @@ async def run_one(
         attempt_log=log.records,
         probes=probes,
         priorities=priorities or None,
+        complete=not cut_short,
     )
+
+
+async def _watch(stop: Stop, firing: anyio.CancelScope, done: anyio.Event) -> None:
+    """Cancel ``firing`` once ``stop`` is set, or a process it watches has died; until
+    ``done``. Polled: a signal handler or another process sets what it reads."""
+    while not done.is_set():
+        if stop.check():
+            firing.cancel()
+            return
+        with anyio.move_on_after(_WATCH_S):
+            await done.wait()
 
 
 def _arrival(pair: tuple[Request, str]) -> float:

@@ -22,6 +22,7 @@ from yieldgate.burst._config import BurstConfig
 from yieldgate.burst._progress import Progress, Relabelled
 from yieldgate.burst._results import SWEEP_SCHEMA_ID, BurstReport, StrategyResult
 from yieldgate.burst._runner import run_burst
+from yieldgate.burst._stop import Stop
 
 __all__ = ["Sweep", "SweepAxis", "SweepReport", "run_sweep"]
 
@@ -121,6 +122,13 @@ class SweepReport:
     machine: Mapping[str, Any]
     created: str
     points: tuple[tuple[float, BurstReport], ...]
+    # Why the sweep was cut short (``yieldgate.burst._stop``), and the values never run.
+    stopped_by: str | None = None
+    unfinished_points: tuple[float, ...] = ()
+
+    @property
+    def interrupted(self) -> bool:
+        return self.stopped_by is not None
 
     def rows(self) -> list[tuple[float, StrategyResult]]:
         """``(value, result)`` for every strategy of every point, in the order run."""
@@ -137,11 +145,15 @@ class SweepReport:
             },
             "config": dict(self.config),
             "machine": dict(self.machine),
+            "interrupted": self.interrupted,
+            "stopped_by": self.stopped_by,
+            "unfinished_points": list(self.unfinished_points),
             "points": [
                 {
                     "value": value,
                     "config": dict(report.config),
                     "goal": None if report.goal is None else report.goal.as_dict(),
+                    "unfinished": list(report.unfinished),
                     "results": [r.as_dict(timeline=timeline) for r in report.results],
                 }
                 for value, report in self.points
@@ -150,16 +162,26 @@ class SweepReport:
 
 
 def run_sweep(
-    config: BurstConfig, sweep: Sweep, *, progress: Progress | None = None
+    config: BurstConfig,
+    sweep: Sweep,
+    *,
+    progress: Progress | None = None,
+    stop: Stop | None = None,
 ) -> SweepReport:
     """Run ``config`` at every value of ``sweep``, in order (each point as ``run_burst``
-    runs it: with ``serve_args``, a fresh server per strategy per point)."""
+    runs it: with ``serve_args``, a fresh server per strategy per point). Cut short by
+    ``stop``, it returns the points run so far (``SweepReport.stopped_by``)."""
     points = [(value, sweep.point(config, value)) for value in sweep.values]  # fail before firing
+    stop = stop or Stop()
     reports: list[tuple[float, BurstReport]] = []
     for value, point in points:
+        if stop.is_set() and reports:
+            break
         shown = None if progress is None else Relabelled(progress, after=f" {sweep.axis}={value:g}")
-        reports.append((value, run_burst(point, progress=shown)))
+        reports.append((value, run_burst(point, progress=shown, stop=stop)))
     return SweepReport(
+        stopped_by=stop.reason,
+        unfinished_points=tuple(value for value, _ in points[len(reports) :]),
         sweep=sweep,
         config=config.as_dict(),
         machine=reports[0][1].machine,

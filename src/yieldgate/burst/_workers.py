@@ -29,10 +29,11 @@ import logging
 import multiprocessing
 import multiprocessing.connection
 import os
+import signal
 import threading
 import time
 import traceback
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,6 +50,7 @@ from yieldgate.burst._merge import (
 from yieldgate.burst._metrics import AttemptRecord
 from yieldgate.burst._progress import Progress
 from yieldgate.burst._results import BurstReport, ServerCounters, StrategyResult, summarise
+from yieldgate.burst._stop import Stop, Watched
 from yieldgate.burst._strategies import Strategy
 from yieldgate.burst._strategy_run import Live, live_server, run_async, run_one, wait_ready
 from yieldgate.burst._targets import Request, Target, open_target
@@ -67,6 +69,10 @@ _POLL_S = 0.05
 
 class _Aborted(Exception):
     """The parent called a strategy off before its go."""
+
+
+class _CutShort(Exception):
+    """The run was cut short (``Stop``): a signal, or a worker or the server died."""
 
 
 @dataclass(slots=True)
@@ -142,6 +148,9 @@ def _worker_main(
     counts: Any,
 ) -> None:
     """A worker process: run each job the parent sends until ``stop`` (or the pipe closes)."""
+    # A Ctrl-C at the terminal reaches the whole process group: the parent alone ends
+    # the run, and then stops its workers.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     _exit_with_parent()
     progress = _Count(counts, number)
     with contextlib.suppress(KeyboardInterrupt, EOFError, BrokenPipeError):
@@ -169,7 +178,10 @@ def _worker_main(
 class _Pool:
     """The worker processes of a run, and the messages to and from them."""
 
-    def __init__(self, config: BurstConfig, offsets: Sequence[float], prompts: Sequence[str]):
+    def __init__(
+        self, config: BurstConfig, offsets: Sequence[float], prompts: Sequence[str], stop: Stop
+    ):
+        self.stop = stop
         self.workers = config.workers
         self.shares = split_requests(config.requests, self.workers)
         caps = split_concurrency(config.concurrency, self.workers)
@@ -213,8 +225,10 @@ class _Pool:
     def poll(self, expect: str, answers: dict[int, Any]) -> bool:
         """Read what has come; ``True`` once every worker has answered ``expect``.
 
-        A worker's error or death raises ``RuntimeError`` (the others are stopped by
-        ``close``)."""
+        A worker's error raises ``RuntimeError``, a stop or a dead worker ``_CutShort``
+        (the others are stopped by ``close``)."""
+        if self.stop.check():
+            raise _CutShort
         for number, (conn, process) in enumerate(zip(self.conns, self.processes, strict=True)):
             if number in answers:
                 continue
@@ -227,9 +241,16 @@ class _Pool:
                 if message[0] == expect:
                     answers[number] = message[1] if len(message) > 1 else None
                     continue
-            if not process.is_alive():
-                raise RuntimeError(f"burst worker {number} exited (code {process.exitcode})")
+            if not process.is_alive() and self.stop.check():
+                raise _CutShort
         return len(answers) == self.workers
+
+    def watched(self) -> list[Watched]:
+        """The workers, as ``Stop`` watches them."""
+        return [
+            Watched(f"burst worker {number}", process.pid, _exitcode(process))
+            for number, process in enumerate(self.processes)
+        ]
 
     def close(self) -> None:
         for conn in self.conns:
@@ -237,7 +258,8 @@ class _Pool:
                 conn.send(("stop",))
             # A worker reads the stop, or the end of the pipe, whatever it waits for.
             conn.close()
-        deadline = time.monotonic() + _STOP_TIMEOUT_S
+        # Cut short, a worker may be mid-run: it reads no stop then, and is terminated.
+        deadline = time.monotonic() + (0.0 if self.stop.is_set() else _STOP_TIMEOUT_S)
         for process in self.processes:
             process.join(max(0.0, deadline - time.monotonic()))
         for process in self.processes:
@@ -249,11 +271,22 @@ class _Pool:
                 process.join()
 
 
+def _exitcode(process: Any) -> Callable[[], int | None]:
+    def exitcode() -> int | None:
+        code: int | None = process.exitcode
+        return code
+
+    return exitcode
+
+
 @contextlib.contextmanager
-def _pool(config: BurstConfig, offsets: Sequence[float], prompts: Sequence[str]) -> Iterator[_Pool]:
-    pool = _Pool(config, offsets, prompts)
+def _pool(
+    config: BurstConfig, offsets: Sequence[float], prompts: Sequence[str], stop: Stop
+) -> Iterator[_Pool]:
+    pool = _Pool(config, offsets, prompts, stop)
     try:
-        yield pool
+        with stop.watching(*pool.watched()):
+            yield pool
     finally:
         pool.close()
 
@@ -336,17 +369,24 @@ async def _drive(
     )
 
 
-def run_workers(config: BurstConfig, progress: Progress) -> BurstReport:
-    """``run_burst`` for ``config.workers`` > 1: every strategy sent from the pool."""
+def run_workers(config: BurstConfig, progress: Progress, stop: Stop) -> BurstReport:
+    """``run_burst`` for ``config.workers`` > 1: every strategy sent from the pool. Cut
+    short (``stop``), the strategy running then has no result: its parts are in the
+    workers, which are stopped."""
     target = Target.parse(config.target)
     offsets = config.profile.offsets(config.requests, seed=config.seed)
     prompts = burst_prompts(config)
     results: list[StrategyResult] = []
-    with _pool(config, offsets, prompts) as pool:
+    with _pool(config, offsets, prompts, stop) as pool:
         for n, strategy in enumerate(config.strategies):
-            with live_server(config, target) as live:
-                progress.start(strategy.label, config.requests)
-                result = run_async(_drive, pool, config, strategy, live, n, progress)
-                progress.finish(result)
+            if stop.check():
+                break
+            try:
+                with live_server(config, target, stop) as live:
+                    progress.start(strategy.label, config.requests)
+                    result = run_async(_drive, pool, config, strategy, live, n, progress)
+                    progress.finish(result)
+            except _CutShort:
+                break
             results.append(result)
-    return burst_report(config, results)
+    return burst_report(config, results, stop.reason)

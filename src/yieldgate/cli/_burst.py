@@ -9,10 +9,13 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
+import sys
 from pathlib import Path
 from typing import Any
 
-from yieldgate._extras import EXTRAS, MissingExtraError, require
+from yieldgate._extras import MissingExtraError
+from yieldgate.cli import _burst_checks as checks
+from yieldgate.cli._burst_checks import check_extra
 from yieldgate.cli._common import (
     CliError,
     CliFailure,
@@ -21,6 +24,8 @@ from yieldgate.cli._common import (
     flag_error,
 )
 from yieldgate.cli._progress import RichProgress
+
+__all__ = ["add_parser", "build_config", "build_sweep", "check_extra", "execute", "run"]
 
 STRATEGIES = ("yieldgate", "naive", "tenacity", "openai-default", "anthropic-default")
 
@@ -370,11 +375,15 @@ def execute(
     sweep: Any = None,
     html_path: Path | None = None,
     comparison: str | None = None,
+    stop: Any = None,
 ) -> Any:
     """Run ``config`` (at every point of ``sweep``, if given), print the tables, write the
     files; shared with ``yieldgate demo``. With ``comparison`` (a name), ``config`` is a
-    list of ``(label, BurstConfig)`` parts run into one report."""
+    list of ``(label, BurstConfig)`` parts run into one report.
 
+    A signal (Ctrl-C) or a dead server or worker cuts the run short (``stop``, a
+    ``yieldgate.burst._stop.Stop``): the files are written all the same, marked
+    interrupted, and one line on standard error says why and where they are."""
     from yieldgate.burst import (
         SweepReport,
         render_table,
@@ -383,23 +392,27 @@ def execute(
         write_csv,
         write_plot,
     )
+    from yieldgate.burst._stop import INTERRUPTED_STATUS, Stop
     from yieldgate.server import ServerStartError
+
+    stop = stop or Stop()
 
     def go(bar: Any) -> Any:
         if comparison is not None:
             from yieldgate.burst._compare import run_comparison
 
-            return run_comparison(config, name=comparison, progress=bar)
+            return run_comparison(config, name=comparison, progress=bar, stop=stop)
         if sweep is not None:
-            return run_sweep(config, sweep, progress=bar)
-        return run_burst(config, progress=bar)
+            return run_sweep(config, sweep, progress=bar, stop=stop)
+        return run_burst(config, progress=bar, stop=stop)
 
     try:
-        if progress:
-            with RichProgress() as bar:
-                report = go(bar)
-        else:
-            report = go(None)
+        with stop.on_signals():
+            if progress:
+                with RichProgress() as bar:
+                    report = go(bar)
+            else:
+                report = go(None)
     except MissingExtraError:
         raise
     except ServerStartError as exc:
@@ -412,33 +425,26 @@ def execute(
             render_table(point)
     else:
         render_table(report)
+    written: list[Path] = []
     if csv_path is not None:
-        print(f"CSV written to {write_csv(report, csv_path)}")
+        written.append(write_csv(report, csv_path))
+        print(f"CSV written to {csv_path}")
     if json_path is not None:
         json_path.write_text(json.dumps(report.as_dict(), indent=1) + "\n", encoding="utf-8")
+        written.append(json_path)
         print(f"results written to {json_path}")
     if plot_path is not None:
-        print(f"plot written to {write_plot(report, plot_path)}")
+        written.append(write_plot(report, plot_path))
+        print(f"plot written to {plot_path}")
     if html_path is not None:
         from yieldgate.burst import write_html
 
-        print(f"HTML report written to {write_html(report, html_path)}")
+        written.append(write_html(report, html_path))
+        print(f"HTML report written to {html_path}")
+    if report.interrupted:
+        died = stop.status != INTERRUPTED_STATUS
+        print(checks.stopped_line("burst", report, died, written), file=sys.stderr, flush=True)
     return report
-
-
-def check_extra(command: str) -> None:
-    """The ``burst`` extra, or ``MissingExtraError`` naming it, before anything runs."""
-    for module in EXTRAS["burst"]:
-        require(module, command)
-
-
-def check_reached(report: Any) -> None:
-    """``CliFailure`` when not one request of the whole run reached its target."""
-    from yieldgate.burst._unreachable import unreached
-
-    reason = unreached(report)
-    if reason is not None:
-        raise CliFailure(f"{reason}: no request reached the target")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -464,6 +470,9 @@ def run(args: argparse.Namespace) -> int:
         ]
     else:
         config = build_config(args, sweep)
+    checks.check_packages([part for _, part in config] if comparison is not None else [config])
+    from yieldgate.burst._stop import Stop
+
     report = execute(
         config,
         comparison=comparison,
@@ -473,6 +482,9 @@ def run(args: argparse.Namespace) -> int:
         csv_path=args.csv,
         sweep=sweep,
         html_path=args.html,
+        stop=(stop := Stop()),
     )
-    check_reached(report)
+    if stop.is_set():
+        return stop.status
+    checks.check_reached(report)
     return 0

@@ -202,6 +202,7 @@ def spawn(
     env: Mapping[str, str] | None = None,
     fd_limit: int | None = None,
     program: Sequence[str] | None = None,
+    new_session: bool = False,
 ) -> ServerProcess:
     """Start ``yieldgate serve --port 0 ARGS`` in a child process; return once it listens.
 
@@ -222,7 +223,9 @@ def spawn(
     descriptors (``RLIMIT_NOFILE``, POSIX only), to see it run out of them.
     ``program`` replaces ``python -m yieldgate serve`` with another command
     that takes ``--port`` and prints ``listening URL`` lines the same way (a
-    stand-in server for a benchmark).
+    stand-in server for a benchmark). ``new_session`` starts it in a session (and
+    process group) of its own, so that a Ctrl-C at the terminal reaches only the
+    caller, which then stops it in its own time.
 
     Raises ``ServerStartError`` when the process exits, or ``ready_timeout``
     passes, before it listens.
@@ -257,6 +260,7 @@ def spawn(
             text=True,
             env={**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"},
             preexec_fn=None if fd_limit is None else _limit_descriptors(fd_limit),
+            start_new_session=new_session,
         )
     except OSError as exc:
         raise ServerStartError(
