@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 TORCH := torch==2.13.0
 STAMP := $(VENV)/.installed
 
-.PHONY: venv demo test test-pythons lint typecheck docs docs-serve pytest compat tt bench clean
+.PHONY: venv demo test test-pythons lint typecheck docs docs-serve pytest compat tt bench bench-smoke clean
 
 venv: $(STAMP)
 
@@ -47,7 +47,7 @@ pytest: $(STAMP)
 
 # compat adds about a minute and a half (building .venv-compat from the local
 # index, then its tests) to the rest on 2 cores.
-test: lint typecheck docs pytest compat
+test: lint typecheck docs pytest compat bench-smoke
 
 # The SDK's tests (gate, dialects, transports, fleet, zoo) on every supported Python
 # found here, each in its own .venv-3.X with the SDK's extras and the test-sdk group
@@ -81,7 +81,15 @@ test-pythons:
 	echo "test-pythons: passed on:$${passed:- none}; failed on:$${failed:- none}"; \
 	test -z "$$failed"
 
-# Benchmarks are not part of `make test`: they measure, they do not assert.
+# Every benchmark in bench/ in its smoke configuration (tiny sizes, one round,
+# nothing written: YIELDGATE_BENCH_SMOKE=1), two at a time; part of `make test`, so
+# a benchmark that no longer runs fails it. One that needs what is not here (another
+# venv, a program) says `skipped:` and passes. About 70 s on 2 quiet cores.
+bench-smoke: $(STAMP)
+	$(PY) bench/run_all.py --smoke --jobs 2
+
+# The measurements themselves are not part of `make test`: they measure, they do not
+# assert.
 bench: $(STAMP)
 	$(PY) bench/governor.py
 	$(PY) bench/overhead.py

@@ -28,6 +28,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from _common import add_smoke_flag, smoke
 from yieldgate.burst import PRESETS, BurstConfig, markdown_table, run_burst, summary_line
 
 
@@ -36,9 +37,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--requests", type=int, default=100)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", type=Path, help="also write the full report here")
+    add_smoke_flag(parser)
     args = parser.parse_args(argv)
+    if smoke(args):
+        args.requests = 8
 
     settings = {**PRESETS["cold-start"], "requests": args.requests, "seed": args.seed}
+    if smoke(args):  # a short cold start and ramp, short requests
+        settings["serve_args"] = (
+            *("--cold-start-s", "0.3", "--ramp-s", "0.5"),
+            *("--max-inflight", "8", "--exec-ms", "20"),
+        )
     report = run_burst(BurstConfig(**settings))
     serve = " ".join(settings["serve_args"])
     print(

@@ -28,6 +28,7 @@ Run it (from the repository root)::
 
     .venv/bin/python bench/burst_efficiency.py
     .venv/bin/python bench/burst_efficiency.py --requests 400 --max-inflight 8 --exec-ms 50
+    .venv/bin/python bench/burst_efficiency.py --smoke   # seconds: does it still run?
 """
 
 from __future__ import annotations
@@ -45,9 +46,9 @@ from tenacity import (
     AsyncRetrying,
     retry_if_exception_type,
     stop_after_attempt,
-    wait_exponential_jitter,
 )
 
+from _common import add_smoke_flag, exponential_jitter, smoke
 from yieldgate import (
     BreakerPolicy,
     Gate,
@@ -112,7 +113,7 @@ def naive(attempt: Attempt) -> Attempt:
 def tenacity_style(attempt: Attempt) -> Attempt:
     retrying = AsyncRetrying(
         stop=stop_after_attempt(10),
-        wait=wait_exponential_jitter(multiplier=0.05, max=5),
+        wait=exponential_jitter(0.05, 5),
         retry=retry_if_exception_type(YieldExhaustedError),
         reraise=True,
     )
@@ -218,7 +219,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--max-inflight", type=int, default=8)
     parser.add_argument("--exec-ms", type=float, default=50.0)
     parser.add_argument("--strategies", nargs="+", choices=STRATEGIES, default=list(STRATEGIES))
+    add_smoke_flag(parser)
     args = parser.parse_args(argv)
+    if smoke(args):
+        args.requests, args.exec_ms = 24, 5.0
 
     lower_bound = args.requests * args.exec_ms / 1000 / args.max_inflight
     results = []

@@ -65,6 +65,7 @@ from pathlib import Path
 
 import httpx
 
+from _common import add_smoke_flag, smoke
 from yieldgate.server import ServerProcess, spawn
 
 LOCUSTFILE = """\
@@ -267,7 +268,11 @@ def main() -> int:
         action="store_true",
         help="of the burst rows, only the raw+http:// ones (the others take long)",
     )
+    add_smoke_flag(parser)
     args = parser.parse_args()
+    quick = smoke(args)
+    if quick:  # one worker per client, a few hundred requests, a second of Locust
+        args.requests, args.seconds, args.concurrency = 500, 1.0, 8
 
     print(
         f"machine: {os.cpu_count()} CPUs, {platform.machine()}, Python {platform.python_version()}"
@@ -295,7 +300,7 @@ def main() -> int:
                 continue
             # The lean client is fast: give it enough requests for a window of seconds.
             requests = args.requests * (4 if scheme == "raw+http" else 1)
-            for workers in (1, 2):
+            for workers in (1,) if quick else (1, 2):
                 runs.append(
                     (
                         f"yieldgate burst, {client}, {strategy}, "

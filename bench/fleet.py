@@ -84,6 +84,7 @@ from typing import Any
 
 import redis as redis_py
 
+from _common import add_smoke_flag, smoke
 from yieldgate import FleetPolicy, Gate, GatePolicy
 from yieldgate.server import ServerProcess, spawn
 
@@ -316,7 +317,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--calls", type=int, default=2000)
     parser.add_argument("--only", choices=("quota", "cap", "latency", "users"), nargs="*")
     parser.add_argument("--users-members", type=int, nargs="*", default=[4, 16])
+    add_smoke_flag(parser)
     args = parser.parse_args(argv)
+    if smoke(args):
+        # Two members, a few requests, quotas of a second or two; by default the quota
+        # table and the latency alone (every row starts processes: seconds each).
+        global WINDOW_S, USERS_WINDOW_S
+        WINDOW_S, USERS_WINDOW_S = 1.0, 2.0
+        args.members, args.requests, args.calls, args.users_members = 2, 6, 200, [2]
+        args.only = args.only or ["quota", "latency"]
     if args.members % per_process(args.members):
         parser.error(f"--members must be a multiple of {per_process(args.members)}")
     only = set(args.only or ("quota", "cap", "latency", "users"))

@@ -42,6 +42,7 @@ from typing import Any
 
 import anyio
 
+from _common import add_smoke_flag, smoke
 from yieldgate.protocol import (
     FrameError,
     ProtocolError,
@@ -244,7 +245,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--frames", type=int, default=100_000, help="request frames generated")
     parser.add_argument("--live", type=int, default=20_000, help="of which sent to a server")
     parser.add_argument("--seed", type=int, default=1)
+    add_smoke_flag(parser)
     args = parser.parse_args(argv)
+    if smoke(args):
+        args.frames, args.live = 2_000, 200
     rng = random.Random(args.seed)
     started = time.perf_counter()
     requests = frames(rng, args.frames, valid_request)

@@ -51,6 +51,7 @@ from typing import Any
 import anyio
 import anyio.abc
 
+from _common import add_smoke_flag, smoke
 from yieldgate._stats import percentile
 from yieldgate.protocol import encode_frame, submit_frame
 from yieldgate.server import ServerProcess, spawn
@@ -456,7 +457,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--rounds", type=int, default=1, help="rounds; the order alternates")
     p.add_argument("--body-bytes", type=int, default=64, help="size of each submit's body")
     p.add_argument("--json", type=Path, metavar="PATH", help="also write the figures here")
+    add_smoke_flag(p)
     args = p.parse_args(argv)
+    if smoke(args):
+        args.connections, args.warmup, args.duration, args.rounds = 20, 0.2, 0.5, 1
     if args.connections < 1 or args.rounds < 1 or args.duration <= 0 or args.warmup < 0:
         p.error("need --connections >= 1, --rounds >= 1, --duration > 0, --warmup >= 0")
     return args

@@ -56,6 +56,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from _common import add_smoke_flag, smoke
 from yieldgate._stats import percentile
 from yieldgate.harness import Engine, EngineConfig, SamplingParams, SchedulerConfig
 
@@ -224,7 +225,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--profile", action="store_true", help="also profile one 16-stream decode")
     parser.add_argument("--json", help="also write the results to this file")
+    add_smoke_flag(parser)
     args = parser.parse_args(argv)
+    if smoke(args):
+        args.rounds, args.prompt_tokens, args.max_tokens, args.kv_blocks = 1, 8, 8, 64
     if args.rounds < 1:
         raise ValueError(f"--rounds must be >= 1, got {args.rounds}")
     torch.set_num_threads(args.threads)

@@ -58,6 +58,7 @@ from typing import Any
 import anyio
 import torch
 
+from _common import add_smoke_flag, smoke
 from yieldgate._stats import percentile
 from yieldgate.harness.backend import HarnessBackend, HarnessConfig
 from yieldgate.harness.degrade import DegradeConfig, DegradeLevel
@@ -351,10 +352,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--json", help="also write the results to this file")
+    add_smoke_flag(parser)
     args = parser.parse_args(argv)
     if args.quick:
         args.duration = 8.0
         args.rounds = 1
+    if smoke(args):  # one load, a second of arrivals, short prompts
+        args.duration, args.rounds, args.low_rates = 1.0, 1, [6.0]
+        args.high_tokens = args.low_tokens = 128
     if args.rounds < 1:
         raise ValueError(f"--rounds must be >= 1, got {args.rounds}")
     torch.set_num_threads(1)

@@ -43,6 +43,7 @@ from typing import Any
 import anyio
 import torch
 
+from _common import add_smoke_flag, smoke
 from yieldgate._stats import percentile
 from yieldgate.harness.backend import HarnessBackend, HarnessConfig
 from yieldgate.harness.engine import EngineConfig
@@ -149,7 +150,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--device", default="auto")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--json", help="also write the results to this file")
+    add_smoke_flag(parser)
     args = parser.parse_args(argv)
+    if smoke(args):  # a second of arrivals, shorter long prompts
+        args.duration, args.long_tokens = 1.0, 384
     torch.set_num_threads(1)
 
     arrivals = schedule(args)

@@ -27,6 +27,7 @@ from collections.abc import Sequence
 
 import torch
 
+from _common import add_smoke_flag, smoke
 from yieldgate.harness.engine import Engine, EngineConfig
 from yieldgate.harness.kv_quality import measure_agreement
 from yieldgate.harness.sequence import SamplingParams
@@ -59,7 +60,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--batch", type=int, default=5, help="prompts side by side (default 5)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    add_smoke_flag(parser)
     args = parser.parse_args(argv)
+    if smoke(args):
+        args.max_tokens, args.batch = 4, 2
     torch.set_num_threads(args.threads)
     base = {"device": "cpu", "num_blocks": 512, "dtype": args.dtype}
     prompts = [list(p) for p in PROMPTS]

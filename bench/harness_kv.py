@@ -47,6 +47,7 @@ from typing import Any
 
 import torch
 
+from _common import add_smoke_flag, smoke
 from yieldgate._stats import percentile
 from yieldgate.harness import Engine, EngineConfig, SamplingParams, SchedulerConfig
 
@@ -203,11 +204,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--part", choices=("a", "b", "both"), default="both")
     parser.add_argument("--quick", action="store_true", help="a short run: smaller everything")
     parser.add_argument("--json", help="also write the results to this file")
+    add_smoke_flag(parser)
     args = parser.parse_args(argv)
     if args.quick:
         args.rounds, args.requests, args.max_num_seqs = 1, 12, 8
         args.prompt_tokens, args.max_tokens = 32, 96
         args.budget_blocks, args.int8_requests = 16, 12
+    if smoke(args):  # --quick, smaller still
+        args.rounds, args.requests, args.max_num_seqs = 1, 6, 4
+        args.prompt_tokens, args.max_tokens = 16, 32
+        args.budget_blocks, args.int8_requests = 8, 6
     torch.set_num_threads(args.threads)
 
     block_size = 16

@@ -56,6 +56,7 @@ from typing import Any
 import anyio
 import torch
 
+from _common import add_smoke_flag, smoke
 from yieldgate._stats import percentile
 from yieldgate.harness.backend import HarnessBackend, HarnessConfig
 from yieldgate.harness.engine import Engine, EngineConfig
@@ -308,9 +309,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--device", default="auto")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--json", help="also write the results to this file")
+    add_smoke_flag(parser)
     args = parser.parse_args(argv)
     if args.quick:
         args.duration, args.rounds, args.sweep_decode = 12.0, 1, [args.decode_seqs]
+    if smoke(args):  # --quick with 2 s of arrivals and no prefill worker in the sweep
+        args.duration, args.rounds, args.sweep_decode = 2.0, 1, [args.decode_seqs]
+        args.sweep_prefill, args.long_tokens = [0], 256
     if args.rounds < 1:
         raise ValueError(f"--rounds must be >= 1, got {args.rounds}")
     if args.slo_scale <= 0:

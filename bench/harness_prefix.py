@@ -46,6 +46,7 @@ from typing import Any
 
 import torch
 
+from _common import add_smoke_flag, smoke
 from yieldgate._stats import percentile
 from yieldgate.harness import Engine, EngineConfig, SamplingParams, SchedulerConfig
 
@@ -150,9 +151,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--device", default="cpu", help="cpu (default) or cuda")
     parser.add_argument("--quick", action="store_true", help="a short run: smaller everything")
     parser.add_argument("--json", help="also write the results to this file")
+    add_smoke_flag(parser)
     args = parser.parse_args(argv)
     if args.quick:
         args.rounds, args.cycles, args.prefix_tokens = 2, 2, 256
+        args.others, args.other_tokens = 6, 128
+    if smoke(args):  # --quick, one round of one cycle
+        args.rounds, args.cycles, args.prefix_tokens = 1, 1, 256
         args.others, args.other_tokens = 6, 128
     torch.set_num_threads(args.threads)
     block_size = 16

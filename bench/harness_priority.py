@@ -49,6 +49,7 @@ from typing import Any
 
 import torch
 
+from _common import add_smoke_flag, smoke
 from yieldgate._stats import percentile
 from yieldgate.harness.engine import Engine, EngineConfig
 from yieldgate.harness.scheduler import SchedulerConfig
@@ -202,9 +203,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--json", help="also write the results to this file")
+    add_smoke_flag(parser)
     args = parser.parse_args(argv)
     if args.quick:
         args.duration, args.drain, args.rounds = 5.0, 5.0, 1
+    if smoke(args):
+        args.duration, args.drain, args.rounds = 1.0, 1.0, 1
     torch.set_num_threads(1)
 
     arrivals = trace(args)

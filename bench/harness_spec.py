@@ -34,11 +34,12 @@ import sys
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import torch
 
+from _common import add_smoke_flag, smoke
 from yieldgate._stats import percentile
 from yieldgate.harness import Engine, EngineConfig, SamplingParams, SchedulerConfig
 from yieldgate.harness.speculative import SpeculativeConfig
@@ -165,9 +166,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--device", default="auto", help="auto, cpu or cuda")
     parser.add_argument("--quick", action="store_true", help="1 round of 48 tokens (a smoke run)")
     parser.add_argument("--json", help="also write the results to this file")
+    add_smoke_flag(parser)
     args = parser.parse_args(argv)
     if args.quick:
         args.rounds, args.max_tokens = 1, 48
+    if smoke(args):  # and drafts distilled in a few steps
+        args.rounds, args.max_tokens, args.streams = 1, 16, "1,2"
+        short = {"distill_steps": 20, "distill_sequences": 4, "distill_tokens": 16}
+        for name, spec in SETTINGS.items():
+            SETTINGS[name] = None if spec is None else replace(spec, **short)
     concurrency = [int(n) for n in args.streams.split(",")]
     torch.set_num_threads(args.threads)
 

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 
 import anyio
 
+from _common import add_smoke_flag, smoke
 from yieldgate import Gate, GatePolicy, GovernedClient, HedgePolicy
 from yieldgate.burst import Percentiles
 from yieldgate.gate import NullInstrumentation
@@ -111,13 +112,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--tail-ms", type=int, default=1000)
     parser.add_argument("--seed", type=int, default=7)
+    add_smoke_flag(parser)
     args = parser.parse_args(argv)
+    slow_ms = 1500
+    if smoke(args):  # a few calls, shorter slow executions
+        args.calls, args.concurrency, args.tail_ms, slow_ms = 40, 8, 200, 200
 
     results: list[Result] = []
     observed = HedgePolicy(quantile=0.95, max_hedges=2, initial_delay_s=0.1)
     scenarios = [
         ("tail", [f"--exec-mix 20:0.9,{args.tail_ms}:0.1"], observed),
-        ("slow+fast", ["--exec-mix 20:0.5,1500:0.5", "--exec-ms 20"], HedgePolicy.fixed(0.1)),
+        ("slow+fast", [f"--exec-mix 20:0.5,{slow_ms}:0.5", "--exec-ms 20"], HedgePolicy.fixed(0.1)),
     ]
     for scenario, server_args, hedge in scenarios:
         for mode, policy in (("unhedged", None), ("hedged", hedge)):

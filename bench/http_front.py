@@ -53,6 +53,7 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import Any, cast
 
+from _common import add_smoke_flag, smoke
 from yieldgate.protocol import encode_frame, stats_frame, submit_frame
 from yieldgate.server import ServerProcess, spawn
 
@@ -269,7 +270,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--load-pid", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--bare-parser", help=argparse.SUPPRESS)
     ap.add_argument("--bare-reply", help=argparse.SUPPRESS)
+    add_smoke_flag(ap)
     args = ap.parse_args(argv)
+    if smoke(args) and args.load_port is None and args.bare_parser is None:
+        args.connections, args.seconds, args.rounds = 20, 0.5, 1
     if args.load_port is not None:
         runner = asyncio.run
         with contextlib.suppress(ImportError):

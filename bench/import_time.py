@@ -20,6 +20,8 @@ import statistics
 import subprocess
 import sys
 
+from _common import add_smoke_flag, smoke
+
 MODULES = ["yieldgate", "openai", "huggingface_hub", "httpx", "tenacity"]
 HEAVY = ["redis", "opentelemetry.sdk", "torch", "starlette", "uvicorn", "rich", "matplotlib"]
 LINE = re.compile(r"import time:\s+\d+ \|\s+(\d+) \| (\S+)$")
@@ -41,7 +43,10 @@ def import_us(module: str, env: dict[str, str]) -> int:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=15)
+    add_smoke_flag(parser)
     args = parser.parse_args()
+    if smoke(args):
+        args.rounds = 1
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
     for module in MODULES:  # writes the bytecode: a pip install compiles it too
         import_us(module, env)

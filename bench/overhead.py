@@ -26,6 +26,7 @@ Run it (from the repository root)::
 
     .venv/bin/python bench/overhead.py
     .venv/bin/python bench/overhead.py --calls 200000 --rounds 5
+    .venv/bin/python bench/overhead.py --smoke   # seconds: does it still run?
 """
 
 from __future__ import annotations
@@ -38,8 +39,9 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 
 import anyio
-from tenacity import AsyncRetrying, Retrying, stop_after_attempt, wait_exponential_jitter
+from tenacity import AsyncRetrying, Retrying, stop_after_attempt
 
+from _common import add_smoke_flag, exponential_jitter, smoke
 from yieldgate import Gate
 from yieldgate.gate import NullInstrumentation
 
@@ -64,9 +66,7 @@ async def time_calls(call: Callable[[], Awaitable[object]], calls: int) -> float
 
 
 async def measure(calls: int, rounds: int) -> dict[str, float]:
-    retrying = AsyncRetrying(
-        stop=stop_after_attempt(3), wait=wait_exponential_jitter(multiplier=0.1, max=5)
-    )
+    retrying = AsyncRetrying(stop=stop_after_attempt(3), wait=exponential_jitter(0.1, 5))
     gate = Gate(name="bench")
     quiet = Gate(name="bench-quiet", instrumentation=NullInstrumentation())
     contenders: dict[str, Callable[[], Awaitable[object]]] = {
@@ -91,9 +91,7 @@ def time_sync_calls(call: Callable[[], object], calls: int) -> float:
 
 
 def measure_sync(calls: int, rounds: int) -> dict[str, float]:
-    retrying = Retrying(
-        stop=stop_after_attempt(3), wait=wait_exponential_jitter(multiplier=0.1, max=5)
-    )
+    retrying = Retrying(stop=stop_after_attempt(3), wait=exponential_jitter(0.1, 5))
     gate = Gate(name="bench-sync")
     quiet = Gate(name="bench-sync-quiet", instrumentation=NullInstrumentation())
     contenders: dict[str, Callable[[], object]] = {
@@ -126,7 +124,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--calls", type=int, default=100_000, help="calls per measurement")
     parser.add_argument("--rounds", type=int, default=3, help="rounds; the best one counts")
+    add_smoke_flag(parser)
     args = parser.parse_args(argv)
+    if smoke(args):
+        args.calls, args.rounds = 2_000, 1
 
     best = anyio.run(measure, args.calls, args.rounds)
     print(

@@ -42,6 +42,7 @@ import httpx2  # noqa: E402
 
 import yieldgate  # noqa: E402
 import yieldgate.gate._gate  # noqa: E402
+from _common import add_smoke_flag, smoke  # noqa: E402
 from tests.vtime import VirtualTimeLoop  # noqa: E402
 from tests.zoo.burst import bound_s, fire, jobs, official, zoo  # noqa: E402
 from tests.zoo.conftest import _loop  # noqa: E402
@@ -114,7 +115,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--only", nargs="*", help="providers to run (default: all)")
     parser.add_argument("--json", type=Path, help="write every run's numbers here")
+    add_smoke_flag(parser)
     args = parser.parse_args(argv)
+    if smoke(args):
+        args.calls, args.rounds = 10, 1
     # Gates read the loop's (virtual) clock, as in the tests.
     yieldgate.gate._gate.default_clock = anyio.current_time  # type: ignore[attr-defined]
     names = args.only or [s.name for s in specs(quotas([(1, 1)]))]

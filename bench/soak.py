@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 import anyio
 
 import yieldgate
+from _common import add_smoke_flag, smoke
 from yieldgate.server import spawn
 
 MAX_INFLIGHT = 8
@@ -124,7 +125,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--warmup", type=float, default=3.0, help="seconds before the first sample")
     parser.add_argument("--factor", type=int, default=3, help="client tasks per server slot")
     parser.add_argument("--sample-s", type=float, default=10.0)
+    add_smoke_flag(parser)
     args = parser.parse_args(argv)
+    if smoke(args):
+        args.duration, args.warmup, args.factor, args.sample_s = 2.0, 0.5, 1, 1.0
 
     with spawn("--max-inflight", str(MAX_INFLIGHT), "--exec-ms", "20", "--grace-s", "0") as server:
         samples, tally = anyio.run(soak, args, server.pid, server.url)

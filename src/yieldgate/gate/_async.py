@@ -184,10 +184,9 @@ class _Driver:
 
     async def admit(self, attempt: Attempt) -> bool:
         """Wait for what ``attempt`` needs (``admission.admit``); whether it waited.
-        (The common case is admitted and sent at once, ``admission.send_now``.)"""
+        (The common case is admitted and sent at once, ``admission.send_now``, which
+        ``round`` tries first, without this coroutine.)"""
         call = self.call
-        if admission.send_now(call, attempt):
-            return False
         if self.core.shared is not None:
             await flush(self.core)
         call.signal = AsyncSignal()
@@ -277,7 +276,7 @@ class _Driver:
         call = self.call
         attempt = call.attempt()
         try:
-            waited = await self.admit(attempt)
+            waited = False if admission.send_now(call, attempt) else await self.admit(attempt)
             if call.hedge is None or call.hedging_off:
                 return await self.send(attempt, waited)
             return await hedged_round(call, attempt, waited, self.send, drive)
@@ -296,19 +295,15 @@ class _Driver:
             with self.core.lock:
                 self.core.counters.waited_s += clock() - started
 
-    async def run(self) -> Any:
-        # No scope spans the whole call: attempts carry the deadline in their own
-        # scope, waits get one only when they must wait, and a retry wait that
-        # would pass the deadline is never started.
-        call = self.call
-        outcome = await self.round()
-        if needs_retry(outcome):
-            strategies = Strategies(call)
-            wait = strategies.first_wait(outcome)
-            if wait is not None:
-                await self.sleep(wait)
-                outcome = await strategies.async_retrying(self.sleep)(self.round)
-        return call.finish(outcome)
+    async def retry(self, outcome: Outcome) -> Outcome:
+        """The call's retries after ``outcome`` (tenacity's loop asks the core)."""
+        strategies = Strategies(self.call)
+        wait = strategies.first_wait(outcome)
+        if wait is None:
+            return outcome
+        await self.sleep(wait)
+        retried: Outcome = await strategies.async_retrying(self.sleep)(self.round)
+        return retried
 
 
 async def run(
@@ -322,7 +317,13 @@ async def run(
     driver = _Driver(call, fn, args, classify, discard)
     handed = False
     try:
-        value = await driver.run()
+        # No scope spans the whole call: attempts carry the deadline in their own
+        # scope, waits get one only when they must wait, and a retry wait that
+        # would pass the deadline is never started.
+        outcome = await driver.round()
+        if needs_retry(outcome):
+            outcome = await driver.retry(outcome)
+        value = call.finish(outcome)
         handed = True  # a held slot's Lease: the caller's to hand out (``_not_handed``)
         return value
     finally:

@@ -96,8 +96,9 @@ class AttemptInfo:
 
 def current_task() -> object:
     """The running asyncio or trio task, else the running thread: where a call runs."""
-    if asyncio._get_running_loop() is not None:
-        return asyncio.current_task()
+    loop = asyncio._get_running_loop()
+    if loop is not None:
+        return asyncio.current_task(loop)  # the loop given: not looked up a second time
     trio = sys.modules.get("trio")
     if trio is not None and trio.lowlevel.in_trio_task():
         return trio.lowlevel.current_task()

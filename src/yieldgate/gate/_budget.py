@@ -34,12 +34,9 @@ class RetryBudget:
         # Set on first use: the clock may need a running event loop.
         self._epoch: int | None = None
 
-    def _bucket_epoch(self, now: float) -> int:
-        return int(now // self._width)
-
     def _roll(self, now: float | None = None) -> int:
         """Clear buckets that fell out of the window; return the current bucket index."""
-        epoch = self._bucket_epoch(self._clock() if now is None else now)
+        epoch = int((self._clock() if now is None else now) // self._width)
         if self._epoch is None:
             self._epoch = epoch
         gap = epoch - self._epoch

@@ -32,6 +32,7 @@ from yieldgate._exceptions import (
     RequestTooLargeError,
     YieldgateError,
 )
+from yieldgate.gate._breaker import Verdict
 from yieldgate.gate._core import GateCore, Held
 from yieldgate.gate._decide import decide
 from yieldgate.gate._lease import Lease
@@ -282,10 +283,20 @@ class CallState:
                 attempt.give_back(now)
             core.after_lock()
             return False
-        spent = outcome is not None and bool(self._quota_scope(outcome))
-        signal, verdict, error = judge(
-            outcome, cut=cut, slow=lambda: self._slow(up, attempt, now), spent=spent
-        )
+        if (
+            outcome is not None
+            and outcome.kind is OutcomeKind.OK
+            and outcome.error is None
+            and outcome.reason is None
+        ):
+            # A plain success (most attempts): what ``judge`` says of it, without
+            # building its questions.
+            signal, verdict, error = Signal.SUCCESS, Verdict.SUCCESS, None
+        else:
+            spent = outcome is not None and bool(self._quota_scope(outcome))
+            signal, verdict, error = judge(
+                outcome, cut=cut, slow=lambda: self._slow(up, attempt, now), spent=spent
+            )
         details = None
         with core.lock:
             if attempt.ended:  # pragma: no cover - ended by another path meanwhile
@@ -314,7 +325,7 @@ class CallState:
                 up.latency.record_at_least(now - attempt.started)
             attempt.give_back(now, signal, verdict, error)
             if outcome is not None:
-                details = self._note(outcome, attempt, now)
+                details = self._note(outcome, attempt, up, now)
         if core.events:
             core.deliver()
         if details is not None:
@@ -357,9 +368,10 @@ class CallState:
         call that names a model or a deployment); ``""``: none, or the upstream's."""
         return self.cost.scope if outcome.reason in ("rate_limited", "daily_quota") else ""
 
-    def _note(self, outcome: Outcome, attempt: Attempt, now: float) -> AttemptDetails | None:
+    def _note(
+        self, outcome: Outcome, attempt: Attempt, up: Upstream, now: float
+    ) -> AttemptDetails | None:
         core = self.core
-        up = attempt.upstream
         self.last = outcome
         self.last_upstream = up
         if outcome.hint_s is not None:

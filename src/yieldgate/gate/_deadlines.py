@@ -175,10 +175,19 @@ _LOOPS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Deadlines] = (
 )
 
 
+# The table last used, weakly: most attempts run on the loop the last one ran on.
+_last: weakref.ref[_Deadlines] | None = None
+
+
 def add(when: float, task: asyncio.Task[Any]) -> Deadline:
     """Cancel ``task`` at ``when`` (its loop's time) unless the deadline is ``done`` first."""
+    global _last
     loop = task.get_loop()
+    last = None if _last is None else _last()
+    if last is not None and last.loop() is loop:
+        return last.add(when, task)
     deadlines = _LOOPS.get(loop)
     if deadlines is None:
         deadlines = _LOOPS[loop] = _Deadlines(loop)
+    _last = weakref.ref(deadlines)
     return deadlines.add(when, task)

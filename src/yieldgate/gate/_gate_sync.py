@@ -25,6 +25,7 @@ import contextlib
 import inspect
 import sys
 import threading
+import types
 import warnings
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar, TypeVarTuple
@@ -105,6 +106,12 @@ def _named(fn: Callable[..., Any]) -> str:
 
 def refuse_coroutine_function(gate: str, what: str, fn: Callable[..., Any]) -> None:
     """``TypeError`` (one line) for an ``async def`` handed to a sync call."""
+    if (
+        type(fn) is types.FunctionType
+        and not fn.__code__.co_flags & inspect.CO_COROUTINE
+        and not fn.__dict__  # no marker (inspect.markcoroutinefunction), no attributes
+    ):
+        return  # a plain def (most calls): inspect's answer, without its unwrapping
     if inspect.iscoroutinefunction(fn):
         raise TypeError(
             f"gate {gate!r}: {what}({_named(fn)}) got an async function, whose call "

@@ -357,7 +357,10 @@ class OtelInstrumentation:
 
     def start_call(self, gate: str, priority: str) -> CallObserver:
         """Opens the call's ``yieldgate.call`` span (when a tracing SDK records it)."""
-        tracing, metering = self._liveness()
+        if time.monotonic() < self._recheck_at:  # _liveness's answer, kept (inline)
+            tracing, metering = self._live
+        else:
+            tracing, metering = self._liveness()
         if tracing:
             span = self._tracer.start_span(
                 "yieldgate.call",
