@@ -145,7 +145,12 @@ def fairness(runs: Sequence[dict[str, Any]]) -> float:
     (the client's first request) and on a busy machine one gets through it a few
     hundred milliseconds before the others: it rightly has the whole fleet to
     itself until they ask (an idle member holds nothing back), and what it
-    completed before then says nothing about how the fleet shares.
+    completed before then says nothing about how the fleet shares. On a machine
+    busy enough, it completes nearly its whole burst in that time (the quota's
+    first bucket holds more than one member's burst), and has little left to ask
+    for: each index is taken over the members that still had calls to complete
+    after its span (a member favoured over the others shows in the spans before
+    its burst ran out).
     """
     counts = shares(runs)
     return min(jain(c) for c in counts) if counts else 0.0
@@ -153,16 +158,19 @@ def fairness(runs: Sequence[dict[str, Any]]) -> float:
 
 def shares(runs: Sequence[dict[str, Any]]) -> list[list[int]]:
     """What ``fairness`` rates: per quarter, half and three quarters of the shared time,
-    the requests each member completed in it (``[]`` when a member completed none); a
-    failed fairness check prints them, with each member's first completion."""
+    the requests completed in it by each member that still had calls to complete after
+    it (``[]`` when a member completed none); a failed fairness check prints them, with
+    each member's first completion."""
     if not all(run["done"] for run in runs):
         return []
     begin = max(run["done"][0] for run in runs)
     end = max(run["makespan"] for run in runs)
-    return [
-        [sum(1 for t in run["done"] if begin < t <= begin + (end - begin) * q) for run in runs]
-        for q in (0.25, 0.5, 0.75)
-    ]
+    counts = []
+    for q in (0.25, 0.5, 0.75):
+        until = begin + (end - begin) * q
+        wanting = [run for run in runs if run["done"][-1] > until]
+        counts.append([sum(1 for t in run["done"] if begin < t <= until) for run in wanting])
+    return counts
 
 
 def jobs(requests: int, seed: int) -> list[tuple[str, int]]:
