@@ -148,7 +148,12 @@ def _finalizing(frame: FrameType | None) -> bool:
     """Whether ``frame`` runs in a finalizer (a dropped ``Lease``'s, ``GateCore.orphan``)
     or a garbage collection's callback (``_dropped``'s): what a signal's handler raises
     there is not raised to anyone (Python reports it as unraisable and drops it), so an
-    interrupt cannot land there."""
+    interrupt cannot land there. Any code a collection runs is such a finalizer: a
+    coroutine of an earlier run, left in a garbage cycle and closed by a collection in
+    this one (the Gate's own, for a waiting caller), runs its ``finally`` blocks
+    there (seen on 3.13: its lines counted, the interrupt raised in it and dropped)."""
+    if _dropped.in_collection():
+        return True
     for _ in range(4):
         if frame is None:
             return False
@@ -160,6 +165,7 @@ def _finalizing(frame: FrameType | None) -> bool:
 
 # The Gate's garbage-collection callbacks (run by the interpreter, like a finalizer).
 _GC_CALLBACKS = frozenset({_dropped._on_collection.__code__})
+_dropped.watch_collections()  # so that ``in_collection`` tells, from the first run
 
 
 def in_tasks(tasks: set[asyncio.Task[Any]]) -> Callable[[], bool]:
