@@ -33,7 +33,7 @@ from yieldgate.gate._core import GateCore, default_clock, unique_name
 from yieldgate.gate._gate_async import AsyncCalls
 from yieldgate.gate._gate_sync import SyncCalls
 from yieldgate.gate._lease import Lease
-from yieldgate.gate._outcome import Classifier, default_classify
+from yieldgate.gate._outcome import Classifier, callable_name, default_classify
 from yieldgate.gate._policy import USE_POLICY, GatePolicy
 from yieldgate.gate._shared import Shared
 from yieldgate.gate._statistics import GateStatistics
@@ -295,7 +295,7 @@ class Gate(AsyncCalls, SyncCalls):
                             close()  # never run: it would run outside the Gate
                         refusal.append(
                             TypeError(
-                                f"gate.wrap({_name(f)}): calling it returned "
+                                f"gate.wrap({callable_name(f)}): calling it returned "
                                 f"{type(value).__name__}, an awaitable a sync call cannot "
                                 "govern; make it an async def (or give wrap an object whose "
                                 "__call__ is async def)"
@@ -324,7 +324,3 @@ def _is_async(f: Any) -> bool:
         return True
     call = inspect.getattr_static(type(f), "__call__", None)
     return not inspect.isfunction(f) and inspect.iscoroutinefunction(call)
-
-
-def _name(f: Any) -> str:
-    return getattr(f, "__qualname__", None) or type(f).__name__

@@ -36,7 +36,7 @@ from yieldgate.gate._attempt import current_task
 from yieldgate.gate._call import CallState
 from yieldgate.gate._calls import GateBase, Timeout
 from yieldgate.gate._lease import Lease
-from yieldgate.gate._outcome import Classifier
+from yieldgate.gate._outcome import Classifier, callable_name
 from yieldgate.gate._policy import USE_POLICY
 from yieldgate.gate._quota import Cost
 from yieldgate.gate._telemetry import NULL_OBSERVER, observed
@@ -100,10 +100,6 @@ def blocking_here() -> bool:
     return True
 
 
-def _named(fn: Callable[..., Any]) -> str:
-    return getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or repr(fn)
-
-
 def refuse_coroutine_function(gate: str, what: str, fn: Callable[..., Any]) -> None:
     """``TypeError`` (one line) for an ``async def`` handed to a sync call."""
     if (
@@ -114,8 +110,8 @@ def refuse_coroutine_function(gate: str, what: str, fn: Callable[..., Any]) -> N
         return  # a plain def (most calls): inspect's answer, without its unwrapping
     if inspect.iscoroutinefunction(fn):
         raise TypeError(
-            f"gate {gate!r}: {what}({_named(fn)}) got an async function, whose call "
-            f"would only make a coroutine: use `await gate.call({_named(fn)}, ...)`"
+            f"gate {gate!r}: {what}({callable_name(fn)}) got an async function, whose call "
+            f"would only make a coroutine: use `await gate.call({callable_name(fn)}, ...)`"
         )
 
 
@@ -137,7 +133,7 @@ class SyncCalls(GateBase):
     def _refuse_in_loop(self, what: str, fn: Callable[..., Any]) -> None:
         """``BlockingCallError`` where a sync call would block a loop."""
         if blocking_here():
-            name = _named(fn)
+            name = callable_name(fn)
             raise BlockingCallError(
                 f"gate {self.name!r}: {what}({name}) would block this thread's running "
                 f"event loop: use `await gate.{what.removesuffix('_sync')}({name}, ...)` "

@@ -41,6 +41,7 @@ __all__ = [
     "Outcome",
     "OutcomeKind",
     "OutcomeSignal",
+    "callable_name",
     "checked",
     "default_classify",
     "sanitize_hint_s",
@@ -300,12 +301,13 @@ def checked(classify: Classifier, value: Any, error: BaseException | None) -> Ou
     if type(outcome) is Outcome or isinstance(outcome, Outcome):
         return outcome
     raise TypeError(
-        f"a classifier must return an Outcome, but {_name(classify)} returned "
+        f"a classifier must return an Outcome, but {callable_name(classify)} returned "
         f"{type(outcome).__name__} {outcome!r:.80}"
     ) from error
 
 
-def _name(fn: Any) -> str:
+def callable_name(fn: Any) -> str:
+    """How a message names a function the user handed over."""
     return getattr(fn, "__qualname__", None) or type(fn).__name__
 
 
