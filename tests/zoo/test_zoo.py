@@ -28,16 +28,26 @@ CALLS = 60
 BURST = jobs(CALLS, seed=7)
 
 
-@pytest.mark.parametrize("spec", zoo(BURST), ids=lambda spec: spec.name)
-async def test_a_burst_through_a_default_gate(spec: Spec) -> None:
+async def burst(spec: Spec) -> tuple[Fake, list[BaseException], float]:
+    """``BURST`` through a default Gate and the provider's official client: its fake,
+    the errors and the makespan."""
     fake = Fake(spec, anyio.current_time, httpx2)
     gate = Gate(name=f"zoo-{spec.name}")
     inner = httpx2.MockTransport(fake.handle)
     client = official(
         spec, yieldgate.http_client(gate, dialect=spec.dialect, inner=inner), max_retries=0
     )
-    errors, makespan = await fire(spec, client, BURST)
-    await client.close()
+    try:
+        errors, makespan = await fire(spec, client, BURST)
+    finally:
+        await client.close()
+        await gate.aclose()
+    return fake, errors, makespan
+
+
+@pytest.mark.parametrize("spec", zoo(BURST), ids=lambda spec: spec.name)
+async def test_a_burst_through_a_default_gate(spec: Spec) -> None:
+    fake, errors, makespan = await burst(spec)
     assert errors == [], errors[:3]
     assert fake.served == CALLS
     bound = bound_s(spec, BURST)
@@ -46,7 +56,6 @@ async def test_a_burst_through_a_default_gate(spec: Spec) -> None:
         assert makespan <= 1.25 * bound, (makespan, bound, fake.refused)
     else:  # the window and the hints alone
         assert makespan <= 2.0 * bound, (makespan, bound, fake.refused)
-    await gate.aclose()
 
 
 @pytest.mark.parametrize("skew_s", [-2.0, -0.3, -0.02, 0.3, 2.0])
@@ -59,15 +68,7 @@ async def test_resets_on_the_wall_clock_pace_as_well_when_the_clocks_disagree(
     much. Pacing must not hang on them (a 20 ms skew once cost Anthropic 3 429s in 60)."""
     monkeypatch.setattr(providers, "wall", lambda: time.time() + skew_s)
     (spec,) = [spec for spec in zoo(BURST) if spec.name == name]
-    fake = Fake(spec, anyio.current_time, httpx2)
-    gate = Gate(name=f"zoo-skew-{spec.name}")
-    inner = httpx2.MockTransport(fake.handle)
-    client = official(
-        spec, yieldgate.http_client(gate, dialect=spec.dialect, inner=inner), max_retries=0
-    )
-    errors, makespan = await fire(spec, client, BURST)
-    await client.close()
-    await gate.aclose()
+    fake, errors, makespan = await burst(spec)
     assert errors == [], errors[:3]
     assert fake.refused <= 0.02 * CALLS, (fake.refused, makespan)
     assert makespan <= 1.25 * bound_s(spec, BURST), (makespan, fake.refused)
