@@ -41,6 +41,7 @@ from tests.gate.interrupts import InterruptAt, answer, own_lock, strides, until
 from yieldgate import (
     Gate,
     GatePolicy,
+    Outcome,
     Priority,
     QuotaPolicy,
     WindowPolicy,
@@ -219,6 +220,68 @@ def sweep(entry: Entry, *, quota: bool = False, every: int = 1) -> int:
 @pytest.mark.parametrize("quota", [False, True], ids=["plain", "quota"])
 def test_call_sync_survives_an_interrupt_at_any_line(quota: bool) -> None:
     assert sweep(call_sync, quota=quota) > 50  # admission, the attempt, its end
+
+
+def express(gate: Gate, received: list[bool]) -> Any:
+    return gate.call_sync(answer)  # the policy's timeout, no cost: the express lane
+
+
+def retried(gate: Gate, received: list[bool]) -> Any:
+    """A first answer that is not a plain success: the express lane hands its attempt
+    to a call, which retries (the backoff slept at once)."""
+    answers = iter([Outcome.retryable(TimeoutError("slow")), "ok"])
+    gate._timer = Instant()
+    return gate.call_sync(lambda: next(answers))
+
+
+class Instant(Timer):
+    def sleep(self, seconds: float) -> None:
+        pass
+
+
+def free(gate: Gate, n: int, entry: Entry) -> tuple[InterruptAt, list[Any], list[bool]]:
+    """``entry`` run in a thread with its slot free, interrupted at its ``n``-th line."""
+    tracer = InterruptAt(gate, n)
+    outcome: list[Any] = []
+    received: list[bool] = []
+
+    def caller() -> None:
+        sys.settrace(tracer)
+        try:
+            outcome.append(entry(gate, received))
+        except BaseException as exc:  # the interrupt, raised to the caller
+            outcome.append(exc)
+        finally:
+            sys.settrace(None)
+            if current_attempt() is not None:
+                outcome.append(f"left current: {current_attempt()!r}")
+
+    thread = threading.Thread(target=caller)
+    thread.start()
+    thread.join(30)
+    assert not thread.is_alive()
+    return tracer, outcome, received
+
+
+@pytest.mark.parametrize("entry", [express, retried])
+def test_the_express_lane_survives_an_interrupt_at_any_line(entry: Entry) -> None:
+    """A call of the plain shape with its slot free goes by the express lane (its first
+    attempt made and ended without a ``CallState``); one whose answer is not a plain
+    success is handed to a call midway. An interrupt at any of their lines strands
+    nothing, and the calls that ended are all counted."""
+    counted = None
+    for _ in range(2):
+        gate = build(0, quota=False)
+        counted, outcome, _ = free(gate, 0, entry)
+        check(gate, counted, outcome, [], "not interrupted")
+    assert counted is not None
+    for n in range(1, counted.lines + 1):
+        gate = build(n, quota=False)
+        tracer, outcome, received = free(gate, n, entry)
+        assert tracer.fired, f"line {n} of {counted.lines} never reached"
+        check(gate, tracer, outcome, received, f"interrupted at line {n} of {counted.lines}")
+        stats = gate.statistics()
+        assert stats.calls_ok + stats.calls_failed <= stats.calls
 
 
 @pytest.mark.parametrize("quota", [False, True], ids=["plain", "quota"])

@@ -15,6 +15,7 @@ sync ones (test_interrupts.check).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -24,7 +25,7 @@ import pytest
 
 from tests.gate.interrupts import InterruptAt, answer, strides
 from tests.gate.test_interrupts import BODY, URL, build, check
-from yieldgate import Gate, http_client
+from yieldgate import Gate, Outcome, http_client
 
 pytestmark = pytest.mark.counters_may_drift
 
@@ -142,6 +143,78 @@ def sweep(entry: AsyncEntry, *, quota: bool = False, every: int = 1) -> int:
 @pytest.mark.parametrize("quota", [False, True], ids=["plain", "quota"])
 def test_call_survives_an_interrupt_at_any_line(quota: bool) -> None:
     assert sweep(call, quota=quota) > 50
+
+
+async def express(gate: Gate, received: list[bool]) -> Any:
+    return await gate.call(async_answer)  # the policy's timeout, no cost: the express lane
+
+
+async def retried(gate: Gate, received: list[bool]) -> Any:
+    """A first answer that is not a plain success: handed to a call, which retries."""
+    answers = iter([Outcome.retryable(TimeoutError("slow")), "ok"])
+
+    async def answer_next() -> Any:
+        return next(answers)
+
+    return await gate.call(answer_next)
+
+
+def free(gate: Gate, n: int, entry: AsyncEntry) -> tuple[InterruptAt, list[Any], list[bool]]:
+    """``entry`` run as a task of its own under ``asyncio.run``, its slot free,
+    interrupted at the ``n``-th line of watched code that task runs."""
+    outcome: list[Any] = []
+    received: list[bool] = []
+    main: list[asyncio.Task[Any]] = []
+
+    def traced() -> bool:
+        try:
+            task = asyncio.current_task()
+        except RuntimeError:  # no loop running
+            return False
+        return task is not None and task not in main
+
+    tracer = InterruptAt(gate, n, only=traced)
+
+    async def run() -> Any:
+        main.append(asyncio.current_task())  # type: ignore[arg-type]
+        return await asyncio.create_task(entry(gate, received))
+
+    sys.settrace(tracer)
+    try:
+        outcome.append(asyncio.run(run()))
+    except BaseException as exc:  # the interrupt, out of the loop
+        outcome.append(exc)
+    finally:
+        sys.settrace(None)
+        main.clear()
+    return tracer, outcome, received
+
+
+@pytest.mark.parametrize("entry", [express, retried])
+def test_the_express_lane_survives_an_interrupt_at_any_line(entry: AsyncEntry) -> None:
+    """As the sync lane's sweep (test_interrupts.py): a call that takes the lane, and
+    one handed to a call midway, strand nothing whatever line is interrupted."""
+    counted = None
+    for _ in range(2):
+        gate = quick(0)
+        counted, outcome, _ = free(gate, 0, entry)
+        check(gate, counted, outcome, [], "not interrupted")
+    assert counted is not None
+    for n in range(1, counted.lines + 1):
+        gate = quick(n)
+        tracer, outcome, received = free(gate, n, entry)
+        assert tracer.fired, f"line {n} of {counted.lines} never reached"
+        check(gate, tracer, outcome, received, f"interrupted at line {n} of {counted.lines}")
+
+
+def quick(n: int) -> Gate:
+    """``build``'s Gate, its retries' backoff a millisecond (the sweep waits it out)."""
+    gate = build(n, quota=False)
+    policy = gate.policy
+    gate.policy = gate._core.policy = dataclasses.replace(
+        policy, retry=dataclasses.replace(policy.retry, base_s=0.001, max_backoff_s=0.001)
+    )
+    return gate
 
 
 @pytest.mark.parametrize("quota", [False, True], ids=["plain", "quota"])

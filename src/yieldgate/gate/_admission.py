@@ -455,5 +455,4 @@ def send_now(call: CallState, attempt: Attempt) -> bool:
         attempt.permit = permit
         attempt.ticket = ticket
         call.sent(attempt, now)
-    call.timed(attempt, now)
     return True

@@ -27,15 +27,16 @@ from typing import Any
 import anyio
 
 from yieldgate.gate import _admission as admission
-from yieldgate.gate import _deadlines
+from yieldgate.gate import _deadlines, _express
 from yieldgate.gate._attempt import CURRENT, current_task
-from yieldgate.gate._call import CallState
+from yieldgate.gate._call import CallState, attempt_timed_out
 from yieldgate.gate._core import GateCore
 from yieldgate.gate._hedge import hedged_round
 from yieldgate.gate._ledger import Attempt
 from yieldgate.gate._outcome import Classifier, Outcome, checked
 from yieldgate.gate._retrying import Strategies, needs_retry
 from yieldgate.gate._shared import GRANTS, FleetOp
+from yieldgate.protocol import Priority
 
 __all__ = ["AsyncSignal", "drive", "run"]
 
@@ -207,7 +208,9 @@ class _Driver:
                 # Inside the ``try``: an interrupt on the next line must not leave the
                 # attempt current in the caller's context.
                 token = CURRENT.set(attempt)
-                outcome, cut = await self._bounded(attempt)
+                outcome, cut = await bounded(
+                    core, attempt, self.fn, self.args, self.classify, self.discard
+                )
             finally:
                 if token is not None:
                     CURRENT.reset(token)
@@ -223,52 +226,6 @@ class _Driver:
             # open stream, say) is closed, never returned.
             with anyio.CancelScope(shield=True):
                 await self.discard(outcome.value)
-        return outcome
-
-    async def _bounded(self, attempt: Attempt) -> tuple[Outcome | None, bool]:
-        """The attempt under its deadline: its outcome, and whether the call's own
-        deadline cut it (then ``None``)."""
-        deadline = attempt.deadline
-        if deadline is None:
-            return await self._invoke(), False
-        call, core = self.call, self.core
-        task = attempt.task
-        if isinstance(task, asyncio.Task):
-            # One timer per loop for every attempt's deadline (see _deadlines).
-            when = task.get_loop().time() + (deadline - core.clock())
-            entry = _deadlines.add(when, task)
-            try:
-                outcome = await self._invoke()
-            except asyncio.CancelledError:
-                if not entry.timed_out() and not _scope_redelivers(entry):
-                    raise
-                timed = call.timed_out(attempt)
-                return timed, timed is None
-            else:
-                if entry.fired:  # the attempt swallowed its cancellation
-                    task.uncancel()
-            finally:
-                entry.done()
-            return outcome, False
-        with anyio.CancelScope(deadline=anyio.current_time() + (deadline - core.clock())) as scope:
-            outcome = await self._invoke()
-        if scope.cancelled_caught:
-            timed = call.timed_out(attempt)
-            return timed, timed is None
-        return outcome, False
-
-    async def _invoke(self) -> Outcome:
-        try:
-            value = await self.fn(*self.args)
-        except Exception as exc:
-            return checked(self.classify, None, exc)
-        try:
-            outcome: Outcome = checked(self.classify, value, None)
-        except BaseException:
-            if self.discard is not None and value is not None:
-                with anyio.CancelScope(shield=True):
-                    await self.discard(value)
-            raise
         return outcome
 
     async def round(self) -> Outcome:
@@ -306,21 +263,117 @@ class _Driver:
         return retried
 
 
+async def bounded(
+    core: GateCore,
+    attempt: Attempt,
+    fn: AsyncFn,
+    args: tuple[Any, ...],
+    classify: Classifier,
+    discard: AsyncDiscard | None,
+) -> tuple[Outcome | None, bool]:
+    """A sent attempt under its deadline: its outcome, and whether the call's own
+    deadline cut it (then ``None``)."""
+    deadline = attempt.deadline
+    if deadline is None:
+        return await _invoke(fn, args, classify, discard), False
+    task = attempt.task
+    if isinstance(task, asyncio.Task):
+        # One timer per loop for every attempt's deadline (see _deadlines).
+        when = task.get_loop().time() + (deadline - core.clock())
+        entry = _deadlines.add(when, task)
+        try:
+            outcome = await _invoke(fn, args, classify, discard)
+        except asyncio.CancelledError:
+            if not entry.timed_out() and not _scope_redelivers(entry):
+                raise
+            timed = attempt_timed_out(core, attempt)
+            return timed, timed is None
+        else:
+            if entry.fired:  # the attempt swallowed its cancellation
+                task.uncancel()
+        finally:
+            entry.done()
+        return outcome, False
+    with anyio.CancelScope(deadline=anyio.current_time() + (deadline - core.clock())) as scope:
+        outcome = await _invoke(fn, args, classify, discard)
+    if scope.cancelled_caught:
+        timed = attempt_timed_out(core, attempt)
+        return timed, timed is None
+    return outcome, False
+
+
+async def _invoke(
+    fn: AsyncFn, args: tuple[Any, ...], classify: Classifier, discard: AsyncDiscard | None
+) -> Outcome:
+    try:
+        value = await fn(*args)
+    except Exception as exc:
+        return checked(classify, None, exc)
+    try:
+        outcome: Outcome = checked(classify, value, None)
+    except BaseException:
+        if discard is not None and value is not None:
+            with anyio.CancelScope(shield=True):
+                await discard(value)
+        raise
+    return outcome
+
+
+async def express(
+    core: GateCore, fn: AsyncFn, args: tuple[Any, ...], priority: Priority, classify: Classifier
+) -> tuple[Outcome | None, CallState | None]:
+    """A plain call's first attempt in the express lane (``_express``), as the sync
+    driver's ``express``: ``(outcome, None)``, a plain success, the call over and
+    counted; ``(outcome, call)``, any other answer, the attempt ended by ``call``,
+    which ``run`` goes on with (``first``); ``(None, call)``: the call's deadline
+    cut the attempt; ``(None, None)``: not taken."""
+    now = core.clock()
+    total = core.policy.timeout.total_s
+    attempt = _express.attempt(core, priority, now, None if total is None else now + total)
+    call = None
+    token = None
+    try:
+        if not _express.admit(core, attempt, now):
+            return None, None
+        attempt.task = task = current_task()
+        token = CURRENT.set(attempt)
+        outcome, cut = await bounded(core, attempt, fn, args, classify, None)
+        token = CURRENT.reset(token)  # type: ignore[func-returns-value]  # one line: reset, and None
+        if outcome is not None and not cut and _express.is_plain_success(outcome):
+            _express.ended_ok(core, attempt, core.clock())
+            return outcome, None
+        call = _express.handover(core, attempt, outcome, core.clock(), task, cut=cut)
+        return outcome, call
+    finally:
+        if token is not None:
+            CURRENT.reset(token)
+        if call is None and attempt.up is not None and not attempt.ended:
+            _express.ended_early(core, attempt, core.clock())
+
+
 async def run(
     call: CallState,
     fn: AsyncFn,
     args: tuple[Any, ...],
     classify: Classifier,
     discard: AsyncDiscard | None,
+    first: Outcome | None = None,
 ) -> Any:
-    """Run ``call`` to its value or its error; whatever ends it, give back what it holds."""
+    """Run ``call`` to its value or its error; whatever ends it, give back what it
+    holds. ``first``: its first attempt's outcome, when the express lane made and
+    ended that attempt (``express``)."""
     driver = _Driver(call, fn, args, classify, discard)
     handed = False
     try:
         # No scope spans the whole call: attempts carry the deadline in their own
         # scope, waits get one only when they must wait, and a retry wait that
         # would pass the deadline is never started.
-        outcome = await driver.round()
+        if first is not None:
+            outcome = first
+        elif call.attempts:  # the express lane's attempt, cut at the call's deadline
+            raise call.deadline_error("during an attempt")
+        else:
+            outcome = await driver.round()
         if needs_retry(outcome):
             outcome = await driver.retry(outcome)
         value = call.finish(outcome)

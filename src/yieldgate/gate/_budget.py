@@ -33,6 +33,9 @@ class RetryBudget:
         self._retries = [0] * _BUCKETS
         # Set on first use: the clock may need a running event loop.
         self._epoch: int | None = None
+        # The current bucket, and when it ends (``deposit`` adds to it until then).
+        self._index = 0
+        self._edge = float("-inf")
 
     def _roll(self, now: float | None = None) -> int:
         """Clear buckets that fell out of the window; return the current bucket index."""
@@ -46,10 +49,15 @@ class RetryBudget:
                 self._requests[index] = 0
                 self._retries[index] = 0
             self._epoch = epoch
-        return epoch % _BUCKETS
+        self._index = index = epoch % _BUCKETS
+        self._edge = (epoch + 1) * self._width
+        return index
 
     def deposit(self, now: float | None = None) -> None:
         """Count one request (a call's first attempt); ``now`` saves a clock read."""
+        if now is not None and now < self._edge:
+            self._requests[self._index] += 1  # still the current bucket: nothing to roll
+            return
         self._requests[self._roll(now)] += 1
 
     def allowance(self, now: float | None = None, *, roll: bool = True) -> float:

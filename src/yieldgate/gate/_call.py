@@ -225,13 +225,19 @@ class CallState:
                         f"takes about {expected:.3f} s"
                     )
             self.sent(attempt, now)
-        self.timed(attempt, now)
 
     def sent(self, attempt: Attempt, now: float) -> None:
         """The attempt goes out now (under the lock): counted, its claim in flight, the
-        retry it paid for spent."""
+        retry it paid for spent, its start and deadline fixed (its own timeout or the
+        call's, whichever ends first)."""
         core = self.core
         number = self.attempts = attempt.number = self.attempts + 1
+        attempt_s = core.policy.timeout.attempt_s
+        deadline = self.deadline
+        if attempt_s is not None and (deadline is None or now + attempt_s < deadline):
+            deadline = now + attempt_s
+        attempt.started = now
+        attempt.deadline = deadline
         attempt.mark_sent(now)
         if self.withdrawn is not None:  # the retry it paid for is being sent
             core.draws -= 1
@@ -246,27 +252,9 @@ class CallState:
         if self.running is not None:
             self.running.append(attempt.upstream)
 
-    def timed(self, attempt: Attempt, now: float) -> None:
-        """Fix a sent attempt's start and deadline (its own timeout or the call's)."""
-        attempt_s = self.core.policy.timeout.attempt_s
-        deadline = self.deadline
-        if attempt_s is not None and (deadline is None or now + attempt_s < deadline):
-            deadline = now + attempt_s
-        attempt.started = now
-        attempt.deadline = deadline
-
     def timed_out(self, attempt: Attempt) -> Outcome | None:
-        """The outcome of an attempt cut at its deadline: past its own timeout one
-        that may be retried; past the call's, ``None`` (``end`` it with ``cut``,
-        then raise ``deadline_error``)."""
-        if self.deadline is not None and attempt.deadline == self.deadline:
-            return None
-        attempt_s = self.core.policy.timeout.attempt_s
-        return Outcome.retryable(
-            AttemptTimeoutError(
-                f"attempt {attempt.number} ran past {attempt_s} s", attempts=attempt.number
-            )
-        )
+        """``attempt_timed_out`` for this call's attempt."""
+        return attempt_timed_out(self.core, attempt)
 
     def end(
         self, attempt: Attempt, outcome: Outcome | None, now: float, *, cut: bool = False
@@ -377,26 +365,29 @@ class CallState:
         if outcome.hint_s is not None:
             self.last_hint_s = outcome.hint_s
         kind = outcome.kind
-        congestion = kind is OutcomeKind.YIELD or kind is OutcomeKind.OVERLOADED
-        if not congestion:
-            self.shared_until = None
-        counters = core.counters
         if kind is OutcomeKind.OK:
+            congestion = False
+            self.shared_until = None
             # Latencies feed hedge delays, the choice of upstream, and whether a call
             # admitted late still has time for an attempt (``begin``).
-            if core.named or self.hedge is not None or self.deadline is not None:
-                up.latency.record(now - attempt.started)
-                if up.latency is not core.latency:  # a member of a set: the Gate's too
+            if self.deadline is not None or core.named or self.hedge is not None:
+                latency = up.latency
+                latency.record(now - attempt.started)
+                if latency is not core.latency:  # a member of a set: the Gate's too
                     core.latency.record(now - attempt.started)
             if self.last_failed is up:
                 self.last_failed = None
         elif kind is OutcomeKind.YIELD:
-            counters.yields += 1
+            congestion = True
+            core.counters.yields += 1
             attempt.refused(now)
         elif kind is OutcomeKind.OVERLOADED:
-            counters.overloads += 1
+            congestion = True
+            core.counters.overloads += 1
         else:
-            counters.failures += 1
+            congestion = False
+            self.shared_until = None
+            core.counters.failures += 1
             self.last_failed = up
         if core.named:
             failure = kind is OutcomeKind.RETRYABLE or kind is OutcomeKind.FATAL
@@ -491,3 +482,18 @@ class CallState:
             observed = tracker.quantile(hedge.quantile)
         assert observed is not None
         return max(observed, hedge.min_delay_s)
+
+
+def attempt_timed_out(core: GateCore, attempt: Attempt) -> Outcome | None:
+    """The outcome of an attempt cut at its deadline: past its own timeout one that
+    may be retried; past the call's, ``None`` (``CallState.end`` it with ``cut``,
+    then raise ``deadline_error``)."""
+    call_deadline = attempt.call_deadline
+    if call_deadline is not None and attempt.deadline == call_deadline:
+        return None
+    attempt_s = core.policy.timeout.attempt_s
+    return Outcome.retryable(
+        AttemptTimeoutError(
+            f"attempt {attempt.number} ran past {attempt_s} s", attempts=attempt.number
+        )
+    )

@@ -72,6 +72,7 @@ class GateBase:
         hold: bool,
         cost: Cost | int | None,
         task: object = None,
+        observer: CallObserver | None = None,
     ) -> CallState:
         core = self._core
         if core.closed:
@@ -83,7 +84,8 @@ class GateBase:
         charge = None if cost is None else as_cost(cost)
         started = core.clock()
         deadline = None if total is None else started + total
-        observer = self._observer(prio)
+        if observer is None:  # else the express lane asked for it already
+            observer = self._observer(prio)
         with core.lock:
             core.counters.calls += 1
         if task is None:

@@ -13,11 +13,11 @@ from typing import Any, TypeVar, TypeVarTuple, overload
 import anyio
 import anyio.lowlevel
 
-from yieldgate.gate import _async
+from yieldgate.gate import _async, _express
 from yieldgate.gate._call import CallState
 from yieldgate.gate._calls import GateBase, Timeout
 from yieldgate.gate._lease import Lease
-from yieldgate.gate._outcome import Classifier
+from yieldgate.gate._outcome import Classifier, Outcome
 from yieldgate.gate._policy import USE_POLICY
 from yieldgate.gate._quota import Cost
 from yieldgate.gate._telemetry import NULL_OBSERVER, observed
@@ -45,20 +45,23 @@ class AsyncCalls(GateBase):
         call: CallState,
         classify: Classifier | None,
         discard: Callable[[Any], Awaitable[None]] | None,
+        first: Outcome | None = None,
     ) -> Any:
         core = self._core
+        classify = classify or core.classify
         try:
-            core.since_checkpoint += 1
-            if core.since_checkpoint >= _CHECKPOINT_EVERY:
-                # Calls whose attempts never await would otherwise never let the loop
-                # drop the attempt timers they disarmed (nor run anything else).
-                core.since_checkpoint = 0
-                await anyio.lowlevel.checkpoint()
+            if first is None:
+                core.since_checkpoint += 1
+                if core.since_checkpoint >= _CHECKPOINT_EVERY:
+                    # Calls whose attempts never await would otherwise never let the loop
+                    # drop the attempt timers they disarmed (nor run anything else).
+                    core.since_checkpoint = 0
+                    await anyio.lowlevel.checkpoint()
             if call.observer is NULL_OBSERVER:
-                value = await _async.run(call, fn, args, classify or core.classify, discard)
+                value = await _async.run(call, fn, args, classify, discard, first)
             else:
                 with observed(call.observer, core):
-                    value = await _async.run(call, fn, args, classify or core.classify, discard)
+                    value = await _async.run(call, fn, args, classify, discard, first)
         except BaseException as exc:
             self._ended(call, exc)
             raise
@@ -117,7 +120,28 @@ class AsyncCalls(GateBase):
             except Exception as exc:
                 return self._classify_nested(classify, None, exc)
             return self._classify_nested(classify, value, None)
-        call = self._new_call(priority, timeout, hold=False, cost=cost)
+        core = self._core
+        observer = None
+        if (
+            type(priority) is Priority
+            and timeout is USE_POLICY
+            and cost is None
+            and _express.plain(core)
+        ):
+            observer = self._observer(priority)
+            if observer is NULL_OBSERVER:
+                core.since_checkpoint += 1
+                if core.since_checkpoint >= _CHECKPOINT_EVERY:
+                    core.since_checkpoint = 0
+                    await anyio.lowlevel.checkpoint()
+                outcome, handed = await _async.express(
+                    core, fn, args, priority, classify or core.classify
+                )
+                if handed is not None:
+                    return await self._run_async(fn, args, handed, classify, None, first=outcome)
+                if outcome is not None:
+                    return outcome.value
+        call = self._new_call(priority, timeout, hold=False, cost=cost, observer=observer)
         return await self._run_async(fn, args, call, classify, None)
 
     @contextlib.asynccontextmanager

@@ -31,12 +31,12 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar, TypeVarTuple
 
 from yieldgate._exceptions import BlockingCallError
-from yieldgate.gate import _sync
+from yieldgate.gate import _express, _sync
 from yieldgate.gate._attempt import current_task
 from yieldgate.gate._call import CallState
 from yieldgate.gate._calls import GateBase, Timeout
 from yieldgate.gate._lease import Lease
-from yieldgate.gate._outcome import Classifier, callable_name
+from yieldgate.gate._outcome import Classifier, Outcome, callable_name
 from yieldgate.gate._policy import USE_POLICY
 from yieldgate.gate._quota import Cost
 from yieldgate.gate._telemetry import NULL_OBSERVER, observed
@@ -148,18 +148,16 @@ class SyncCalls(GateBase):
         classify: Classifier | None,
         discard: Callable[[Any], None] | None,
         batch: _sync.Batch | None = None,
+        first: Outcome | None = None,
     ) -> Any:
         core = self._core
+        classify = classify or core.classify
         try:
             if call.observer is NULL_OBSERVER:
-                value = _sync.run(
-                    call, fn, args, classify or core.classify, discard, self._timer, batch
-                )
+                value = _sync.run(call, fn, args, classify, discard, self._timer, batch, first)
             else:
                 with observed(call.observer, core):
-                    value = _sync.run(
-                        call, fn, args, classify or core.classify, discard, self._timer, batch
-                    )
+                    value = _sync.run(call, fn, args, classify, discard, self._timer, batch, first)
         except BaseException as exc:
             self._ended(call, exc)
             raise
@@ -195,7 +193,26 @@ class SyncCalls(GateBase):
                 return self._classify_nested(classify, None, exc)
             return self._classify_nested(classify, value, None)
         task = self._thread("call_sync", fn, allow_event_loop)
-        call = self._new_call(priority, timeout, hold=False, cost=cost, task=task)
+        core = self._core
+        observer = None
+        if (
+            type(priority) is Priority
+            and timeout is USE_POLICY
+            and cost is None
+            and _express.plain(core)
+        ):
+            observer = self._observer(priority)
+            if observer is NULL_OBSERVER:
+                outcome, handed = _sync.express(
+                    core, fn, args, priority, classify or core.classify, task
+                )
+                if handed is not None:
+                    return self._run_sync(fn, args, handed, classify, None, first=outcome)
+                if outcome is not None:
+                    return outcome.value
+        call = self._new_call(
+            priority, timeout, hold=False, cost=cost, task=task, observer=observer
+        )
         return self._run_sync(fn, args, call, classify, None)
 
     @contextlib.contextmanager

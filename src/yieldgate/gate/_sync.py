@@ -30,6 +30,7 @@ from types import CoroutineType
 from typing import Any
 
 from yieldgate.gate import _admission as admission
+from yieldgate.gate import _express
 from yieldgate.gate._attempt import CURRENT
 from yieldgate.gate._call import CallState
 from yieldgate.gate._core import GateCore
@@ -37,6 +38,7 @@ from yieldgate.gate._ledger import Attempt
 from yieldgate.gate._outcome import Classifier, Outcome, checked
 from yieldgate.gate._retrying import Strategies, needs_retry
 from yieldgate.gate._shared import GRANTS, FleetOp
+from yieldgate.protocol import Priority
 
 __all__ = ["Batch", "Stopped", "ThreadSignal", "Timer", "run"]
 
@@ -169,29 +171,41 @@ def _send(
         if not attempt.sent:
             call.begin(attempt, clock(), waited=waited)
         attempt.task = call.task
-        # The attempt is current in a copy of the caller's context, never in the
-        # caller's own: no interrupt, at whatever line, leaves it current there (a
-        # later call in a REPL would take itself for part of a dead attempt).
-        context = contextvars.copy_context()
-        context.run(CURRENT.set, attempt)
-        try:
-            value = context.run(fn, *args)
-            if type(value) is CoroutineType:  # a lambda around an async call
-                _refuse_coroutine(value)
-        except Exception as exc:
-            outcome = context.run(checked, classify, None, exc)
-        else:
-            try:
-                outcome = context.run(checked, classify, value, None)
-            except BaseException:
-                if discard is not None and value is not None:
-                    discard(value)
-                raise
+        outcome = _answer(attempt, fn, args, classify, discard)
     finally:
         call.end(attempt, outcome, clock())  # never a lost race: threads do not hedge
     if call.core.shared is not None:
         flush(call.core)  # its readings, its lease, its hint, for the fleet
     assert outcome is not None  # else the attempt raised
+    return outcome
+
+
+def _answer(
+    attempt: Attempt,
+    fn: SyncFn,
+    args: tuple[Any, ...],
+    classify: Classifier,
+    discard: SyncDiscard | None,
+) -> Outcome:
+    """Run a sent attempt's function and classify what it did (what raises here is
+    the caller's to raise, once its ``finally`` has ended the attempt)."""
+    # The attempt is current in a copy of the caller's context, never in the
+    # caller's own: no interrupt, at whatever line, leaves it current there (a
+    # later call in a REPL would take itself for part of a dead attempt).
+    context = contextvars.copy_context()
+    context.run(CURRENT.set, attempt)
+    try:
+        value = context.run(fn, *args)
+        if type(value) is CoroutineType:  # a lambda around an async call
+            _refuse_coroutine(value)
+    except Exception as exc:
+        return context.run(checked, classify, None, exc)
+    try:
+        outcome: Outcome = context.run(checked, classify, value, None)
+    except BaseException:
+        if discard is not None and value is not None:
+            discard(value)
+        raise
     return outcome
 
 
@@ -290,11 +304,17 @@ def run(
     discard: SyncDiscard | None,
     timer: Timer,
     batch: Batch | None = None,
+    first: Outcome | None = None,
 ) -> Any:
-    """Run ``call`` to its value or its error; whatever ends it, give back what it holds."""
+    """Run ``call`` to its value or its error; whatever ends it, give back what it
+    holds. ``first``: its first attempt's outcome, when the express lane made and
+    ended that attempt (``express``)."""
     handed = False
     try:
-        outcome = _round(call, fn, args, classify, discard, timer, batch)
+        if first is None:
+            outcome = _round(call, fn, args, classify, discard, timer, batch)
+        else:
+            outcome = first
         if needs_retry(outcome):
             outcome = _Driver(call, fn, args, classify, discard, timer, batch).retry(outcome)
         value = call.finish(outcome)
@@ -313,6 +333,37 @@ def run(
         shared = call.core.shared
         if shared is not None and shared.backlog:
             shared.hand_over()  # what the ledgers gave back, run off this path
+
+
+def express(
+    core: GateCore,
+    fn: SyncFn,
+    args: tuple[Any, ...],
+    priority: Priority,
+    classify: Classifier,
+    task: object,
+) -> tuple[Outcome | None, CallState | None]:
+    """A plain call's first attempt in the express lane (``_express``): ``(outcome,
+    None)``, a plain success, the call over and counted; ``(outcome, call)``, any
+    other answer, the attempt ended by ``call``, which ``run`` goes on with
+    (``first``); ``(None, None)``: not taken (nothing acquired, nothing counted)."""
+    now = core.clock()
+    total = core.policy.timeout.total_s
+    attempt = _express.attempt(core, priority, now, None if total is None else now + total)
+    call = None
+    try:
+        if not _express.admit(core, attempt, now):
+            return None, None
+        attempt.task = task
+        outcome = _answer(attempt, fn, args, classify, None)
+        if _express.is_plain_success(outcome):
+            _express.ended_ok(core, attempt, core.clock())
+            return outcome, None
+        call = _express.handover(core, attempt, outcome, core.clock(), task)
+        return outcome, call
+    finally:
+        if call is None and attempt.up is not None and not attempt.ended:
+            _express.ended_early(core, attempt, core.clock())
 
 
 def _granting(core: GateCore, op: FleetOp) -> Any:
