@@ -4,7 +4,8 @@ What it measures. For each concurrency N, a fresh ``Engine`` (the default
 tiny transformer, the same seeded weights each time) is warmed up, then N
 requests with distinct prompts of ``--prompt-tokens`` bytes are added at once
 and run to ``--max-tokens`` each with greedy decoding. Only decode steps
-count: their tokens over the wall-clock time of those ``Engine.step`` calls
+count: their tokens over the wall-clock time (``--clock cpu``: this thread's
+CPU time) of those ``Engine.step`` calls
 (scheduling, input preparation, the forward pass and sampling included; the
 prefill step excluded). The N streams start and end together, so every
 decode step carries all N. Rounds repeat the three runs; the median per N is
@@ -28,6 +29,15 @@ order, measured in each round beside the decode runs (goal: >= 0.5). With
 ``--profile``, one 16-stream decode also runs under ``torch.profiler`` and the
 operators taking the most time are listed.
 
+``--compare`` (issue 42) measures 16 streams only, in every model / KV
+configuration (float32 / float32, bfloat16 / bfloat16, float32 / int8,
+bfloat16 / int8) and, for int8, also the decode path before issue 42 (two
+fresh copies per gathered tensor, ``model.INT8_BEFORE_ISSUE_42``), in the same
+process, in alternated rounds (the order reversed every other round), each with
+its dtype's matmul roofline measured in the same round; it reports min,
+median and max of each and the paired ratios per round (int8 now against
+before, bfloat16 against float32).
+
 ``--dtype`` sets the model's dtype and ``--kv-dtype`` the KV cache's storage
 (``EngineConfig.dtype`` and ``kv_dtype``; defaults float32 and auto); the
 roofline's matmuls then run in the model's dtype, weights and inputs alike.
@@ -40,6 +50,7 @@ Run it (from the repository root)::
     .venv/bin/python bench/harness_decode.py --rounds 1 --profile
     .venv/bin/python bench/harness_decode.py --dtype bfloat16
     .venv/bin/python bench/harness_decode.py --kv-dtype int8
+    .venv/bin/python bench/harness_decode.py --compare --rounds 7
     .venv/bin/python bench/harness_decode.py --rounds 5 --max-tokens 128 --device cuda \\
         --json bench-harness-decode.json
 """
@@ -64,6 +75,10 @@ GOAL_RATIO = 4.0
 GOAL_ROOFLINE = 0.5
 CONCURRENCY = (1, 4, 16)
 ROOFLINE_ROWS = 16
+# What the decode steps and the roofline's matmuls are timed by: wall time, or
+# with ``--clock cpu`` this thread's CPU time (torch runs on this one thread),
+# which does not count the time other processes hold the core on a shared machine.
+clock = time.perf_counter
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,11 +130,11 @@ def run_once(streams: int, args: argparse.Namespace) -> Run:
     tokens = steps = 0
     elapsed = 0.0
     while not all(seq.is_finished for seq in seqs):
-        started = time.perf_counter()
+        started = clock()
         result = engine.step()
         if engine.device.type == "cuda":
             torch.cuda.synchronize()
-        took = time.perf_counter() - started
+        took = clock() - started
         if result is None:
             raise RuntimeError("engine stalled")
         if not result.is_prefill:
@@ -156,13 +171,13 @@ def matmul_gflops(model: torch.nn.Module, repeats: int = 7, passes: int = 50) ->
         with torch.no_grad():
             times = []
             for _ in range(repeats + 1):  # the first is a warm-up
-                started = time.perf_counter()
+                started = clock()
                 for _ in range(passes):
                     for m, x in zip(linears, inputs, strict=True):
                         torch.nn.functional.linear(x, m.weight, m.bias)
                 if inputs[0].device.type == "cuda":
                     torch.cuda.synchronize()
-                times.append(time.perf_counter() - started)
+                times.append(clock() - started)
     finally:
         torch.set_num_threads(threads)
     return flops / percentile(times[1:], 50) / 1e9
@@ -203,6 +218,82 @@ def profile_decode(args: argparse.Namespace, top: int = 12) -> None:
         )
 
 
+# (label, model dtype, KV dtype, the int8 path before issue 42)
+COMPARED = (
+    ("f32/f32", "float32", "auto", False),
+    ("bf16/bf16", "bfloat16", "auto", False),
+    ("f32/int8", "float32", "int8", False),
+    ("f32/int8 before", "float32", "int8", True),
+    ("bf16/int8", "bfloat16", "int8", False),
+    ("bf16/int8 before", "bfloat16", "int8", True),
+)
+PAIRS = (
+    ("f32/int8", "f32/int8 before"),
+    ("bf16/int8", "bf16/int8 before"),
+    ("bf16/bf16", "f32/f32"),
+    ("f32/int8", "f32/f32"),
+)
+
+
+def spread(values: Sequence[float], fmt: str = ".2f") -> str:
+    """``median (min to max)``."""
+    mid = percentile(list(values), 50)
+    return f"{mid:{fmt}} ({min(values):{fmt}} to {max(values):{fmt}})"
+
+
+def compare(args: argparse.Namespace) -> dict[str, object]:
+    """16 streams in every configuration of ``COMPARED``, alternated rounds; prints a table."""
+    import yieldgate.harness.model as model_module
+
+    top = max(CONCURRENCY)
+    models = {
+        dtype: Engine(EngineConfig(device=args.device, num_blocks=1, dtype=dtype)).model
+        for dtype in ("float32", "bfloat16")
+    }
+    per_token = flops_per_token(models["float32"], args.prompt_tokens + args.max_tokens / 2)
+    runs: dict[str, list[Run]] = {label: [] for label, *_ in COMPARED}
+    shares: dict[str, list[float]] = {label: [] for label, *_ in COMPARED}
+    gflops: dict[str, list[float]] = {dtype: [] for dtype in models}
+    for round_no in range(args.rounds):
+        for dtype, model in models.items():
+            gflops[dtype].append(matmul_gflops(model))
+        order = COMPARED if round_no % 2 == 0 else tuple(reversed(COMPARED))
+        for label, dtype, kv_dtype, before in order:
+            model_module.INT8_BEFORE_ISSUE_42 = before
+            try:
+                run = run_once(
+                    top, argparse.Namespace(**{**vars(args), "dtype": dtype, "kv_dtype": kv_dtype})
+                )
+            finally:
+                model_module.INT8_BEFORE_ISSUE_42 = False
+            runs[label].append(run)
+            shares[label].append(run.tokens_per_s * per_token / (gflops[dtype][-1] * 1e9))
+    print(
+        f"harness decode, --compare: {top} streams, {args.rounds} alternated rounds, "
+        f"{args.clock} clock, prompts of "
+        f"{args.prompt_tokens} tokens, {args.max_tokens} tokens each, {args.threads} torch "
+        f"thread(s), torch {torch.__version__}, {platform.processor() or platform.machine()}"
+    )
+    for dtype, values in gflops.items():
+        print(f"matmul roofline, {dtype}: {spread(values, '.1f')} GFLOP/s")
+    print(f"{'model/KV':<17} {'tokens/s':>24} {'ms per step':>22} {'roofline share':>22}")
+    for label, *_ in COMPARED:
+        tps = [r.tokens_per_s for r in runs[label]]
+        ms = [r.step_ms for r in runs[label]]
+        print(f"{label:<17} {spread(tps, ',.0f'):>24} {spread(ms):>22} {spread(shares[label]):>22}")
+    ratios = {}
+    for a, b in PAIRS:
+        paired = [x.tokens_per_s / y.tokens_per_s for x, y in zip(runs[a], runs[b], strict=True)]
+        ratios[f"{a} vs {b}"] = paired
+        print(f"tokens/s, {a} vs {b}, paired per round: {spread(paired)}")
+    return {
+        "gflops": gflops,
+        "shares": shares,
+        "ratios": ratios,
+        "runs": {label: [asdict(r) for r in rs] for label, rs in runs.items()},
+    }
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--rounds", type=int, default=3)
@@ -224,14 +315,33 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="KV cache storage: auto (the model's dtype, default) or int8",
     )
     parser.add_argument("--profile", action="store_true", help="also profile one 16-stream decode")
+    parser.add_argument(
+        "--compare",
+        action="store_true",
+        help="16 streams in every model/KV dtype, int8 also by its path before issue 42",
+    )
     parser.add_argument("--json", help="also write the results to this file")
+    parser.add_argument(
+        "--clock",
+        choices=("wall", "cpu"),
+        default="wall",
+        help="time by wall time (default) or this thread's CPU time (steadier when shared)",
+    )
     add_smoke_flag(parser)
     args = parser.parse_args(argv)
+    global clock
+    clock = time.thread_time if args.clock == "cpu" else time.perf_counter
     if smoke(args):
         args.rounds, args.prompt_tokens, args.max_tokens, args.kv_blocks = 1, 8, 8, 64
     if args.rounds < 1:
         raise ValueError(f"--rounds must be >= 1, got {args.rounds}")
     torch.set_num_threads(args.threads)
+    if args.compare:
+        result = compare(args)
+        if args.json:
+            with open(args.json, "w", encoding="utf-8") as f:
+                json.dump({"args": vars(args), **result}, f, indent=2)
+        return 0
 
     probe = Engine(
         EngineConfig(device=args.device, num_blocks=1, dtype=args.dtype, kv_dtype=args.kv_dtype)

@@ -65,6 +65,8 @@ class KVCache:
         # gathers each layer's whole context, and fresh tensors of that size cost
         # the allocator (pages mapped and zeroed) as much as the copy itself.
         self._gathered: tuple[Tensor, Tensor] | None = None
+        # ``converted``'s keys or values in ``compute_dtype`` (int8 only), kept too.
+        self._converted: Tensor | None = None
         # The stores seen a block at a time, (n_layers, num_blocks, block_size, H, D).
         blocked = (config.n_layers, num_blocks, block_size, config.n_heads, config.head_dim)
         self._k_blocks, self._v_blocks = self.k.view(blocked), self.v.view(blocked)
@@ -130,6 +132,26 @@ class KVCache:
         v = torch.index_select(self._v_blocks[layer], 0, flat, out=v_buffer[:count])
         shape = (rows, width * self.block_size, *self.k.shape[2:])
         return k.view(shape), v.view(shape)
+
+    def converted(self, gathered: Tensor) -> Tensor:
+        """``gather_blocks``' int8 keys or values, heads first, in ``compute_dtype``.
+
+        ``(rows, n_heads, columns, head_dim)``, contiguous: the int8 values as
+        they are (exact in float32, bfloat16 and float16), without their
+        scales, for attention to apply per key to its scores or probabilities.
+        Transposed and converted in one copy into one buffer this cache keeps,
+        so the result is valid only until the next call: a decode layer
+        converts its keys, computes the scores, then converts its values into
+        the same memory: half the float bytes of keys and values together,
+        more likely to stay in the core's cache.
+        """
+        size = gathered.numel()
+        if self._converted is None or self._converted.numel() < size:
+            grown = max(size, 2 * self._converted.numel() if self._converted is not None else 0)
+            self._converted = torch.empty(grown, device=self.k.device, dtype=self.compute_dtype)
+        rows, columns, heads, dim = gathered.shape
+        out = self._converted[:size].view(rows, heads, columns, dim)
+        return out.copy_(gathered.transpose(1, 2))
 
     def read(self, layer: int, slots: Tensor) -> tuple[Tensor, Tensor]:
         """The keys and values at ``slots`` of ``layer``, dequantised to ``compute_dtype`` if int8.

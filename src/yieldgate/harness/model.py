@@ -186,13 +186,7 @@ class _Block(nn.Module):
                 cache.write(
                     layer, slots[at : at + 1], k[i : i + 1], v[i : i + 1], one_per_block=True
                 )
-                context = slots[: at + 1].unsqueeze(0)
-                one = AttentionBatch(
-                    is_prefill=False,
-                    slot_mapping=slots[at : at + 1],
-                    context_slots=context,
-                    context_mask=torch.ones_like(context, dtype=torch.bool).view(1, 1, 1, -1),
-                )
+                one = _one_decode(slots, at, cache.block_size)
                 outs.append(self._attend_decode_int8(q[i : i + 1], layer, cache, one))
         return outs[0] if len(outs) == 1 else torch.cat(outs)
 
@@ -203,10 +197,17 @@ class _Block(nn.Module):
         # probabilities ((B, H, 1, L) each) rather than to the keys and values
         # (D times larger): the cache's int8 values are only converted, to the
         # model's dtype (exact: every int8 value is a bfloat16 and a float16).
+        # By block (a decode step), the int8 blocks are gathered, transposed and
+        # converted in one copy into a buffer the cache keeps
+        # (``_attend_blocks_int8``); by slot, or with ``INT8_BEFORE_ISSUE_42``
+        # (the path before issue 42), transposed and converted by two fresh copies.
         assert batch.context_mask is not None
         b, size = q.shape[0], cache.block_size
-        # Heads before positions while still int8 (a quarter of the bytes to move).
         dtype = q.dtype
+        if batch.context_blocks is not None and not INT8_BEFORE_ISSUE_42:
+            return self._attend_blocks_int8(
+                q, layer, cache, batch.context_blocks, batch.context_mask
+            )
         gathered = _gather_context(cache, layer, batch)
         k, v = (t.transpose(1, 2).contiguous().to(dtype) for t in gathered)
         length = k.shape[2]
@@ -227,6 +228,28 @@ class _Block(nn.Module):
             ~batch.context_mask, float("-inf")
         )
         probs = torch.softmax(scores, dim=-1) * v_scale
+        out = torch.matmul(probs, v)  # (B, H, 1, D)
+        return out.reshape(b, -1)
+
+    def _attend_blocks_int8(
+        self, q: Tensor, layer: int, cache: KVCache, blocks: Tensor, mask: Tensor
+    ) -> Tensor:
+        # The same arithmetic as by slot, so the same bits: the int8 values are
+        # converted once, heads first, into one buffer the cache keeps
+        # (``KVCache.converted``: keys, then values), and each block's scales are applied to
+        # its run of scores and probabilities as they are, (B, H, blocks, 1)
+        # against (B, H, blocks, block_size), never expanded to every slot.
+        b, width = blocks.shape
+        k8, v8 = cache.gather_blocks(layer, blocks)
+        scales = cache.kv_scale[layer].index_select(0, blocks.reshape(-1)).to(q.dtype)
+        scales = scales.view(b, width, 2, self.n_heads).permute(2, 0, 3, 1).unsqueeze(-1)
+        k_scale = scales[0] / math.sqrt(self.head_dim)  # (B, H, blocks, 1)
+        k = cache.converted(k8)
+        scores = torch.matmul(q.unsqueeze(2), k.transpose(2, 3))  # (B, H, 1, L)
+        scores = (scores.view(b, self.n_heads, width, -1) * k_scale).view(scores.shape)
+        probs = torch.softmax(scores.masked_fill_(~mask, float("-inf")), dim=-1)
+        probs = (probs.view(b, self.n_heads, width, -1) * scales[1]).view(probs.shape)
+        v = cache.converted(v8)  # the same buffer as the keys: they are done with
         out = torch.matmul(probs, v)  # (B, H, 1, D)
         return out.reshape(b, -1)
 
@@ -296,6 +319,29 @@ class _Block(nn.Module):
             attn_mask=mask,
         )
         return out.transpose(1, 2).reshape(b * queries, -1).index_select(0, index)
+
+
+# The int8 decode path before issue 42: the gathered int8 keys and values
+# transposed, then converted, each by a fresh copy. Kept for measurement
+# (``bench/harness_decode.py --compare``); when False a decode step by block
+# takes ``_attend_blocks_int8`` (one copy into a kept buffer) instead.
+INT8_BEFORE_ISSUE_42 = False
+
+
+def _one_decode(slots: Tensor, at: int, block_size: int) -> AttentionBatch:
+    """A decode batch of one row: the token at position ``at`` of a sequence whose
+    context is ``slots`` (block-aligned, as a block table makes them), by block, as
+    a decode step would attend over it."""
+    width = at // block_size + 1
+    blocks = torch.div(slots[: width * block_size : block_size], block_size, rounding_mode="floor")
+    mask = torch.arange(width * block_size, device=slots.device) <= at
+    return AttentionBatch(
+        is_prefill=False,
+        slot_mapping=slots[at : at + 1],
+        context_slots=slots[: at + 1].unsqueeze(0),
+        context_blocks=blocks.unsqueeze(0),
+        context_mask=mask.view(1, 1, 1, -1),
+    )
 
 
 def _gather_context(cache: KVCache, layer: int, batch: AttentionBatch) -> tuple[Tensor, Tensor]:
