@@ -212,7 +212,8 @@ def measured_and_estimated(priority: bool) -> tuple[float, float]:
         assert engine.step() is not None
     harness = HarnessBackend(HarnessConfig(engine=engine.config, qos=True))
     harness._publish_load(engine)
-    queued, running, steps_ahead = harness._load_now
+    load = harness._load_now
+    queued, running, steps_ahead = load.queued_ahead, load.running, load.steps_ahead
     qos = QosPolicy(
         SloConfig(), TtftEstimator(prefill_ms_per_token=per_token, decode_step_ms=step_ms)
     )

@@ -416,7 +416,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help=(
             "graceful degradation: low priority prefilled locally while the prefill workers "
-            "serve high priority, its output cut under sustained overload, then rejected"
+            "serve high priority, its output cut under sustained overload, then rejected; "
+            "with --qos, a low request that would still miss its TTFT objective on the route "
+            "it takes is rejected at once as well"
         ),
     )
     har.add_argument(

@@ -211,12 +211,19 @@ class EngineThread:
 
     def _publish_load(self, engine: Engine) -> None:
         sched = engine.scheduler
-        ahead = sched.queued_tokens_ahead()
-        if self.disagg is not None:
-            remote = self.disagg.remote_tokens_ahead()
+        local = ahead = sched.queued_tokens_ahead()
+        disagg = self.disagg
+        if disagg is not None:
+            remote = disagg.remote_tokens_ahead()
             ahead = (ahead[0] + remote[0], ahead[1] + remote[1], ahead[2] + remote[2])
         # One assignment, so the routing thread reads the load whole.
-        self._load_now = EngineLoad(ahead, len(sched.running), sched.decode_steps_to_admit())
+        self._load_now = EngineLoad(
+            ahead,
+            len(sched.running),
+            sched.decode_steps_to_admit(),
+            None if disagg is None else local,
+            0 if disagg is None else disagg.pool.high_jobs_queued(),
+        )
 
     def _forget(self, engine: Engine, request: Request) -> None:
         """Drop a request whose placement failed, wherever it got to."""

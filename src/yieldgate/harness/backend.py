@@ -209,12 +209,15 @@ class HarnessBackend(EngineThread):
     def _check_slo(self, request: AdmissionRequest) -> Rejection | None:
         """Early rejection and degradation: yield ``slo`` when this request must not run now.
 
-        With degradation, every check is also a pressure reading; a degraded
-        priority is rejected only at a rejecting level, and otherwise skips
-        plain early rejection (its output may be cut instead, in ``execute``).
+        With degradation, every check is also a pressure reading, and a
+        degraded priority is rejected at a rejecting level. Without ``qos`` it
+        is otherwise admitted (its output may be cut, in ``execute``); with
+        ``qos`` too it is held to early rejection's rule on the queue of the
+        route it will take: the engine's alone when it will be kept local.
         """
         assert self.qos is not None
-        queued, running, steps_ahead = self._load_now
+        load = self._load_now
+        queued, running, steps_ahead = load.queued_ahead, load.running, load.steps_ahead
         prompt_tokens = len(request.body.encode("utf-8"))
         rank = rank_of(request.priority)
         queued_tokens = queued[rank] + self._inbox_tokens_ahead(rank)
@@ -237,12 +240,18 @@ class HarnessBackend(EngineThread):
                 degrader.observe(now, excess[0] / excess[1])
             if request.priority in degrader.config.priorities:
                 verdict = degrader.verdict(request.priority, now)
-                if not verdict.reject:
+                if verdict.reject:
+                    degrader.record(verdict)
+                    hint = 1 if excess is None else max(1, math.ceil(excess[0] - excess[1]))
+                    return Rejection(retry_hint_ms=hint)
+                if not self.config.qos:
                     return None
-                degrader.record(verdict)
-                hint = 1 if excess is None else max(1, math.ceil(excess[0] - excess[1]))
-                return Rejection(retry_hint_ms=hint)
-            if not self.config.qos:
+                if load.local_ahead is not None and degrader.prefill_locally(
+                    request.priority, load.high_remote
+                ):
+                    # Prefilled on the decode worker: the workers' queue is not ahead.
+                    queued_tokens = load.local_ahead[rank] + self._inbox_tokens_ahead(rank)
+            elif not self.config.qos:
                 return None
         return self.qos.check(
             request.priority,

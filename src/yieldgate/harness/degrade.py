@@ -25,6 +25,11 @@ clock; the backend is the driver):
    even above the objective: a burst shorter than ``sustain_s`` is absorbed,
    not shed.
 
+With early rejection on too (``HarnessConfig.qos``), a degraded priority
+short of a rejecting level is also held to ``QosPolicy.check``, on the queue
+of the route it will take (the decode worker's alone when
+``prefill_locally`` keeps it there): the backend's admission hook does that.
+
 ``Degrader`` is not thread-safe: the backend calls ``observe``,
 ``verdict``, ``cap`` and ``record`` from the event loop (readings come from
 admission checks, which run there) and ``prefill_locally`` from the engine

@@ -96,11 +96,18 @@ class EngineLoad(NamedTuple):
     off. ``running``: sequences decoding. ``steps_ahead``: decode steps before
     any new prompt can be admitted (``Scheduler.decode_steps_to_admit``), the
     same for every priority: swapped-out sequences come back first.
+
+    With prefill workers, ``local_ahead[r]`` is the engine's share of
+    ``queued_ahead[r]`` (a prompt prefilled on the decode worker waits behind
+    that only) and ``high_remote`` the high-priority prefills at the workers
+    (what keeps a degraded prompt local); ``None`` and 0 without workers.
     """
 
     queued_ahead: tuple[int, int, int] = (0, 0, 0)
     running: int = 0
     steps_ahead: int = 0
+    local_ahead: tuple[int, int, int] | None = None
+    high_remote: int = 0
 
 
 class TtftEstimator:
