@@ -112,9 +112,9 @@ def test_the_cli_names_the_flag_of_a_bad_age_bound() -> None:
 
 def test_a_front_request_that_does_not_fit_still_blocks_the_lower_ones_behind_it() -> None:
     # 4 blocks of 4: a high prompt needing 3 blocks waits for a running one to
-    # finish; the small low prompt behind it does not slip past it.
+    # finish (preemption for it off); the small low prompt behind it does not slip past it.
     blocks = BlockManager(4, 4)
-    sched = Scheduler(SchedulerConfig(watermark=0.0), blocks)
+    sched = Scheduler(SchedulerConfig(watermark=0.0, preempt_for_high=False), blocks)
     running = Sequence(0, prompt(0) * 2, SamplingParams(max_tokens=2), NORMAL)
     sched.add(running)
     assert sched.schedule() is not None

@@ -97,6 +97,7 @@ class HarnessConfig:
             timeout_s=self.worker_timeout_s,
             corrupt_first=self.corrupt_transfers,
             dtype=engine.dtype,
+            host_prefix_blocks=engine.host_prefix_blocks,
         )
 
 

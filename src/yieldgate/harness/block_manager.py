@@ -160,14 +160,28 @@ class BlockManager:
         seq.last_hash = _NO_HASH
         return targets
 
-    def can_allocate(self, seq: Sequence) -> bool:
-        """Whether ``allocate(seq)`` would succeed now."""
-        return self._fits(seq, self._match(seq))
+    def can_allocate_planned(self, seq: Sequence, plan: list[tuple[int, int]]) -> bool:
+        """Whether ``allocate_planned(seq, plan)`` would succeed now."""
+        shared = [self._blocks[block_id] for _, block_id in plan if block_id >= 0]
+        return self._fits(seq, shared)
 
-    def _fits(self, seq: Sequence, matched: list[_Block]) -> bool:
+    def can_allocate(self, seq: Sequence, *, extra: int = 0) -> bool:
+        """Whether ``allocate(seq)`` would succeed now (with ``extra`` more blocks available)."""
+        return self._fits(seq, self._match(seq), extra)
+
+    def _fits(self, seq: Sequence, matched: list[_Block], extra: int = 0) -> bool:
         reused_idle = sum(1 for block in matched if block.ref_count == 0)
         fresh = self.blocks_for(len(seq.tokens)) - len(matched)
-        return fresh + reused_idle <= self.num_available
+        return fresh + reused_idle <= self.num_available + extra
+
+    def num_freed_by(self, seqs: list[Sequence]) -> int:
+        """Blocks that freeing all of ``seqs`` would make available (shared ones counted once,
+        and only when no other sequence holds them)."""
+        held: dict[int, int] = {}
+        for seq in seqs:
+            for block_id in seq.block_table:
+                held[block_id] = held.get(block_id, 0) + 1
+        return sum(1 for block_id, n in held.items() if self._blocks[block_id].ref_count == n)
 
     # -- allocation -----------------------------------------------------------
 

@@ -16,8 +16,8 @@ whole sequence, and the cold one is the one the scheduler would preempt:
 the newest running sequence (the least progress, the last in first-come
 order; with priority on, of the lowest priority). Sequences come back oldest
 first (highest priority first, then oldest, with priority on), and no new
-prompt is admitted while any sequence is swapped out, as a recomputed
-sequence at the head of the waiting queue would block them too.
+prompt is admitted while any sequence is swapped out (but a high one passes
+those that are not high: ``Scheduler.may_pass``), as recompute would too.
 
 Prefetch. Page-ins are issued as soon as blocks free up, at the end of a
 step (``finish_step``), and run beside the next step: on CUDA on a side
@@ -348,11 +348,13 @@ class TieredScheduler(Scheduler):
             steps = max(steps, _tokens_left(seq))
         return steps
 
-    def _room_for(self, seq: Sequence, *, keep_watermark: bool) -> bool:
-        # Swapped-out sequences come back before anything new is admitted.
-        if self.swapped or self.incoming:
-            return False
-        return super()._room_for(seq, keep_watermark=keep_watermark)
+    def _held_back(self, seq: Sequence) -> bool:
+        # Swapped-out sequences come back before anything new is admitted (``may_pass``).
+        pending = [record.seq for record in (*self.swapped, *self.incoming)]
+        return bool(pending) and not self.may_pass(seq, pending)
+
+    def _num_joining(self) -> int:
+        return len(self.incoming)
 
     def _preempt(self, seq: Sequence) -> None:
         count = len(seq.block_table)
@@ -373,6 +375,12 @@ class TieredScheduler(Scheduler):
         """Swapped sequences come back oldest first, of the highest priority first when on."""
         seq = record.seq
         return (seq.rank if self.config.priority else 0, seq.id)
+
+    def _next_back(self) -> _Swapped:
+        """The next to come back: by ``_return_key``, one past the age bound as high."""
+        if not self.config.priority:
+            return self.swapped[0]
+        return min(self.swapped, key=lambda r: (self.effective_rank(r.seq), r.seq.id))
 
     def schedule(self) -> Batch | None:
         self._reap_aborted()
@@ -411,15 +419,18 @@ class TieredScheduler(Scheduler):
 
         A sequence comes back when its blocks, one more for its next token and
         the watermark fit (only its blocks when nothing else holds a slot), and
-        a slot in ``max_num_seqs`` is free.
+        a slot in ``max_num_seqs`` is free (``num_holding_slots``). One not served
+        as high waits while a waiting one is: it would be preempted again at once.
         """
         while self.swapped:
-            record = self.swapped[0]
-            busy = len(self.running) + len(self.incoming)
+            record = self._next_back()
+            busy = self.num_holding_slots
             need = len(record.host_blocks) + (1 + self._watermark_blocks if busy else 0)
             if need > self.blocks.num_available or busy >= self.config.max_num_seqs:
                 return
-            self.swapped.pop(0)
+            if self.effective_rank(record.seq) != 0 and self.high_waiting():
+                return
+            self.swapped.remove(record)
             self.blocks.allocate_blank(record.seq, len(record.host_blocks))
             record.page_in = self.tier.page_in(record.host_blocks, record.seq.block_table)
             self.incoming.append(record)

@@ -20,7 +20,12 @@ prefilled together in the next batch.
 
 Its KV pool is sized to what it prefills, not to the decode worker's pool
 (``prefill_worker_blocks``): it only holds the batch it computes until the
-KV is sent, and its prefix cache.
+KV is sent, and its prefix cache. With ``host_prefix_blocks`` (the decode
+worker's ``--host-prefix-blocks``) it keeps a prefix tier of its own, as the
+decode engine does: cached blocks its small pool evicts are copied to host
+memory, and a later prompt with the same prefix has them copied back
+(waiting for the copy: the worker computes the rest at once) instead of
+computing them again.
 """
 
 from __future__ import annotations
@@ -77,6 +82,8 @@ class WorkerSpec:
     timeout_s: float
     corrupt_first: int = 0  # testing only: send this many corrupted transfers first
     dtype: str = "float32"  # the decode engine's model dtype: the KV is sent in it
+    # The worker's own prefix tier (``EngineConfig.host_prefix_blocks``); 0 drops evicted blocks.
+    host_prefix_blocks: int = 0
 
     def engine_config(self) -> EngineConfig:
         return EngineConfig(
@@ -86,6 +93,7 @@ class WorkerSpec:
             num_blocks=self.num_blocks,
             block_size=self.block_size,
             dtype=self.dtype,
+            host_prefix_blocks=self.host_prefix_blocks,
         )
 
     def holds(self, num_prompt: int) -> bool:
@@ -156,6 +164,9 @@ class _Worker:
         self.acks: dict[int, bool] = {}
         self.stopping = False
         self.corrupt_left = spec.corrupt_first
+        # Prompt tokens computed here, and those found in its prefix cache or tier.
+        self.prompt_tokens_computed = 0
+        self.prefix_hit_tokens = 0
         cfg = engine.model.config
         self.expect = (cfg.n_layers, cfg.n_heads, cfg.head_dim)
 
@@ -206,13 +217,12 @@ class _Worker:
                 self._fail(job, "nothing to prefill remotely")
                 continue
             seq = Sequence(job.request_id, context, SamplingParams(max_tokens=1))
-            if not engine.blocks.can_allocate(seq):
+            if not self._allocate(seq):
                 if batch:
                     break  # after this batch's blocks are freed
                 self.jobs.popleft()
                 self._fail(job, "prompt does not fit the prefill worker's KV cache")
                 continue
-            engine.blocks.allocate(seq)
             new_tokens = len(context) - seq.num_computed
             if batch and new_tokens > budget:
                 engine.blocks.free(seq)
@@ -222,6 +232,8 @@ class _Worker:
             batch.append((job, seq))
         if not batch:
             return
+        self.prompt_tokens_computed += sum(len(s.tokens) - s.num_computed for _, s in batch)
+        self.prefix_hit_tokens += sum(s.num_cached for _, s in batch)
         started = time.perf_counter()
         engine.runner.run(Batch(True, [seq for _, seq in batch]))
         compute_ms = (time.perf_counter() - started) * 1000.0
@@ -237,6 +249,16 @@ class _Worker:
             for _, seq in batch:
                 engine.blocks.free(seq)
                 engine.runner.forget(seq)
+
+    def _allocate(self, seq: Sequence) -> bool:
+        """Give ``seq`` its blocks and what its prefix cache and prefix tier have of it."""
+        pager = self.engine.prefix_pager
+        if pager is not None:
+            return pager.allocate_now(seq)
+        if not self.engine.blocks.can_allocate(seq):
+            return False
+        self.engine.blocks.allocate(seq)
+        return True
 
     def _deliver(self, job: _Job, kv: torch.Tensor, compute_ms: float) -> None:
         header = KvHeader.for_tensor(job.request_id, job.start, kv, compute_ms)

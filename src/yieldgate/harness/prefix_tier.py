@@ -217,6 +217,7 @@ class PrefixPager:
         self.aborted: list[_PageBack] = []
         blocks.on_evict = tier.store
         scheduler.on_admit = self._on_admit
+        scheduler.slot_holders = self._num_paging_back
         self.num_page_backs = 0
 
     def reset_counters(self) -> None:
@@ -226,6 +227,9 @@ class PrefixPager:
     @property
     def has_work(self) -> bool:
         return bool(self.incoming or self.aborted)
+
+    def _num_paging_back(self) -> int:
+        return len(self.incoming)
 
     def schedule(self) -> Batch | None:
         """``scheduler.schedule()``, with page-backs started, admitted and reaped around it."""
@@ -246,8 +250,9 @@ class PrefixPager:
     def _on_admit(self, seq: Sequence, batched: int) -> Literal["admit", "taken", "wait"]:
         """The scheduler's ``on_admit``: start the page-back of a waiting sequence's prefix."""
         scheduler = self.scheduler
-        # Sequences paging back hold a place in ``max_num_seqs``: they join the batch soon.
-        if len(scheduler.running) + batched + len(self.incoming) >= scheduler.config.max_num_seqs:
+        # Sequences paging back hold a place in ``max_num_seqs`` (``slot_holders``):
+        # they join the batch soon.
+        if scheduler.num_holding_slots + batched >= scheduler.config.max_num_seqs:
             return "wait"
         plan = self.blocks.plan_prefix(seq.tokens, self.tier.contains)
         hashes = [block_hash for block_hash, block_id in plan if block_id < 0]
@@ -271,6 +276,43 @@ class PrefixPager:
         self.incoming.append(_PageBack(seq, hashes, handle, len(plan) * size))
         self.num_page_backs += 1
         return "taken"
+
+    def allocate_now(self, seq: Sequence) -> bool:
+        """Give ``seq`` its blocks, its prefix's host-tier blocks copied back before this returns.
+
+        For a caller that computes the rest at once and has nothing to run
+        beside the copy (a prefill worker). Sets ``seq.num_cached`` and
+        ``num_computed`` to the tokens found on the device or in the tier, as
+        ``BlockManager.allocate`` does for the device alone. ``False`` (nothing
+        taken) when the device blocks are not there.
+        """
+        plan = self.blocks.plan_prefix(seq.tokens, self.tier.contains)
+        hashes = [block_hash for block_hash, block_id in plan if block_id < 0]
+        if not hashes:
+            if not self.blocks.can_allocate(seq):
+                return False
+            self.blocks.allocate(seq)
+            return True
+        if not self.blocks.can_allocate_planned(seq, plan):
+            return False
+        self.tier.pin(hashes)  # before the allocation, whose evictions make room in the tier
+        try:
+            targets = self.blocks.allocate_planned(seq, plan)
+            handle = self.tier.page_back(hashes, targets)
+        except BaseException:
+            self.tier.unpin(hashes)
+            if seq.block_table:
+                self.blocks.free(seq)
+            raise
+        try:
+            self.tier.finish(handle, hashes)  # waits; unpins whatever happens
+        except BaseException:
+            self.blocks.free(seq)
+            raise
+        seq.num_cached = seq.num_computed = len(plan) * self.blocks.block_size
+        self.blocks.commit(seq)  # the paged-back blocks are in the device cache again
+        self.num_page_backs += 1
+        return True
 
     def _admit(self, *, wait_for_one: bool) -> None:
         arrived = [

@@ -25,6 +25,20 @@ lowest priority first, the newest within a priority. The ``ready`` sequences
 (their KV already in their blocks) are prefilled before the waiting ones, in the
 same order and with the same age bound. Off, every priority is served alike:
 first come, first served.
+
+Preemption for a waiting high one (``SchedulerConfig.preempt_for_high``). When
+the front of the waiting queue is served as high (its priority, or its age)
+and does not fit (no slot in ``max_num_seqs``, or not enough KV blocks), the
+least protected running sequences that are neither high nor past the age
+bound are preempted for it (paged out to the host tier if there is one, else
+recomputed later), the fewest that make room, and none when even all of them
+would not. A preempted sequence keeps its arrival, so it ages like any other:
+once past the bound it is served as high and is never preempted for a waiting
+one again, which bounds how often it can be pushed back.
+
+Slots. Everything that holds or is about to take a place in the decode batch
+counts against ``max_num_seqs`` (``num_holding_slots``): the running sequences,
+the ``ready`` ones, and those the tiers are paging in (``slot_holders``).
 """
 
 from __future__ import annotations
@@ -37,12 +51,15 @@ from typing import Literal
 from yieldgate.harness.block_manager import BlockManager
 from yieldgate.harness.sequence import Sequence, SequenceStatus
 
-__all__ = ["AdmitHook", "Batch", "Scheduler", "SchedulerConfig"]
+__all__ = ["AdmitHook", "Batch", "Scheduler", "SchedulerConfig", "SlotHolders"]
 
 # Asked about the head of the waiting queue before it is given blocks, with the
 # sequences this step has taken so far: "admit" it as usual, it was "taken" off
 # the queue (the prefix tier pages its blocks back first), or it must "wait".
 AdmitHook = Callable[[Sequence, int], Literal["admit", "taken", "wait"]]
+# Sequences outside the scheduler's queues that will join the batch (the prefix
+# tier's page-backs): each holds a place in ``max_num_seqs``.
+SlotHolders = Callable[[], int]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -64,6 +81,8 @@ class SchedulerConfig:
     priority: bool = True
     # Steps a waiting sequence waits before it is served as if it were high priority.
     priority_age_bound: int = 1000
+    # With priority on: preempt running sequences for a waiting high one that does not fit.
+    preempt_for_high: bool = True
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1:
@@ -107,8 +126,21 @@ class Scheduler:
         self.num_preemptions = 0
         # Steps scheduled so far: the clock that waiting sequences age by.
         self.clock = 0
+        # Preemptions made for a waiting high-priority sequence (in ``num_preemptions`` too).
+        self.num_priority_preemptions = 0
         self._watermark_blocks = int(config.watermark * blocks.num_blocks)
         self.on_admit: AdmitHook | None = None
+        self.slot_holders: SlotHolders | None = None
+
+    @property
+    def num_holding_slots(self) -> int:
+        """Sequences that hold a place in ``max_num_seqs``: running, ready, or joining soon."""
+        held = len(self.running) + len(self.ready) + self._num_joining()
+        return held + (self.slot_holders() if self.slot_holders is not None else 0)
+
+    def _num_joining(self) -> int:
+        """Sequences this scheduler is bringing back into the batch (a host tier's page-ins)."""
+        return 0
 
     @property
     def has_work(self) -> bool:
@@ -153,12 +185,41 @@ class Scheduler:
         self.remote[seq.id] = seq
         return True
 
-    def _room_for(self, seq: Sequence, *, keep_watermark: bool) -> bool:
-        """Whether ``seq`` can have its blocks now, leaving the watermark free if asked."""
-        if not self.blocks.can_allocate(seq):
+    def _room_for(self, seq: Sequence, *, keep_watermark: bool, freed: int = 0) -> bool:
+        """Whether ``seq`` can have its blocks now, leaving the watermark free if asked.
+
+        ``freed``: as if that many more blocks were available (preemption's what-if).
+        """
+        if self._held_back(seq) or not self.blocks.can_allocate(seq, extra=freed):
             return False
         need = self.blocks.blocks_for(len(seq.tokens))
-        return not keep_watermark or self.blocks.num_available - need >= self._watermark_blocks
+        available = self.blocks.num_available + freed
+        return not keep_watermark or available - need >= self._watermark_blocks
+
+    def _held_back(self, seq: Sequence) -> bool:
+        """Whether ``seq`` may not be given blocks yet whatever is free (the host tier's rule)."""
+        return False
+
+    def effective_rank(self, seq: Sequence) -> int:
+        """``seq.rank``, or 0 (high) once it arrived ``priority_age_bound`` steps ago."""
+        if seq.arrival_step <= self.clock - self.config.priority_age_bound:
+            return 0
+        return seq.rank
+
+    def may_pass(self, seq: Sequence, others: list[Sequence]) -> bool:
+        """Whether ``seq`` may be admitted before ``others`` (swapped out) come back: when it
+        is served as high and none of them is (``preempt_for_high``)."""
+        cfg = self.config
+        if not (cfg.priority and cfg.preempt_for_high) or self.effective_rank(seq) != 0:
+            return False
+        return all(self.effective_rank(other) != 0 for other in others)
+
+    def high_waiting(self) -> bool:
+        """Whether a waiting sequence may preempt running ones (``preempt_for_high``)."""
+        cfg = self.config
+        if not (cfg.priority and cfg.preempt_for_high):
+            return False
+        return any(self.effective_rank(seq) == 0 for seq in self.waiting)
 
     def kv_arrived(self, seq: Sequence, num_computed: int) -> None:
         """The KV of ``seq``'s first ``num_computed`` tokens is in its blocks now."""
@@ -266,7 +327,7 @@ class Scheduler:
             seq.prefill_tokens += new_tokens
             seqs.append(seq)
         for seq in self.waiting_order() if self.waiting else ():
-            if len(self.running) + len(seqs) >= cfg.max_num_seqs:
+            if not self._fits(seq, len(seqs)) and not self._preempt_for(seq, len(seqs)):
                 break
             verdict = "admit" if self.on_admit is None else self.on_admit(seq, len(seqs))
             if verdict == "taken":  # the hook took it out of the queue (a page-back)
@@ -288,6 +349,40 @@ class Scheduler:
             return None
         self.running.extend(seqs)
         return Batch(True, seqs)
+
+    def _fits(self, seq: Sequence, batched: int, victims: list[Sequence] | None = None) -> bool:
+        """Whether waiting ``seq`` has a slot and its blocks beside ``batched`` new ones,
+        with ``victims`` (running) as if preempted."""
+        victims = victims or []
+        if self.num_holding_slots - len(victims) + batched >= self.config.max_num_seqs:
+            return False
+        freed = self.blocks.num_freed_by(victims) if victims else 0
+        keep = len(self.running) > len(victims)
+        return self._room_for(seq, keep_watermark=keep, freed=freed)
+
+    def _preempt_for(self, seq: Sequence, batched: int) -> bool:
+        """Preempt the fewest least protected running sequences that make room for ``seq``.
+
+        Only for a sequence served as high, and only sequences neither high nor
+        past the age bound are taken; nothing is preempted when even all of them
+        would not make room. Whether ``seq`` fits now.
+        """
+        cfg = self.config
+        if not (cfg.priority and cfg.preempt_for_high) or self.effective_rank(seq) != 0:
+            return False
+        victims: list[Sequence] = []
+        for victim in reversed(self.protection_order()):
+            if self.effective_rank(victim) == 0:
+                continue
+            victims.append(victim)
+            if self._fits(seq, batched, victims):
+                break
+        else:
+            return False
+        for victim in victims:
+            self._preempt(victim)
+            self.num_priority_preemptions += 1
+        return self._fits(seq, batched)
 
     def _schedule_decode(self) -> Batch | None:
         seqs: list[Sequence] = []
