@@ -21,6 +21,8 @@ CONFIG = PlannerConfig(
     decode_step=2,
     long_prompt_tokens=100,
 )
+# Issue 32's rule: idle workers stopped, a TTFT miss never moves the batch, a lagging window.
+LEGACY = replace(CONFIG, stop_idle_workers=True, ttft_bounds_batch=False, mix_shift=None)
 
 
 class Split:
@@ -66,7 +68,7 @@ def test_it_holds_until_it_has_seen_enough() -> None:
 
 def test_a_traffic_shift_moves_capacity_both_ways() -> None:
     """Long prompts and short outputs, then short prompts and long outputs, then calm."""
-    planner = Planner(CONFIG)
+    planner = Planner(LEGACY)
     split = Split(workers=1, decode_seqs=8)
     log: list[tuple[str, int, str]] = []
     now = 0.0
@@ -120,7 +122,7 @@ def test_a_traffic_shift_moves_capacity_both_ways() -> None:
 
 
 def test_colocated_serving_when_offload_does_not_pay_and_back() -> None:
-    planner = Planner(CONFIG)
+    planner = Planner(LEGACY)
     split = Split(workers=2)
     now = feed(planner, 0.0, 5, ttft=20, tpot=5, prompt=10)
     split.apply(planner.decide(now, split.capacity()))
@@ -137,21 +139,21 @@ def test_colocated_serving_when_offload_does_not_pay_and_back() -> None:
 
 
 def test_short_prompts_missing_ttft_get_no_prefill_worker() -> None:
-    planner = Planner(CONFIG)
+    planner = Planner(LEGACY)
     now = feed(planner, 0.0, 5, ttft=300, tpot=5, prompt=10)
     assert planner.decide(now, Split(workers=0).capacity()) == []
     assert planner.last_hold == "ttft_over_objective_short_prompts"
 
 
 def test_both_objectives_missed_is_not_a_split_problem() -> None:
-    planner = Planner(CONFIG)
+    planner = Planner(LEGACY)
     now = feed(planner, 0.0, 5, ttft=300, tpot=50, prompt=500)
     assert planner.decide(now, Split().capacity()) == []
     assert planner.last_hold == "overloaded"
 
 
 def test_both_missed_with_a_prefill_backlog_adds_a_prefill_worker() -> None:
-    planner = Planner(CONFIG)
+    planner = Planner(LEGACY)
     split = Split(workers=1)
     split.prefill_queue = 2  # one prompt waiting behind the one being prefilled
     now = feed(planner, 0.0, 5, ttft=300, tpot=50, prompt=500)
@@ -202,6 +204,94 @@ def test_old_samples_leave_the_window() -> None:
     assert planner.last_hold == "too_few_samples"
 
 
+def test_issue_42_a_shift_moves_the_batch_and_keeps_the_workers() -> None:
+    """Summarise at max prefill workers: the TTFT misses, so the batch bounds the queue.
+    Then reason: short prompts, a full batch with headroom on both objectives: it grows
+    with the headroom.
+    The idle prefill workers stay (stopping them would free no CPU and cost a restart)."""
+    planner = Planner(CONFIG)
+    split = Split(workers=2, decode_seqs=8)
+    log: list[tuple[str, int, str]] = []
+    now = 0.0
+
+    def step(n: int, **kwargs: float) -> None:
+        nonlocal now
+        now = feed(planner, now, n, **kwargs)  # type: ignore[arg-type]
+        decisions = planner.decide(now, split.capacity())
+        split.apply(decisions)
+        log.extend((d.action, d.target, d.reason) for d in decisions)
+        now += 1.0
+
+    split.prefill_queue = 1
+    step(6, ttft=130, tpot=0, prompt=1000)  # 8 x 100/130: 6
+    step(6, ttft=150, tpot=0, prompt=1000)  # 6 x 100/150: 4
+    step(6, ttft=90, tpot=0, prompt=1000)  # met, without headroom: no growth
+    assert planner.last_hold == "within_objectives"
+    split.prefill_queue = 0
+    split.decode_running = 4
+    # Headroom x4 on the TPOT, x5 on the TTFT: 4 x 0.5 x 4, in one step (at most doubling).
+    step(6, ttft=20, tpot=5, prompt=20)
+    split.decode_running = 8
+    step(6, ttft=20, tpot=5, prompt=20)  # at max_decode_seqs; workers idle, kept
+    assert planner.last_hold == "within_objectives"
+    assert log == [
+        ("set_decode_seqs", 6, "ttft_queue_bound"),
+        ("set_decode_seqs", 4, "ttft_queue_bound"),
+        ("set_decode_seqs", 8, "decode_headroom"),
+    ]
+    assert split.workers == 2
+
+
+def test_issue_42_a_ttft_miss_still_adds_a_prefill_worker_first() -> None:
+    planner = Planner(CONFIG)
+    now = feed(planner, 0.0, 5, ttft=300, tpot=5, prompt=500)
+    [decision] = planner.decide(now, Split(workers=1).capacity())
+    assert (decision.action, decision.reason) == ("start_prefill_worker", "ttft_over_objective")
+
+
+def test_issue_42_short_prompts_missing_ttft_bound_the_batch() -> None:
+    planner = Planner(CONFIG)
+    now = feed(planner, 0.0, 5, ttft=300, tpot=5, prompt=10)
+    [decision] = planner.decide(now, Split(workers=0, decode_seqs=8).capacity())
+    # In proportion to the miss: 8 x 100 / 300, not one step of 2.
+    assert (decision.action, decision.target, decision.reason) == (
+        "set_decode_seqs",
+        2,
+        "ttft_queue_bound",
+    )
+    now = feed(planner, now + 2, 5, ttft=300, tpot=5, prompt=10)
+    assert planner.decide(now, Split(workers=0, decode_seqs=2).capacity()) == []
+    assert planner.last_hold == "ttft_over_objective_short_prompts"
+
+
+def test_issue_42_both_missed_lowers_the_batch() -> None:
+    planner = Planner(CONFIG)
+    now = feed(planner, 0.0, 5, ttft=300, tpot=50, prompt=500)
+    [decision] = planner.decide(now, Split(workers=2, decode_seqs=8).capacity())
+    assert (decision.action, decision.target, decision.reason) == (
+        "set_decode_seqs",
+        6,
+        "overloaded",
+    )
+
+
+def test_issue_42_idle_workers_are_kept_unless_asked() -> None:
+    """TPOT missed, nothing queued at the workers: the batch shrinks, no worker stops."""
+    split = Split(workers=1, decode_seqs=8)
+    for config, expected in (
+        (CONFIG, ("set_decode_seqs", "tpot_over_objective")),
+        (replace(CONFIG, stop_idle_workers=True), ("stop_prefill_worker", "reassign_to_decode")),
+    ):
+        planner = Planner(config)
+        now = feed(planner, 0.0, 5, ttft=20, tpot=50, prompt=10)
+        [decision] = planner.decide(now, split.capacity())
+        assert (decision.action, decision.reason) == expected
+    # Both met with short prompts: the worker stays, by default.
+    planner = Planner(CONFIG)
+    now = feed(planner, 0.0, 5, ttft=20, tpot=15, prompt=10)
+    assert planner.decide(now, split.capacity()) == []
+
+
 @pytest.mark.parametrize(
     ("kwargs", "match"),
     [
@@ -217,6 +307,8 @@ def test_old_samples_leave_the_window() -> None:
         ({"decode_step": 0}, "decode_step"),
         ({"window_s": float("inf")}, "window_s"),
         ({"interval_s": True}, "interval_s"),
+        ({"stop_idle_workers": 1}, "stop_idle_workers"),
+        ({"ttft_bounds_batch": "yes"}, "ttft_bounds_batch"),
     ],
 )
 def test_bad_configs_are_refused(kwargs: dict[str, object], match: str) -> None:
@@ -230,3 +322,37 @@ def test_bad_samples_are_refused() -> None:
         planner.record(0.0, ttft_ms=-1.0, tpot_ms=None, prompt_tokens=1)
     with pytest.raises(ValueError, match="prompt_tokens"):
         planner.record(0.0, ttft_ms=1.0, tpot_ms=None, prompt_tokens=-1)
+
+
+def test_issue_42_a_change_in_the_prompt_mix_empties_the_window() -> None:
+    """The requests of a phase that ended no longer judge the split of the next one."""
+    planner = Planner(CONFIG)
+    split = Split(workers=2, decode_seqs=6)
+    split.decode_running = 6
+    now = feed(planner, 0.0, 8, ttft=95, tpot=0, prompt=1000)  # long prompts, TTFT just met
+    now = feed(planner, now, 1, ttft=20, tpot=5, prompt=20)  # one short prompt: no shift yet
+    assert planner.decide(now, split.capacity()) == []
+    assert planner.last_hold == "within_objectives"  # the long prompts' TTFT lacks headroom
+    assert planner.stats()["mix_shifts"] == 0
+    now = feed(planner, now + 1, 3, ttft=20, tpot=5, prompt=20)  # min_samples short ones now
+    [grow] = planner.decide(now, split.capacity())
+    assert (grow.reason, grow.samples) == ("decode_headroom", 4)
+    assert planner.stats()["mix_shifts"] == 1
+    # Without the rule, the long prompts' TTFT keeps the batch where it is.
+    lagging = Planner(replace(CONFIG, mix_shift=None))
+    now = feed(lagging, 0.0, 8, ttft=95, tpot=0, prompt=1000)
+    now = feed(lagging, now + 1, 8, ttft=20, tpot=5, prompt=20)
+    assert lagging.decide(now, split.capacity()) == []
+
+
+def test_issue_42_growth_follows_the_headroom_within_bounds() -> None:
+    config = replace(CONFIG, max_decode_seqs=16)
+    targets = []
+    for seqs, tpot in ((4, 1.0), (6, 10.0)):  # x20 headroom: doubles; x2 x 0.5: one step
+        planner = Planner(config)
+        now = feed(planner, 0.0, 5, ttft=1, tpot=tpot, prompt=10)
+        state = Capacity(prefill_workers=0, prefill_queue=0, decode_seqs=seqs, decode_running=seqs)
+        [grow] = planner.decide(now, state)
+        assert grow.reason == "decode_headroom"
+        targets.append(grow.target)
+    assert targets == [8, 8]

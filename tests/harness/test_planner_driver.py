@@ -45,6 +45,8 @@ PLANNER = PlannerConfig(
     decode_step=2,
     long_prompt_tokens=100,
     min_long_share=0.0,
+    # Off by default (an idle worker costs no CPU here); on, to test that stopping works.
+    stop_idle_workers=True,
 )
 LONG = "a long prompt for the prefill workers, with many tokens in it. " * 4
 

@@ -19,30 +19,45 @@ The rule, evaluated at most every ``interval_s``:
 - **Hold** while fewer than ``min_samples`` requests finished since the last
   change, or within ``cooldown_s`` of it. The windows are emptied at each
   change, so every decision is made on traffic served under the split in
-  force. Samples older than ``window_s`` are dropped.
+  force. Samples older than ``window_s`` are dropped, and so are those from
+  before a change in the prompt mix (``mix_shift``: the newest
+  ``min_samples`` differ from the rest in their share of long prompts by that
+  much), so a phase that ended does not judge the next one.
 - ``ttft`` and ``tpot`` are the ``percentile``-th (nearest rank) of the window;
   ``long_share`` the share of its prompts of at least ``long_prompt_tokens``.
 - **Both objectives missed**: when more prompts are queued at the prefill
   workers than there are workers (at least two), the prefill side is the
   backlog: start a prefill worker (``prefill_backlog``), up to the maximum,
-  if ``long_share`` is at least ``min_long_share``. Otherwise hold
-  (``overloaded``: no split fixes that; early rejection and degradation
-  shed load instead).
+  if ``long_share`` is at least ``min_long_share``. Otherwise lower the
+  decode batch by ``decode_step`` (``overloaded``), or hold when
+  ``ttft_bounds_batch`` is off.
 - **TTFT missed**: with ``long_share`` at least ``min_long_share``, start a
   prefill worker (``disaggregate`` from none, else ``ttft_over_objective``),
-  up to ``max_prefill_workers``; otherwise hold (short prompts: more prefill
-  workers would not take them).
-- **TPOT missed**: stop a prefill worker when there is one above
-  ``min_prefill_workers`` and it is not needed (``long_share`` under
-  ``min_long_share``, or nothing queued at the workers): its core goes to
-  decode (``reassign_to_decode``); else lower the decode batch by
-  ``decode_step`` (``tpot_over_objective``), down to ``min_decode_seqs``.
-- **Both met**: stop a prefill worker when ``long_share`` is under
-  ``min_long_share`` (``colocate`` for the last one, else ``offload_unused``);
-  else, when the TPOT is under ``headroom`` times its objective and decode
-  runs full, raise the decode batch (``decode_headroom``), up to
-  ``max_decode_seqs``, unless sequences are swapped out to the host KV tier
-  (hold, ``decode_memory_bound``: memory, not the batch size, is short).
+  up to ``max_prefill_workers``. When no prefill worker can be added (at the
+  maximum, or short prompts it would not take), the first token waits in the
+  queue that the decode batch (and the Governor's capacity, which moves with
+  it) bounds: lower it in proportion (times the objective over the TTFT),
+  by ``decode_step`` at least (``ttft_queue_bound``), or hold when
+  ``ttft_bounds_batch`` is off.
+- **TPOT missed**: lower the decode batch by ``decode_step``
+  (``tpot_over_objective``), down to ``min_decode_seqs``. With
+  ``stop_idle_workers``, first stop a prefill worker above
+  ``min_prefill_workers`` that is not needed (``long_share`` under
+  ``min_long_share``, or nothing queued at the workers:
+  ``reassign_to_decode``).
+- **Both met**: with ``stop_idle_workers`` and ``long_share`` under
+  ``min_long_share``, stop a prefill worker (``colocate`` for the last one,
+  else ``offload_unused``); else, when the TPOT (and with
+  ``ttft_bounds_batch`` the TTFT too) is under ``headroom`` times its
+  objective and decode runs full, raise the decode batch
+  (``decode_headroom``: by the headroom seen, times ``headroom``, at most
+  doubling, at least ``decode_step``), up to ``max_decode_seqs``, unless sequences are
+  swapped out to the host KV tier (hold, ``decode_memory_bound``: memory,
+  not the batch size, is short).
+
+``stop_idle_workers`` is off by default (issue 42): an idle prefill worker
+process here takes no CPU, and starting it again costs seconds (a torch
+import and a model load) that serving pays for.
 
 Every decision carries its reason and the figures behind it; ``stats()``
 keeps the last ``history`` of them.
@@ -98,6 +113,9 @@ class PlannerConfig:
     headroom: float = 0.5
     long_prompt_tokens: int = 128
     min_long_share: float = 0.2
+    stop_idle_workers: bool = False
+    ttft_bounds_batch: bool = True
+    mix_shift: float | None = 0.5
     history: int = 64
 
     def __post_init__(self) -> None:
@@ -112,6 +130,10 @@ class PlannerConfig:
         _positive("headroom", self.headroom)
         if self.headroom > 1:
             raise ValueError(f"headroom must be in (0, 1], got {self.headroom!r}")
+        if self.mix_shift is not None:
+            _positive("mix_shift", self.mix_shift)
+            if self.mix_shift > 1:
+                raise ValueError(f"mix_shift must be in (0, 1] or None, got {self.mix_shift!r}")
         _positive("min_long_share", self.min_long_share, zero=True)
         if self.min_long_share > 1:
             raise ValueError(f"min_long_share must be in [0, 1], got {self.min_long_share!r}")
@@ -123,6 +145,9 @@ class PlannerConfig:
         _count("decode_step", self.decode_step, 1)
         _count("long_prompt_tokens", self.long_prompt_tokens, 1)
         _count("history", self.history, 1)
+        for name in ("stop_idle_workers", "ttft_bounds_batch"):
+            if type(getattr(self, name)) is not bool:
+                raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -178,6 +203,7 @@ class Planner:
         self.decisions: deque[Decision] = deque(maxlen=self.config.history)
         self.decisions_total = 0
         self.last_hold: str | None = None
+        self.mix_shifts = 0
 
     def record(
         self, now: float, *, ttft_ms: float, tpot_ms: float | None, prompt_tokens: int
@@ -195,6 +221,26 @@ class Planner:
         while self._samples and self._samples[0].at < horizon:
             self._samples.popleft()
 
+    def _forget_on_mix_shift(self) -> None:
+        """Drop samples from before a change in the prompt mix: they judge other traffic.
+
+        The newest ``min_samples`` are the traffic now; when their share of long
+        prompts differs from the older samples' by ``mix_shift`` or more, the
+        older ones go, so the next decision waits for neither ``window_s`` nor
+        the slow requests of the phase that ended.
+        """
+        shift = self.config.mix_shift
+        recent = self.config.min_samples
+        if shift is None or len(self._samples) <= recent:
+            return
+        samples = list(self._samples)
+        old, new = samples[:-recent], samples[-recent:]
+        old_share = sum(s.long for s in old) / len(old)
+        new_share = sum(s.long for s in new) / len(new)
+        if abs(new_share - old_share) >= shift:
+            self._samples = deque(new)
+            self.mix_shifts += 1
+
     def decide(self, now: float, state: Capacity) -> list[Decision]:
         """The changes to make now (none or one); ``last_hold`` says why when none."""
         cfg = self.config
@@ -202,6 +248,7 @@ class Planner:
             return []
         self._last_decide = now
         self._expire(now)
+        self._forget_on_mix_shift()
         if self._last_change is not None and now - self._last_change < cfg.cooldown_s:
             return self._hold("cooldown")
         samples = list(self._samples)
@@ -215,6 +262,9 @@ class Planner:
         tpot_bad = tpot > cfg.tpot_ms
         few_long = long_share < cfg.min_long_share
         workers = state.prefill_workers
+        may_stop = cfg.stop_idle_workers and workers > cfg.min_prefill_workers
+        can_lower = state.decode_seqs > cfg.min_decode_seqs
+        lower = max(cfg.min_decode_seqs, state.decode_seqs - cfg.decode_step)
         action: tuple[str, int, str] | None = None
         hold = "within_objectives"
         if ttft_bad and tpot_bad:
@@ -222,30 +272,38 @@ class Planner:
             backlog = state.prefill_queue > max(1, workers)
             if backlog and not few_long and workers < cfg.max_prefill_workers:
                 action = ("start_prefill_worker", workers + 1, "prefill_backlog")
+            elif cfg.ttft_bounds_batch and can_lower:
+                action = ("set_decode_seqs", lower, "overloaded")
             else:
                 hold = "overloaded"
         elif ttft_bad:
-            if few_long:
-                hold = "ttft_over_objective_short_prompts"
-            elif workers < cfg.max_prefill_workers:
+            if not few_long and workers < cfg.max_prefill_workers:
                 reason = "disaggregate" if workers == 0 else "ttft_over_objective"
                 action = ("start_prefill_worker", workers + 1, reason)
+            elif cfg.ttft_bounds_batch and can_lower:
+                # No prefill to add: the wait is the queue, and the batch bounds it.
+                # The wait grows with the queue: cut in proportion, at least one step.
+                scaled = math.floor(state.decode_seqs * cfg.ttft_ms / ttft)
+                target = max(cfg.min_decode_seqs, min(lower, scaled))
+                action = ("set_decode_seqs", target, "ttft_queue_bound")
+            elif few_long:
+                hold = "ttft_over_objective_short_prompts"
             else:
                 hold = "prefill_at_max"
         elif tpot_bad:
             idle = few_long or state.prefill_queue == 0
-            if workers > cfg.min_prefill_workers and idle:
+            if may_stop and idle:
                 action = ("stop_prefill_worker", workers - 1, "reassign_to_decode")
-            elif state.decode_seqs > cfg.min_decode_seqs:
-                target = max(cfg.min_decode_seqs, state.decode_seqs - cfg.decode_step)
-                action = ("set_decode_seqs", target, "tpot_over_objective")
+            elif can_lower:
+                action = ("set_decode_seqs", lower, "tpot_over_objective")
             else:
                 hold = "decode_at_min"
-        elif few_long and workers > cfg.min_prefill_workers:
+        elif few_long and may_stop:
             reason = "colocate" if workers == 1 else "offload_unused"
             action = ("stop_prefill_worker", workers - 1, reason)
         elif (
             tpot <= cfg.headroom * cfg.tpot_ms
+            and (not cfg.ttft_bounds_batch or ttft <= cfg.headroom * cfg.ttft_ms)
             and state.decode_running >= state.decode_seqs
             and state.decode_seqs < cfg.max_decode_seqs
         ):
@@ -253,8 +311,13 @@ class Planner:
                 # A bigger batch would admit more than the KV memory holds: more swapping.
                 hold = "decode_memory_bound"
             else:
-                target = min(cfg.max_decode_seqs, state.decode_seqs + cfg.decode_step)
-                action = ("set_decode_seqs", target, "decode_headroom")
+                # Grow with the headroom seen (at most doubling), by a step at least.
+                ratios = [cfg.tpot_ms / tpot if tpot > 0 else math.inf]
+                if cfg.ttft_bounds_batch:
+                    ratios.append(cfg.ttft_ms / ttft if ttft > 0 else math.inf)
+                grown = state.decode_seqs * min(2.0, cfg.headroom * min(ratios))
+                target = max(state.decode_seqs + cfg.decode_step, math.floor(grown))
+                action = ("set_decode_seqs", min(cfg.max_decode_seqs, target), "decode_headroom")
         if action is None:
             return self._hold(hold)
         name, target, reason = action
@@ -286,6 +349,7 @@ class Planner:
             "decisions_total": self.decisions_total,
             "decisions": [d.to_dict() for d in self.decisions],
             "last_hold": self.last_hold,
+            "mix_shifts": self.mix_shifts,
             "samples": len(self._samples),
             "config": asdict(self.config),
         }
