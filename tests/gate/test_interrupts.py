@@ -140,11 +140,16 @@ class Parking(Timer):
         return event.wait(seconds)
 
 
-def interrupted(gate: Gate, n: int, entry: Entry) -> tuple[InterruptAt, list[Any], list[bool]]:
+def interrupted(
+    gate: Gate, n: int, entry: Entry, *, free: bool = False
+) -> tuple[InterruptAt, list[Any], list[bool]]:
     """``entry`` run in a thread, interrupted at its ``n``-th line of watched code; its
-    call waits for the only slot (held by this thread, released once the call waits)."""
-    _, lease = gate.call_and_hold_sync(answer)
-    timer = gate._timer = Parking()
+    call waits for the only slot (held by this thread, released once the call waits),
+    or with ``free`` finds it free."""
+    lease = None if free else gate.call_and_hold_sync(answer)[1]
+    timer = Parking()
+    if not free:
+        gate._timer = timer
     tracer = InterruptAt(gate, n)
     outcome: list[Any] = []
     received: list[bool] = []
@@ -164,8 +169,9 @@ def interrupted(gate: Gate, n: int, entry: Entry) -> tuple[InterruptAt, list[Any
 
     thread = threading.Thread(target=caller)
     thread.start()
-    until(lambda: timer.parked.is_set() or outcome, "the call waits")
-    lease.release()
+    if lease is not None:
+        until(lambda: timer.parked.is_set() or outcome, "the call waits")
+        lease.release()
     thread.join(30)
     assert not thread.is_alive()
     return tracer, outcome, received
@@ -239,30 +245,6 @@ class Instant(Timer):
         pass
 
 
-def free(gate: Gate, n: int, entry: Entry) -> tuple[InterruptAt, list[Any], list[bool]]:
-    """``entry`` run in a thread with its slot free, interrupted at its ``n``-th line."""
-    tracer = InterruptAt(gate, n)
-    outcome: list[Any] = []
-    received: list[bool] = []
-
-    def caller() -> None:
-        sys.settrace(tracer)
-        try:
-            outcome.append(entry(gate, received))
-        except BaseException as exc:  # the interrupt, raised to the caller
-            outcome.append(exc)
-        finally:
-            sys.settrace(None)
-            if current_attempt() is not None:
-                outcome.append(f"left current: {current_attempt()!r}")
-
-    thread = threading.Thread(target=caller)
-    thread.start()
-    thread.join(30)
-    assert not thread.is_alive()
-    return tracer, outcome, received
-
-
 @pytest.mark.parametrize("entry", [express, retried])
 def test_the_express_lane_survives_an_interrupt_at_any_line(entry: Entry) -> None:
     """A call of the plain shape with its slot free goes by the express lane (its first
@@ -272,12 +254,12 @@ def test_the_express_lane_survives_an_interrupt_at_any_line(entry: Entry) -> Non
     counted = None
     for _ in range(2):
         gate = build(0, quota=False)
-        counted, outcome, _ = free(gate, 0, entry)
+        counted, outcome, _ = interrupted(gate, 0, entry, free=True)
         check(gate, counted, outcome, [], "not interrupted")
     assert counted is not None
     for n in range(1, counted.lines + 1):
         gate = build(n, quota=False)
-        tracer, outcome, received = free(gate, n, entry)
+        tracer, outcome, received = interrupted(gate, n, entry, free=True)
         assert tracer.fired, f"line {n} of {counted.lines} never reached"
         check(gate, tracer, outcome, received, f"interrupted at line {n} of {counted.lines}")
         stats = gate.statistics()

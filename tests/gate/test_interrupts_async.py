@@ -86,12 +86,17 @@ async def http_async(gate: Gate, received: list[bool]) -> Any:
     return "ok"
 
 
-def interrupted(gate: Gate, n: int, entry: AsyncEntry) -> tuple[InterruptAt, list[Any], list[bool]]:
+def interrupted(
+    gate: Gate, n: int, entry: AsyncEntry, *, free: bool = False
+) -> tuple[InterruptAt, list[Any], list[bool]]:
     """``entry`` run as a task of its own under ``asyncio.run``, interrupted at the
     ``n``-th line of watched code run by any task but the loop's main one; its call
     waits for the only slot (held from outside the loop, freed by the main task once
-    the call is parked: a task that waits for the slot is suspended there)."""
-    _, lease = gate.call_and_hold_sync(answer)
+    the call is parked: a task that waits for the slot is suspended there), or with
+    ``free`` finds it free."""
+    lease = gate.call_and_hold_sync(answer)[1]
+    if free:
+        lease.release()
     outcome: list[Any] = []
     received: list[bool] = []
     main: list[asyncio.Task[Any]] = []
@@ -159,37 +164,6 @@ async def retried(gate: Gate, received: list[bool]) -> Any:
     return await gate.call(answer_next)
 
 
-def free(gate: Gate, n: int, entry: AsyncEntry) -> tuple[InterruptAt, list[Any], list[bool]]:
-    """``entry`` run as a task of its own under ``asyncio.run``, its slot free,
-    interrupted at the ``n``-th line of watched code that task runs."""
-    outcome: list[Any] = []
-    received: list[bool] = []
-    main: list[asyncio.Task[Any]] = []
-
-    def traced() -> bool:
-        try:
-            task = asyncio.current_task()
-        except RuntimeError:  # no loop running
-            return False
-        return task is not None and task not in main
-
-    tracer = InterruptAt(gate, n, only=traced)
-
-    async def run() -> Any:
-        main.append(asyncio.current_task())  # type: ignore[arg-type]
-        return await asyncio.create_task(entry(gate, received))
-
-    sys.settrace(tracer)
-    try:
-        outcome.append(asyncio.run(run()))
-    except BaseException as exc:  # the interrupt, out of the loop
-        outcome.append(exc)
-    finally:
-        sys.settrace(None)
-        main.clear()
-    return tracer, outcome, received
-
-
 @pytest.mark.parametrize("entry", [express, retried])
 def test_the_express_lane_survives_an_interrupt_at_any_line(entry: AsyncEntry) -> None:
     """As the sync lane's sweep (test_interrupts.py): a call that takes the lane, and
@@ -197,12 +171,12 @@ def test_the_express_lane_survives_an_interrupt_at_any_line(entry: AsyncEntry) -
     counted = None
     for _ in range(2):
         gate = quick(0)
-        counted, outcome, _ = free(gate, 0, entry)
+        counted, outcome, _ = interrupted(gate, 0, entry, free=True)
         check(gate, counted, outcome, [], "not interrupted")
     assert counted is not None
     for n in range(1, counted.lines + 1):
         gate = quick(n)
-        tracer, outcome, received = free(gate, n, entry)
+        tracer, outcome, received = interrupted(gate, n, entry, free=True)
         assert tracer.fired, f"line {n} of {counted.lines} never reached"
         check(gate, tracer, outcome, received, f"interrupted at line {n} of {counted.lines}")
 

@@ -14,12 +14,13 @@ from __future__ import annotations
 from typing import Any
 
 from yieldgate._exceptions import GateClosedError
+from yieldgate.gate import _express
 from yieldgate.gate._attempt import CURRENT, current_task
 from yieldgate.gate._call import CallState
 from yieldgate.gate._core import GateCore, log
 from yieldgate.gate._lease import Lease
 from yieldgate.gate._outcome import Classifier, OutcomeKind, OutcomeSignal, checked
-from yieldgate.gate._policy import GatePolicy, UsePolicy
+from yieldgate.gate._policy import USE_POLICY, GatePolicy, UsePolicy
 from yieldgate.gate._quota import Cost, as_cost
 from yieldgate.gate._telemetry import NULL_OBSERVER, CallDetails, CallObserver
 from yieldgate.protocol import Priority
@@ -63,6 +64,21 @@ class GateBase:
         except Exception:
             log.exception("an instrumentation hook of gate %r raised", self.name)
             return NULL_OBSERVER
+
+    def _lane_observer(
+        self, priority: Priority | str, timeout: Timeout, cost: Cost | int | None
+    ) -> CallObserver | None:
+        """For a call that may take the express lane (``_express``: a ``Priority``, the
+        policy's timeout, no cost, a Gate of the plain shape), its observer, asked for
+        now (``NULL_OBSERVER``: it takes the lane); ``None`` for any other call."""
+        if (
+            type(priority) is Priority
+            and timeout is USE_POLICY
+            and cost is None
+            and _express.plain(self._core)
+        ):
+            return self._observer(priority)
+        return None
 
     def _new_call(
         self,

@@ -13,7 +13,7 @@ from typing import Any, TypeVar, TypeVarTuple, overload
 import anyio
 import anyio.lowlevel
 
-from yieldgate.gate import _async, _express
+from yieldgate.gate import _async
 from yieldgate.gate._call import CallState
 from yieldgate.gate._calls import GateBase, Timeout
 from yieldgate.gate._lease import Lease
@@ -120,27 +120,21 @@ class AsyncCalls(GateBase):
             except Exception as exc:
                 return self._classify_nested(classify, None, exc)
             return self._classify_nested(classify, value, None)
-        core = self._core
-        observer = None
-        if (
-            type(priority) is Priority
-            and timeout is USE_POLICY
-            and cost is None
-            and _express.plain(core)
-        ):
-            observer = self._observer(priority)
-            if observer is NULL_OBSERVER:
-                core.since_checkpoint += 1
-                if core.since_checkpoint >= _CHECKPOINT_EVERY:
-                    core.since_checkpoint = 0
-                    await anyio.lowlevel.checkpoint()
-                outcome, handed = await _async.express(
-                    core, fn, args, priority, classify or core.classify
-                )
-                if handed is not None:
-                    return await self._run_async(fn, args, handed, classify, None, first=outcome)
-                if outcome is not None:
-                    return outcome.value
+        observer = self._lane_observer(priority, timeout, cost)
+        if observer is NULL_OBSERVER:
+            assert type(priority) is Priority  # as ``_lane_observer`` found
+            core = self._core
+            core.since_checkpoint += 1
+            if core.since_checkpoint >= _CHECKPOINT_EVERY:  # as in ``_run_async``
+                core.since_checkpoint = 0
+                await anyio.lowlevel.checkpoint()
+            outcome, handed = await _async.express(
+                core, fn, args, priority, classify or core.classify
+            )
+            if handed is not None:
+                return await self._run_async(fn, args, handed, classify, None, first=outcome)
+            if outcome is not None:
+                return outcome.value
         call = self._new_call(priority, timeout, hold=False, cost=cost, observer=observer)
         return await self._run_async(fn, args, call, classify, None)
 

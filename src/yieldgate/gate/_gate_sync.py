@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar, TypeVarTuple
 
 from yieldgate._exceptions import BlockingCallError
-from yieldgate.gate import _express, _sync
+from yieldgate.gate import _sync
 from yieldgate.gate._attempt import current_task
 from yieldgate.gate._call import CallState
 from yieldgate.gate._calls import GateBase, Timeout
@@ -193,23 +193,17 @@ class SyncCalls(GateBase):
                 return self._classify_nested(classify, None, exc)
             return self._classify_nested(classify, value, None)
         task = self._thread("call_sync", fn, allow_event_loop)
-        core = self._core
-        observer = None
-        if (
-            type(priority) is Priority
-            and timeout is USE_POLICY
-            and cost is None
-            and _express.plain(core)
-        ):
-            observer = self._observer(priority)
-            if observer is NULL_OBSERVER:
-                outcome, handed = _sync.express(
-                    core, fn, args, priority, classify or core.classify, task
-                )
-                if handed is not None:
-                    return self._run_sync(fn, args, handed, classify, None, first=outcome)
-                if outcome is not None:
-                    return outcome.value
+        observer = self._lane_observer(priority, timeout, cost)
+        if observer is NULL_OBSERVER:
+            assert type(priority) is Priority  # as ``_lane_observer`` found
+            core = self._core
+            outcome, handed = _sync.express(
+                core, fn, args, priority, classify or core.classify, task
+            )
+            if handed is not None:
+                return self._run_sync(fn, args, handed, classify, None, first=outcome)
+            if outcome is not None:
+                return outcome.value
         call = self._new_call(
             priority, timeout, hold=False, cost=cost, task=task, observer=observer
         )
