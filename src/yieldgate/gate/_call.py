@@ -232,13 +232,7 @@ class CallState:
         call's, whichever ends first)."""
         core = self.core
         number = self.attempts = attempt.number = self.attempts + 1
-        attempt_s = core.policy.timeout.attempt_s
-        deadline = self.deadline
-        if attempt_s is not None and (deadline is None or now + attempt_s < deadline):
-            deadline = now + attempt_s
-        attempt.started = now
-        attempt.deadline = deadline
-        attempt.mark_sent(now)
+        attempt.send(now, core.policy.timeout.attempt_s)
         if self.withdrawn is not None:  # the retry it paid for is being sent
             core.draws -= 1
             self.withdrawn = None

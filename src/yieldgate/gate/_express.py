@@ -73,13 +73,7 @@ def admit(core: GateCore, attempt: Attempt, now: float) -> bool:
         counters.calls += 1
         counters.attempts += 1
         attempt.number = 1
-        attempt_s = core.policy.timeout.attempt_s
-        deadline = attempt.call_deadline
-        if attempt_s is not None and (deadline is None or now + attempt_s < deadline):
-            deadline = now + attempt_s
-        attempt.started = now
-        attempt.deadline = deadline
-        attempt.mark_sent(now)
+        attempt.send(now, core.policy.timeout.attempt_s)
         core.budget.deposit(now)  # a request, for the retry budget
     return True
 

@@ -179,6 +179,16 @@ class Attempt:
 
     # -- admission's entries --------------------------------------------------------
 
+    def send(self, now: float, attempt_s: float | None) -> None:
+        """The attempt goes out now (under the lock): its start, its deadline (its own
+        timeout, ``attempt_s``, or the call's, whichever ends first), its claim in flight."""
+        deadline = self.call_deadline
+        if attempt_s is not None and (deadline is None or now + attempt_s < deadline):
+            deadline = now + attempt_s
+        self.started = now
+        self.deadline = deadline
+        self.mark_sent(now)
+
     def mark_sent(self, now: float) -> None:
         """The attempt is going out: its claim is in flight from now (under the lock)."""
         self.sent = True

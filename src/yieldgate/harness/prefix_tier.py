@@ -260,16 +260,7 @@ class PrefixPager:
             return "admit"
         if not scheduler._room_for(seq, keep_watermark=bool(scheduler.running)):
             return "wait"
-        # Pinned before the allocation, whose evictions make room in the tier.
-        self.tier.pin(hashes)
-        try:
-            targets = self.blocks.allocate_planned(seq, plan)
-            handle = self.tier.page_back(hashes, targets)
-        except BaseException:
-            self.tier.unpin(hashes)
-            if seq.block_table:
-                self.blocks.free(seq)
-            raise
+        handle = self._page_back(seq, plan, hashes)
         scheduler.waiting.remove(seq)
         seq.status = SequenceStatus.SWAPPED
         size = self.blocks.block_size
@@ -295,15 +286,7 @@ class PrefixPager:
             return True
         if not self.blocks.can_allocate_planned(seq, plan):
             return False
-        self.tier.pin(hashes)  # before the allocation, whose evictions make room in the tier
-        try:
-            targets = self.blocks.allocate_planned(seq, plan)
-            handle = self.tier.page_back(hashes, targets)
-        except BaseException:
-            self.tier.unpin(hashes)
-            if seq.block_table:
-                self.blocks.free(seq)
-            raise
+        handle = self._page_back(seq, plan, hashes)
         try:
             self.tier.finish(handle, hashes)  # waits; unpins whatever happens
         except BaseException:
@@ -313,6 +296,21 @@ class PrefixPager:
         self.blocks.commit(seq)  # the paged-back blocks are in the device cache again
         self.num_page_backs += 1
         return True
+
+    def _page_back(self, seq: Sequence, plan: list[tuple[int, int]], hashes: list[int]) -> PageIn:
+        """Allocate ``seq``'s blocks by ``plan`` and start copying its tier blocks
+        (``hashes``) back into them: the copy's handle. The tier blocks are pinned
+        before the allocation, whose evictions make room in the tier; whatever
+        fails gives back the pins and the blocks."""
+        self.tier.pin(hashes)
+        try:
+            targets = self.blocks.allocate_planned(seq, plan)
+            return self.tier.page_back(hashes, targets)
+        except BaseException:
+            self.tier.unpin(hashes)
+            if seq.block_table:
+                self.blocks.free(seq)
+            raise
 
     def _admit(self, *, wait_for_one: bool) -> None:
         arrived = [
