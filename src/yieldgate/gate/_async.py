@@ -33,7 +33,7 @@ from yieldgate.gate._call import CallState, attempt_timed_out
 from yieldgate.gate._core import GateCore
 from yieldgate.gate._hedge import hedged_round
 from yieldgate.gate._ledger import Attempt
-from yieldgate.gate._outcome import Classifier, Outcome, checked
+from yieldgate.gate._outcome import Classifier, Outcome, checked, plain_success
 from yieldgate.gate._retrying import Strategies, needs_retry
 from yieldgate.gate._shared import GRANTS, FleetOp
 from yieldgate.protocol import Priority
@@ -339,7 +339,7 @@ async def express(
         token = CURRENT.set(attempt)
         outcome, cut = await bounded(core, attempt, fn, args, classify, None)
         token = CURRENT.reset(token)  # type: ignore[func-returns-value]  # one line: reset, and None
-        if outcome is not None and not cut and _express.is_plain_success(outcome):
+        if outcome is not None and not cut and plain_success(outcome):
             _express.ended_ok(core, attempt, core.clock())
             return outcome, None
         call = _express.handover(core, attempt, outcome, core.clock(), task, cut=cut)

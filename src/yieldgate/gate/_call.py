@@ -37,7 +37,7 @@ from yieldgate.gate._core import GateCore, Held
 from yieldgate.gate._decide import decide
 from yieldgate.gate._lease import Lease
 from yieldgate.gate._ledger import Attempt
-from yieldgate.gate._outcome import Outcome, OutcomeKind
+from yieldgate.gate._outcome import Outcome, OutcomeKind, plain_success
 from yieldgate.gate._quota import ONE_REQUEST, Cost, Quota
 from yieldgate.gate._shared import FleetOp, given_back
 from yieldgate.gate._signals import judge
@@ -265,12 +265,7 @@ class CallState:
                 attempt.give_back(now)
             core.after_lock()
             return False
-        if (
-            outcome is not None
-            and outcome.kind is OutcomeKind.OK
-            and outcome.error is None
-            and outcome.reason is None
-        ):
+        if outcome is not None and plain_success(outcome):
             # A plain success (most attempts): what ``judge`` says of it, without
             # building its questions.
             signal, verdict, error = Signal.SUCCESS, Verdict.SUCCESS, None

@@ -19,13 +19,11 @@ ends the attempt and runs the retries exactly as for any other call.
 
 from __future__ import annotations
 
-from typing import Any
-
 from yieldgate.gate._breaker import Verdict
 from yieldgate.gate._call import CallState
 from yieldgate.gate._core import GateCore
 from yieldgate.gate._ledger import Attempt
-from yieldgate.gate._outcome import Outcome, OutcomeKind
+from yieldgate.gate._outcome import Outcome
 from yieldgate.gate._quota import ONE_REQUEST
 from yieldgate.gate._telemetry import NULL_OBSERVER
 from yieldgate.gate._window import Signal
@@ -78,11 +76,6 @@ def admit(core: GateCore, attempt: Attempt, now: float) -> bool:
     return True
 
 
-def is_plain_success(outcome: Outcome) -> bool:
-    """An answer ``CallState.end`` would judge a plain success (no reason, no error)."""
-    return outcome.kind is OutcomeKind.OK and outcome.error is None and outcome.reason is None
-
-
 def ended_ok(core: GateCore, attempt: Attempt, now: float) -> None:
     """A plain success: ``CallState.end`` and ``_ended`` for the plain call, in one step."""
     up = attempt.upstream
@@ -93,8 +86,7 @@ def ended_ok(core: GateCore, attempt: Attempt, now: float) -> None:
             # What ``begin`` reads of a call admitted late (``CallState._note``).
             up.latency.record(now - attempt.started)
         core.counters.calls_ok += 1
-    if core.events:
-        core.deliver()
+    core.after_lock()
 
 
 def ended_early(core: GateCore, attempt: Attempt, now: float) -> None:
@@ -131,8 +123,3 @@ def handover(
     call.attempts = 1
     call.end(attempt, outcome, now, cut=cut)
     return call
-
-
-def value_of(outcome: Outcome) -> Any:
-    """A plain success's value (typed for the drivers)."""
-    return outcome.value

@@ -294,6 +294,12 @@ def default_classify(value: Any, error: BaseException | None) -> Outcome:
     return _aws_outcome(error) or Outcome.fatal(error)
 
 
+def plain_success(outcome: Outcome) -> bool:
+    """A success with nothing more to say (no reason, no error): most attempts'. The
+    Gate ends it without asking ``judge`` (``CallState.end``, the express lane)."""
+    return outcome.kind is OutcomeKind.OK and outcome.error is None and outcome.reason is None
+
+
 def checked(classify: Classifier, value: Any, error: BaseException | None) -> Outcome:
     """``classify(value, error)``, which must be an ``Outcome``: anything else is a
     ``TypeError`` (raised to the caller once the attempt's ledger is closed)."""

@@ -35,7 +35,7 @@ from yieldgate.gate._attempt import CURRENT
 from yieldgate.gate._call import CallState
 from yieldgate.gate._core import GateCore
 from yieldgate.gate._ledger import Attempt
-from yieldgate.gate._outcome import Classifier, Outcome, checked
+from yieldgate.gate._outcome import Classifier, Outcome, checked, plain_success
 from yieldgate.gate._retrying import Strategies, needs_retry
 from yieldgate.gate._shared import GRANTS, FleetOp
 from yieldgate.protocol import Priority
@@ -356,7 +356,7 @@ def express(
             return None, None
         attempt.task = task
         outcome = _answer(attempt, fn, args, classify, None)
-        if _express.is_plain_success(outcome):
+        if plain_success(outcome):
             _express.ended_ok(core, attempt, core.clock())
             return outcome, None
         call = _express.handover(core, attempt, outcome, core.clock(), task)
