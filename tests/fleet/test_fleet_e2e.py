@@ -153,18 +153,27 @@ def test_redis_killed_mid_burst_fails_no_call_and_restarted_is_rejoined(
     server, _tpm, _bound = quota_server(serve)
     procs = start(server.http_url, fresh_redis.url, MEMBERS, status_dir=tmp_path)
     try:
-        deadline = time.monotonic() + 60
+        # Each wait has a bound of its own: the members' start-up (four interpreters
+        # importing openai on a busy machine) is no part of how soon they meet an outage.
+        deadline = time.monotonic() + 120
         while http_stats(server)["quota_requests_charged_total"] < 50:  # under way
             assert time.monotonic() < deadline
             time.sleep(0.05)
         fresh_redis.stop()
+        stopped = time.monotonic()
         # Down until every member has met the outage (a member whose calls all wait
-        # out a pace meets it only when they wake) and half the burst is charged.
+        # out a pace, at most a window, meets it only when they wake) and half the
+        # burst is charged.
         while (
             http_stats(server)["quota_requests_charged_total"] < 200
             or min(status(tmp_path / f"{i}.json")["outages"] for i in range(MEMBERS)) < 1
         ):
-            assert time.monotonic() < deadline, [status(p) for p in tmp_path.glob("*.json")]
+            waited = time.monotonic() - stopped
+            assert waited < 60 + 2 * WINDOW_S, (
+                waited,
+                http_stats(server)["quota_requests_charged_total"],
+                [status(tmp_path / f"{i}.json") for i in range(MEMBERS)],
+            )
             time.sleep(0.05)
         fresh_redis.start()  # the same port
     except BaseException:
