@@ -14,6 +14,7 @@ import torch
 from torch import Tensor
 
 from yieldgate.harness._model_config import ModelConfig
+from yieldgate.harness._resident import ResidentKV
 from yieldgate.harness._sync import to_host
 
 __all__ = ["KVCache"]
@@ -70,6 +71,29 @@ class KVCache:
         # The stores seen a block at a time, (n_layers, num_blocks, block_size, H, D).
         blocked = (config.n_layers, num_blocks, block_size, config.n_heads, config.head_dim)
         self._k_blocks, self._v_blocks = self.k.view(blocked), self.v.view(blocked)
+        # The decode batch's rows kept between steps (``use_resident``); None: gathered.
+        self.resident: ResidentKV | None = None
+
+    def use_resident(self, rows: int = 1) -> None:
+        """Keep the decode batch's contexts resident between steps (float storage only),
+        room for ``rows`` (the most a decode batch holds) made at once."""
+        if self.quantized:
+            raise ValueError("resident decode rows need a float KV cache")
+        n_layers, _, heads, dim = self.k.shape
+        self.resident = ResidentKV(
+            n_layers=n_layers, n_heads=heads, head_dim=dim, block_size=self.block_size,
+            dtype=self.k.dtype, device=self.k.device, rows=rows,
+        )  # fmt: skip
+
+    @property
+    def blocked(self) -> tuple[Tensor, Tensor]:
+        """Keys and values a block at a time, ``(n_layers, num_blocks, block_size, H, D)`` views."""
+        return self._k_blocks, self._v_blocks
+
+    def written(self, slots: Tensor) -> None:
+        """Something other than the model wrote ``slots``: resident rows built from them go."""
+        if self.resident is not None:
+            self.resident.drop_slots(slots)
 
     @property
     def k_scale(self) -> Tensor:

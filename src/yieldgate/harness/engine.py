@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from yieldgate.harness._resident import resident_counters
 from yieldgate.harness.block_manager import BlockManager
 from yieldgate.harness.kv_tiers import HostKVTier, TieredScheduler, tier_counters
 from yieldgate.harness.model import KVCache, ModelConfig, TinyTransformer, load_checkpoint
@@ -77,6 +78,11 @@ class EngineConfig:
     # from the device pool are kept in (LRU) and paged back from on a prefix hit;
     # 0 drops them.
     host_prefix_blocks: int = 0
+    # Decode attends over each running sequence's context kept in place between
+    # steps instead of gathered from the paged cache every step (``_resident``): a
+    # second copy of the running KV for a step without the gather. None: on a
+    # CPU with a float cache (there the gather costs more than attention).
+    resident_kv: bool | None = None
 
     def __post_init__(self) -> None:
         if self.num_blocks < 1:
@@ -100,6 +106,8 @@ class EngineConfig:
             )
         if self.block_size < 1:
             raise ValueError("block_size must be >= 1")
+        if self.resident_kv and self.kv_dtype == "int8":
+            raise ValueError("resident_kv needs a float kv_dtype (int8 KV is converted as read)")
         if self.speculative is not None and self.kv_dtype == "int8":
             # A rejected draft's keys can raise a block's scale and requantise the
             # tokens already there: greedy output would no longer match plain decoding.
@@ -151,6 +159,11 @@ class Engine:
             dtype=torch.int8 if config.kv_storage == "int8" else dtype,
             compute_dtype=dtype,
         )
+        resident = config.resident_kv
+        if resident is None:
+            resident = self.device.type == "cpu" and not self.cache.quantized
+        if resident:
+            self.cache.use_resident(config.scheduler.max_num_seqs)
         self.blocks = BlockManager(config.num_blocks, config.block_size)
         self.scheduler = Scheduler(config.scheduler, self.blocks)
         self.kv_tier: HostKVTier | None = None
@@ -268,6 +281,7 @@ class Engine:
                 self.cache.write(layer, slots, kv[0, layer], kv[1, layer])
             self.scheduler.kv_arrived(seq, start + count)
             return
+        self.cache.written(slots)
         for layer in range(self.model.config.n_layers):
             self.cache.k[layer].index_copy_(0, slots, kv[0, layer])
             self.cache.v[layer].index_copy_(0, slots, kv[1, layer])
@@ -440,6 +454,7 @@ class Engine:
             "dtype": self.config.dtype,
             "kv_dtype": self.config.kv_storage,
             "kv_bytes_per_block": self.cache.bytes_per_block,
+            **resident_counters(self.cache.resident),
             **tier_counters(self.scheduler),
             **prefix_counters(self.prefix_pager),
         }

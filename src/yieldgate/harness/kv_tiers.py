@@ -73,13 +73,7 @@ class KVTierStats:
 
 def block_views(cache: KVCache) -> list[Tensor]:
     """Views of the cache's tensors with the block index as dimension 1 (int8 scales included)."""
-    size = cache.block_size
-    views = []
-    for t in (cache.k, cache.v):
-        views.append(t.view(t.shape[0], cache.num_blocks, size, *t.shape[2:]))
-    if cache.quantized:
-        views.append(cache.kv_scale)
-    return views
+    return [*cache.blocked, cache.kv_scale] if cache.quantized else list(cache.blocked)
 
 
 class PageIn:
@@ -123,6 +117,7 @@ class HostKVTier:
         self.device = cache.k.device
         self._cuda = self.device.type == "cuda"
         self._views = block_views(cache)
+        self._cache = cache  # its resident rows built from a block paged into go
         self._host = [
             torch.zeros(
                 (num_blocks, view.shape[0], *view.shape[2:]),
@@ -195,6 +190,8 @@ class HostKVTier:
         if len(host_blocks) != len(device_blocks):
             raise ValueError("page_in needs one device block per host block")
         handle = PageIn(list(host_blocks), list(device_blocks), keep_host=keep_host)
+        if self._cache.resident is not None:
+            self._cache.resident.drop_blocks(set(device_blocks))
         if self._stream is not None:
             # The index is made on the compute stream, the only one that reads it.
             (handle._index,) = to_device([device_blocks], self.device)

@@ -20,15 +20,16 @@ from __future__ import annotations
 
 import math
 import pickle  # only for its error type: torch.load(weights_only=True) refuses code
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from yieldgate.harness._attention_batch import AttentionBatch
 from yieldgate.harness._kv_cache import KVCache
 from yieldgate.harness._model_config import ModelConfig
+from yieldgate.harness._resident import ResidentStep
 
 __all__ = [
     "AttentionBatch",
@@ -38,46 +39,6 @@ __all__ = [
     "load_checkpoint",
     "save_checkpoint",
 ]
-
-
-@dataclass(slots=True, kw_only=True)
-class AttentionBatch:
-    """Where the new tokens' keys go and what each query attends to.
-
-    ``slot_mapping[i]`` is the cache slot of new token ``i``. For a prefill
-    batch, sequence ``j`` owns new tokens ``query_starts[j]`` to
-    ``query_starts[j + 1]``, and attends over ``context_slots[j]`` (every
-    slot of its context, cached prefix first), of which the first
-    ``num_cached[j]`` were in the cache before this step. For a decode batch
-    every sequence has one new token and attends over the row
-    ``context_slots[j]`` of a padded matrix whose ``context_mask`` is true
-    where a slot is real.
-
-    A decode batch may give its context by block instead (``context_blocks``,
-    ``(rows, blocks)``, padded with any block): row ``j``'s context is every
-    slot of its blocks in order, ``block_size`` each, and ``context_mask``
-    covers that many columns. Gathering whole blocks moves the same bytes as
-    gathering slots, in runs of a block (``_gather_context``).
-
-    A decode batch with ``query_index`` set has several new tokens per row
-    (speculative verification): new token ``i`` is query ``query_index[i]``
-    of the flattened ``(rows, queries)`` grid, and ``context_mask`` has a
-    row per query, ``(rows, 1, queries, context)``.
-
-    ``num_stepwise[j]`` (prefill): how many of sequence ``j``'s last new
-    tokens decode had written one at a time (a recompute's output so far);
-    an int8 cache writes and attends them one at a time again, in order.
-    """
-
-    is_prefill: bool
-    slot_mapping: Tensor
-    context_slots: list[Tensor] | Tensor | None = None
-    context_blocks: Tensor | None = None
-    query_starts: list[int] | None = None
-    num_cached: list[int] | None = None
-    context_mask: Tensor | None = None
-    query_index: Tensor | None = None
-    num_stepwise: list[int] | None = None
 
 
 class _Block(nn.Module):
@@ -109,8 +70,11 @@ class _Block(nn.Module):
 
     def forward_paged(self, x: Tensor, layer: int, cache: KVCache, batch: AttentionBatch) -> Tensor:
         # x: (N, d), the new tokens of every sequence in the batch, flattened
+        if batch.resident is not None:
+            return self._forward_resident(x, layer, cache, batch.resident, batch.slot_mapping)
         n = x.shape[0]
-        q, k, v = self.qkv(self.ln1(x)).view(n, 3, self.n_heads, self.head_dim).unbind(1)
+        qkv = self.qkv(self.ln1(x)).view(n, 3, self.n_heads, self.head_dim)
+        q, k, v = qkv.unbind(1)
         if cache.quantized:
             return self._forward_paged_quantized(x, q, k, v, layer, cache, batch)
         k_cache, v_cache = cache.k[layer], cache.v[layer]
@@ -124,6 +88,25 @@ class _Block(nn.Module):
             out = self._attend_decode(q, layer, cache, batch)
         x = x + self.proj(out)
         return x + self._mlp(x)
+
+    def _forward_resident(
+        self, x: Tensor, layer: int, cache: KVCache, step: ResidentStep, slots: Tensor
+    ) -> Tensor:
+        # A decode step over resident rows (``_resident``), a CPU's hot path: the
+        # arithmetic of ``forward_paged``'s by block, with the modules' functions
+        # called directly (no module dispatch) and the mask made float once a step.
+        n = x.shape[0]
+        ln1, ln2, qkv_, proj, up, down = self.ln1, self.ln2, self.qkv, self.proj, self.up, self.down
+        h = F.layer_norm(x, ln1.normalized_shape, ln1.weight, ln1.bias, ln1.eps)
+        qkv = F.linear(h, qkv_.weight, qkv_.bias).view(n, 3, self.n_heads, self.head_dim)
+        cache.k[layer].index_copy_(0, slots, qkv[:, 1])
+        cache.v[layer].index_copy_(0, slots, qkv[:, 2])
+        step.write(layer, qkv[:, 1:])
+        k, v = step.keys_values(layer)
+        out = F.scaled_dot_product_attention(qkv[:, 0].unsqueeze(2), k, v, attn_mask=step.mask)
+        x = x + F.linear(out.reshape(n, -1), proj.weight, proj.bias)
+        h = F.layer_norm(x, ln2.normalized_shape, ln2.weight, ln2.bias, ln2.eps)
+        return x + F.linear(F.gelu(F.linear(h, up.weight, up.bias)), down.weight, down.bias)
 
     def _forward_paged_quantized(
         self,
@@ -426,6 +409,8 @@ class TinyTransformer(nn.Module):
         last_index: Tensor,
     ) -> Tensor:
         """Logits of the tokens at ``last_index`` (one per sequence) after writing the new KV."""
+        if batch.resident is None and cache.resident is not None:
+            cache.resident.drop_slots(batch.slot_mapping)  # rows built from what this writes
         x = self.embed(tokens) + self.pos(positions)
         for layer, block in enumerate(self._layers):
             x = block.forward_paged(x, layer, cache, batch)

@@ -50,6 +50,9 @@ class ModelRunner:
         else:
             tokens, positions, attention, last = self._prepare_decode(batch.seqs)
         logits = self.model.forward_paged(tokens, positions, self.cache, attention, last)
+        if attention.resident is not None:
+            assert self.cache.resident is not None
+            self.cache.resident.commit()
         chosen = self.sample(batch.seqs, logits)
         rows, tensors = self.logprob_tensors(batch.seqs, logits, chosen)
         chosen_ids, *read = to_host(chosen, *tensors)
@@ -118,9 +121,18 @@ class ModelRunner:
         tables, tokens, positions_t, slots_t = to_device(
             [padded, [seq.tokens[-1] for seq in seqs], positions, slots], device
         )
-        attention = decode_attention_by_block(
-            tables.view(len(seqs), width), positions_t, slots_t, size
-        )
+        tables = tables.view(len(seqs), width)
+        attention = decode_attention_by_block(tables, positions_t, slots_t, size)
+        if self.cache.resident is not None:
+            assert attention.context_mask is not None
+            attention.resident = self.cache.resident.step(
+                self.cache.blocked,
+                [seq.id for seq in seqs],
+                [seq.block_table for seq in seqs],
+                positions,
+                tables,
+                attention.context_mask,
+            )
         last = torch.arange(len(seqs), device=device)
         return tokens, positions_t, attention, last
 

@@ -448,6 +448,7 @@ class Speculator:
         if copies:
             # The branch's key and value, written in a scratch slot, become the sequence's.
             src, dst = to_device([[c[0] for c in copies], [c[1] for c in copies]], self.device)
+            self.cache.written(dst)
             self.cache.k.index_copy_(1, dst, self.cache.k.index_select(1, src))
             self.cache.v.index_copy_(1, dst, self.cache.v.index_select(1, src))
         return kept, logprobs
