@@ -31,12 +31,15 @@ operators taking the most time are listed.
 
 ``--compare`` (issue 42) measures 16 streams only, in every model / KV
 configuration (float32 / float32, bfloat16 / bfloat16, float32 / int8,
-bfloat16 / int8) and, for int8, also the decode path before issue 42 (two
-fresh copies per gathered tensor, ``model.INT8_BEFORE_ISSUE_42``), in the same
-process, in alternated rounds (the order reversed every other round), each with
-its dtype's matmul roofline measured in the same round; it reports min,
-median and max of each and the paired ratios per round (int8 now against
-before, bfloat16 against float32).
+bfloat16 / int8), float KV also gathered from the paged cache every step
+(``gathered``: ``resident_kv=False``, the decode before its resident rows)
+and int8 also by its decode path before issue 42 (two fresh copies per
+gathered tensor, ``model.INT8_BEFORE_ISSUE_42``), in the same process, in
+alternated rounds (the order reversed every other round), each with its
+dtype's matmul roofline measured in the same round; it reports min, median
+and max of each and the paired ratios per round (resident against gathered,
+int8 now against before, bfloat16 against float32). ``--gather`` makes the
+other modes gather too.
 
 ``--dtype`` sets the model's dtype and ``--kv-dtype`` the KV cache's storage
 (``EngineConfig.dtype`` and ``kv_dtype``; defaults float32 and auto); the
@@ -115,6 +118,7 @@ def warm_engine(args: argparse.Namespace) -> Engine:
             dtype=args.dtype,
             kv_dtype=args.kv_dtype,
             scheduler=SchedulerConfig(max_num_seqs=max(CONCURRENCY)),
+            resident_kv=args.resident,
         )
     )
     engine.generate(prompts(2, 64), SamplingParams(max_tokens=8))
@@ -218,16 +222,20 @@ def profile_decode(args: argparse.Namespace, top: int = 12) -> None:
         )
 
 
-# (label, model dtype, KV dtype, the int8 path before issue 42)
+# label, model dtype, KV dtype, int8 as before issue 42, resident rows (None: the default)
 COMPARED = (
-    ("f32/f32", "float32", "auto", False),
-    ("bf16/bf16", "bfloat16", "auto", False),
-    ("f32/int8", "float32", "int8", False),
-    ("f32/int8 before", "float32", "int8", True),
-    ("bf16/int8", "bfloat16", "int8", False),
-    ("bf16/int8 before", "bfloat16", "int8", True),
+    ("f32/f32", "float32", "auto", False, None),
+    ("f32/f32 gathered", "float32", "auto", False, False),
+    ("bf16/bf16", "bfloat16", "auto", False, None),
+    ("bf16/bf16 gathered", "bfloat16", "auto", False, False),
+    ("f32/int8", "float32", "int8", False, None),
+    ("f32/int8 before", "float32", "int8", True, None),
+    ("bf16/int8", "bfloat16", "int8", False, None),
+    ("bf16/int8 before", "bfloat16", "int8", True, None),
 )
 PAIRS = (
+    ("f32/f32", "f32/f32 gathered"),
+    ("bf16/bf16", "bf16/bf16 gathered"),
     ("f32/int8", "f32/int8 before"),
     ("bf16/int8", "bf16/int8 before"),
     ("bf16/bf16", "f32/f32"),
@@ -258,12 +266,11 @@ def compare(args: argparse.Namespace) -> dict[str, object]:
         for dtype, model in models.items():
             gflops[dtype].append(matmul_gflops(model))
         order = COMPARED if round_no % 2 == 0 else tuple(reversed(COMPARED))
-        for label, dtype, kv_dtype, before in order:
+        for label, dtype, kv_dtype, before, resident in order:
             model_module.INT8_BEFORE_ISSUE_42 = before
+            options = {"dtype": dtype, "kv_dtype": kv_dtype, "resident": resident}
             try:
-                run = run_once(
-                    top, argparse.Namespace(**{**vars(args), "dtype": dtype, "kv_dtype": kv_dtype})
-                )
+                run = run_once(top, argparse.Namespace(**{**vars(args), **options}))
             finally:
                 model_module.INT8_BEFORE_ISSUE_42 = False
             runs[label].append(run)
@@ -321,6 +328,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="16 streams in every model/KV dtype, int8 also by its path before issue 42",
     )
     parser.add_argument("--json", help="also write the results to this file")
+    parser.add_argument(
+        "--gather",
+        dest="resident",
+        action="store_const",
+        const=False,
+        default=None,
+        help="gather each decode step's context from the paged cache (resident_kv=False)",
+    )
     parser.add_argument(
         "--clock",
         choices=("wall", "cpu"),

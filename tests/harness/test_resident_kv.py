@@ -237,3 +237,30 @@ def test_rows_grow_past_the_columns_made_at_first_keeping_what_they_hold() -> No
     assert small.rows_built == 1
     assert small.store is not None
     assert small.store.shape[4] == 32  # 4, 8, 16, 32: doubled
+
+
+@pytest.mark.parametrize(("flag", "wanted"), [("auto", None), ("on", True), ("off", False)])
+def test_the_serve_flag_sets_it_and_names_itself_in_errors(flag: str, wanted: bool | None) -> None:
+    from yieldgate.cli import _parser
+    from yieldgate.cli._common import flag_error
+    from yieldgate.cli._serve import _harness_backend
+    from yieldgate.cli._serve_flags import FLAGS
+
+    args = _parser().parse_args(["serve", "--backend", "harness", "--resident-kv", flag])
+    assert _harness_backend(args).config.engine.resident_kv is wanted
+    with pytest.raises(ValueError, match="resident_kv needs a float kv_dtype") as caught:
+        EngineConfig(resident_kv=True, kv_dtype="int8")
+    assert str(flag_error(caught.value, FLAGS)).startswith("--resident-kv")
+
+
+def test_the_counters_show_the_rows_memory_and_work() -> None:
+    on = engine(True)
+    run(on, [(p, SamplingParams(max_tokens=5)) for p in prompts(3)])
+    stats = on.stats()
+    assert stats["kv_resident_rows_built"] == 3
+    # Made for max_num_seqs rows of 256 tokens: keys and values of every layer, float32.
+    rows = EngineConfig().scheduler.max_num_seqs
+    assert stats["kv_resident_bytes"] == rows * SMALL.n_layers * 2 * 256 * SMALL.d_model * 4
+    off = engine(False)
+    run(off, [(p, SamplingParams(max_tokens=5)) for p in prompts(3)])
+    assert off.stats()["kv_resident_bytes"] == off.stats()["kv_resident_rows_built"] == 0

@@ -147,6 +147,7 @@ def _harness_backend(args: argparse.Namespace) -> Any:
         host_prefix_blocks=args.host_prefix_blocks,
         dtype=args.dtype,
         kv_dtype=args.kv_dtype,
+        resident_kv={"auto": None, "on": True, "off": False}[args.resident_kv],
         scheduler=SchedulerConfig(
             max_num_seqs=args.max_inflight,
             max_num_batched_tokens=args.max_num_batched_tokens,

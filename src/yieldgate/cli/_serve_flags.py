@@ -59,6 +59,7 @@ FLAGS = {
     "host_kv_blocks": "--host-kv-blocks",
     "host_prefix_blocks": "--host-prefix-blocks",
     "kv_dtype": "--kv-dtype",
+    "resident_kv": "--resident-kv",
     "dtype": "--dtype",
     "max_num_seqs": "--max-inflight",
     "max_num_batched_tokens": "--max-num-batched-tokens",
@@ -334,6 +335,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help=(
             "KV cache storage: auto (--dtype), or int8 with a float32 scale per block and "
             "head (default auto)"
+        ),
+    )
+    har.add_argument(
+        "--resident-kv",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help=(
+            "decode attends over each running context kept in place between steps (on) or "
+            "gathered from the paged cache every step (off); costs a second copy of the running "
+            "KV. auto: on for a float KV cache on a CPU (default auto)"
         ),
     )
     har.add_argument(

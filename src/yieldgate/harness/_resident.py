@@ -18,10 +18,11 @@ table or length is not what the step expects is rebuilt from the cache (one
 gather, today's cost, once). So its reads are exactly the cache's: outputs are
 bit-identical with the gather's.
 
-Storage: ``(rows, n_layers, 2, n_heads, columns, head_dim)`` in the cache's
-dtype: keys then values, heads first, as attention reads them (keys and
-values side by side per token read 1.5x slower), one write per layer and
-step, grown by doubling, zero at first (a masked column must hold a finite
+Storage: ``(n_layers, rows, 2, n_heads, columns, head_dim)`` in the cache's
+dtype: a layer's rows together (attention reads them in one call), keys
+then values, heads first, as attention reads them (keys and values side by
+side per token read 1.5x slower), one write per layer and step, grown by
+doubling, zero at first (a masked column must hold a finite
 number: a probability of zero times NaN is NaN). It costs a second copy of
 the running sequences' KV, which is why a float cache on a CPU uses it and
 the others (``EngineConfig.resident_kv``) need not.
@@ -48,11 +49,11 @@ class _Row:
 class ResidentStep:
     """One decode step's use of the resident rows: the model writes and reads through it."""
 
-    store: Tensor  # (rows, n_layers, 2, H, columns, D), the whole buffer
+    store: Tensor  # (n_layers, rows, 2, H, columns, D), the whole buffer
     rows: int
     columns: int  # what this step attends over: its blocks' slots
     # (n_layers, rows * 2 * H): where each new key's and value's heads go, by
-    # (row, layer, key or value, head, column) in the store seen as rows of D.
+    # (layer, row, key or value, head, column) in the store seen as rows of D.
     write_at: Tensor
     mask: Tensor  # (rows, 1, 1, columns): 0 where a row attends, -inf elsewhere
 
@@ -63,7 +64,7 @@ class ResidentStep:
 
     def keys_values(self, layer: int) -> tuple[Tensor, Tensor]:
         """``layer``'s keys and values of every row, ``(rows, H, columns, D)`` each (views)."""
-        held = self.store[: self.rows, layer, :, :, : self.columns]
+        held = self.store[layer, : self.rows, :, :, : self.columns]
         return held[:, 0], held[:, 1]
 
 
@@ -135,7 +136,7 @@ class ResidentKV:
         if moved:
             dst, src = (torch.tensor(x, device=self._device) for x in zip(*moved, strict=True))
             used = store[:, :, :, :, :columns]  # what this step reads, not the whole row
-            used.index_copy_(0, dst, used.index_select(0, src))
+            used.index_copy_(1, dst, used.index_select(1, src))
             self.rows_moved += len(moved)
         stale = [r for r, s in enumerate(sources) if s < 0]
         if stale:
@@ -144,7 +145,7 @@ class ResidentKV:
             (sid, _Row(r, tuple(table[: at // size + 1]), at + 1))
             for r, (sid, table, at) in enumerate(zip(ids, tables, positions, strict=True))
         ]
-        # Flat index of (row, layer, key or value, head, column): a row's first
+        # Flat index of (layer, row, key or value, head, column): a row's first
         # layer's first head at its column, then fixed strides on (``_strides``).
         per_row, heads_at, layers_at = self._strides
         rows_at = [r * per_row + p for r, p in enumerate(positions)]
@@ -172,39 +173,40 @@ class ResidentKV:
     ) -> None:
         index = torch.tensor(stale, device=self._device)
         flat = padded.index_select(0, index).reshape(-1)
-        n_layers = store.shape[1]
+        n_layers = store.shape[0]
         for i, blocks in enumerate(cache_blocks):
             got = blocks.index_select(1, flat)  # (n_layers, stale * width, size, H, D)
-            # To (stale, n_layers, H, columns, D), as the rows hold them.
-            got = got.view(n_layers, len(stale), columns, *got.shape[3:]).permute(1, 0, 3, 2, 4)
+            # To (n_layers, stale, H, columns, D), as the rows hold them.
+            got = got.view(n_layers, len(stale), columns, *got.shape[3:]).transpose(2, 3)
             if stale == list(range(stale[0], stale[-1] + 1)):
-                store[stale[0] : stale[-1] + 1, :, i, :, :columns] = got
+                store[:, stale[0] : stale[-1] + 1, i, :, :columns] = got
             else:
-                store[index, :, i, :, :columns] = got
+                store[:, index, i, :, :columns] = got
         self.rows_built += len(stale)
 
     def _fit(self, rows: int, columns: int) -> Tensor:
         store = self.store
-        if store is not None and store.shape[0] >= rows and store.shape[4] >= columns:
+        if store is not None and store.shape[1] >= rows and store.shape[4] >= columns:
             return store
-        old_rows, old_columns = (store.shape[0], store.shape[4]) if store is not None else (0, 0)
+        old_rows, old_columns = (store.shape[1], store.shape[4]) if store is not None else (0, 0)
         new_rows = max(rows, old_rows, self._least[0])
         new_columns = max(columns, 2 * old_columns, self._least[1])
         if columns <= old_columns:  # only the rows grow
             new_columns = old_columns
         n_layers, heads, dim = self._shape
         grown = torch.zeros(
-            (new_rows, n_layers, 2, heads, new_columns, dim), dtype=self._dtype,
+            (n_layers, new_rows, 2, heads, new_columns, dim), dtype=self._dtype,
             device=self._device,
         )  # fmt: skip
         if store is not None:
-            grown[:old_rows, :, :, :, :old_columns] = store
+            grown[:, :old_rows, :, :, :old_columns] = store
         self.store = grown
         device = self._device
         self._strides = (
-            n_layers * 2 * heads * new_columns,  # a row
+            2 * heads * new_columns,  # a row
             torch.arange(2 * heads, device=device) * new_columns,  # keys' then values' heads
-            torch.arange(n_layers, device=device).unsqueeze(1) * (2 * heads * new_columns),
+            torch.arange(n_layers, device=device).unsqueeze(1)
+            * (new_rows * 2 * heads * new_columns),
         )
         return grown
 

@@ -108,6 +108,8 @@ class EngineConfig:
             raise ValueError("block_size must be >= 1")
         if self.resident_kv and self.kv_dtype == "int8":
             raise ValueError("resident_kv needs a float kv_dtype (int8 KV is converted as read)")
+        if self.resident_kv not in (None, True, False):
+            raise ValueError(f"resident_kv must be None, True or False, got {self.resident_kv!r}")
         if self.speculative is not None and self.kv_dtype == "int8":
             # A rejected draft's keys can raise a block's scale and requantise the
             # tokens already there: greedy output would no longer match plain decoding.
