@@ -30,8 +30,9 @@ order, measured in each round beside the decode runs (goal: >= 0.5). With
 operators taking the most time are listed.
 
 ``--compare`` (issue 42) measures 16 streams only, in every model / KV
-configuration (float32 / float32, bfloat16 / bfloat16, float32 / int8,
-bfloat16 / int8), float KV also gathered from the paged cache every step
+configuration (float32 / float32, float32 / bfloat16 and float32 / float16
+(half KV for a float32 model, attention in the half dtype), bfloat16 /
+bfloat16, float32 / int8, bfloat16 / int8), float KV also gathered from the paged cache every step
 (``gathered``: ``resident_kv=False``, the decode before its resident rows)
 and int8 also by its decode path before issue 42 (two fresh copies per
 gathered tensor, ``model.INT8_BEFORE_ISSUE_42``), in the same process, in
@@ -226,6 +227,8 @@ def profile_decode(args: argparse.Namespace, top: int = 12) -> None:
 COMPARED = (
     ("f32/f32", "float32", "auto", False, None),
     ("f32/f32 gathered", "float32", "auto", False, False),
+    ("f32/bf16", "float32", "bfloat16", False, None),
+    ("f32/f16", "float32", "float16", False, None),
     ("bf16/bf16", "bfloat16", "auto", False, None),
     ("bf16/bf16 gathered", "bfloat16", "auto", False, False),
     ("f32/int8", "float32", "int8", False, None),
@@ -235,6 +238,8 @@ COMPARED = (
 )
 PAIRS = (
     ("f32/f32", "f32/f32 gathered"),
+    ("f32/bf16", "f32/f32"),
+    ("f32/f16", "f32/f32"),
     ("bf16/bf16", "bf16/bf16 gathered"),
     ("f32/int8", "f32/int8 before"),
     ("bf16/int8", "bf16/int8 before"),
@@ -318,8 +323,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--kv-dtype",
         default="auto",
-        choices=("auto", "int8"),
-        help="KV cache storage: auto (the model's dtype, default) or int8",
+        choices=("auto", "int8", "bfloat16", "float16"),
+        help=(
+            "KV cache storage: auto (the model's dtype, default), int8, or bfloat16 or float16 "
+            "for a float32 model"
+        ),
     )
     parser.add_argument("--profile", action="store_true", help="also profile one 16-stream decode")
     parser.add_argument(

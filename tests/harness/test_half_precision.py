@@ -110,7 +110,7 @@ def test_int8_keeps_float32_scales_and_dequantises_into_the_model_dtype() -> Non
 
 
 def test_a_float_cache_in_another_dtype_than_the_model_is_refused() -> None:
-    with pytest.raises(ValueError, match="store int8 or the model's dtype"):
+    with pytest.raises(ValueError, match="store int8, the model's dtype, or half"):
         KVCache(
             ModelConfig(),
             num_blocks=1,

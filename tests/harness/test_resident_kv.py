@@ -56,13 +56,17 @@ def both(work: list[tuple[list[int], SamplingParams]], **kw: Any) -> tuple[Any, 
     return got, want, on
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_rows_that_finish_at_different_steps_give_the_gathered_logprobs(dtype: str) -> None:
+@pytest.mark.parametrize(
+    ("dtype", "kv_dtype"), [("float32", "auto"), ("bfloat16", "auto"), ("float32", "bfloat16")]
+)
+def test_rows_that_finish_at_different_steps_give_the_gathered_logprobs(
+    dtype: str, kv_dtype: str
+) -> None:
     # Outputs of 10 to 73 tokens: as each sequence finishes, the rows after it move up.
     work = [
         (p, SamplingParams(max_tokens=10 + 7 * i, logprobs=3)) for i, p in enumerate(prompts(10))
     ]
-    got, want, on = both(work, dtype=dtype)
+    got, want, on = both(work, dtype=dtype, kv_dtype=kv_dtype)
     assert got == want
     resident = on.cache.resident
     assert resident is not None

@@ -333,8 +333,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         choices=("auto", "float32", "bfloat16", "float16", "int8"),
         default="auto",
         help=(
-            "KV cache storage: auto (--dtype), or int8 with a float32 scale per block and "
-            "head (default auto)"
+            "KV cache storage: auto (--dtype), int8 with a float32 scale per block and head, "
+            "or bfloat16 or float16 for a float32 model (default auto)"
         ),
     )
     har.add_argument(

@@ -4,7 +4,9 @@ The paged storage the model's attention writes and reads (``model``); which
 block belongs to which sequence is the block manager's. Stored as int8, each
 block keeps one scale per layer and head for keys and one for values
 (``_quantize_into``), and reads dequantise to the model's dtype (float32,
-bfloat16 or float16: ``compute_dtype``). Apart from the model
+bfloat16 or float16: ``compute_dtype``). A float32 model may store its keys
+and values in bfloat16 or float16 (``narrow``), half the bytes, and attend in
+that dtype. Apart from the model
 because it is storage and its quantisation: no layer, no attention.
 """
 
@@ -45,10 +47,14 @@ class KVCache:
         # copied in as they are); int8 dequantises into it.
         if compute_dtype is None:
             compute_dtype = torch.float32 if dtype == torch.int8 else dtype
-        if dtype not in (torch.int8, compute_dtype):
+        half = compute_dtype == torch.float32 and dtype in (torch.bfloat16, torch.float16)
+        if dtype not in (torch.int8, compute_dtype) and not half:
             raise ValueError(
-                f"a {dtype} KV cache for a {compute_dtype} model: store int8 or the model's dtype"
+                f"a {dtype} KV cache for a {compute_dtype} model: store int8, the model's "
+                "dtype, or half of a float32 model's"
             )
+        # Half storage for a float32 model: attention runs in the storage dtype.
+        self.narrow = half
         self.compute_dtype = compute_dtype
         self.num_blocks = num_blocks
         self.block_size = block_size

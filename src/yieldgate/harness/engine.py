@@ -39,7 +39,8 @@ DTYPES: dict[str, torch.dtype] = {
 }
 
 # How the KV cache may store keys and values (``EngineConfig.kv_dtype``): ``auto``
-# is the model's dtype; a float dtype must be the model's (attention runs in it).
+# is the model's dtype; a float dtype must be the model's, or half of a float32
+# model's (attention then runs in the half dtype, over half the bytes).
 KV_DTYPES = ("auto", *DTYPES, "int8")
 
 
@@ -99,10 +100,11 @@ class EngineConfig:
             raise ValueError(
                 f"kv_dtype must be one of {', '.join(KV_DTYPES)}, got {self.kv_dtype!r}"
             )
-        if self.kv_dtype not in ("auto", "int8", self.dtype):
+        half = self.dtype == "float32" and self.kv_dtype in ("bfloat16", "float16")
+        if self.kv_dtype not in ("auto", "int8", self.dtype) and not half:
             raise ValueError(
                 f"kv_dtype {self.kv_dtype} with dtype {self.dtype}: a float KV cache is "
-                "in the model's dtype (auto), or int8"
+                "in the model's dtype (auto), bfloat16 or float16 for a float32 model, or int8"
             )
         if self.block_size < 1:
             raise ValueError("block_size must be >= 1")
@@ -114,12 +116,16 @@ class EngineConfig:
             # A rejected draft's keys can raise a block's scale and requantise the
             # tokens already there: greedy output would no longer match plain decoding.
             raise ValueError("speculative decoding needs a float kv_dtype (int8 KV is lossy)")
+        if self.speculative is not None and half:
+            # Attention in half precision rounds its output: verifying several tokens
+            # at once would not give plain decoding's greedy choices to the bit.
+            raise ValueError("speculative decoding needs kv_dtype auto, not half precision")
         if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
             raise ValueError(f"device must be auto, cpu or cuda[:N], got {self.device!r}")
 
     @property
     def kv_storage(self) -> str:
-        """The KV cache's storage dtype by name: ``int8`` or the model's ``dtype``."""
+        """The KV cache's storage dtype by name: ``int8``, a half dtype or the model's ``dtype``."""
         return self.dtype if self.kv_dtype == "auto" else self.kv_dtype
 
 
@@ -158,7 +164,7 @@ class Engine:
             num_blocks=config.num_blocks,
             block_size=config.block_size,
             device=self.device,
-            dtype=torch.int8 if config.kv_storage == "int8" else dtype,
+            dtype=torch.int8 if config.kv_storage == "int8" else DTYPES[config.kv_storage],
             compute_dtype=dtype,
         )
         resident = config.resident_kv
@@ -277,7 +283,9 @@ class Engine:
             raise ValueError(f"KV for {start}..{start + count} does not fit {seq!r}")
         slots = self.runner.slots(seq, start + count)[start:]
         # A worker runs the same dtype; a cast here only guards a mismatched peer.
-        kv = kv.to(self.device, self.cache.compute_dtype)
+        kv = kv.to(
+            self.device, self.cache.compute_dtype if self.cache.quantized else self.cache.k.dtype
+        )
         if self.cache.quantized:
             for layer in range(self.model.config.n_layers):
                 self.cache.write(layer, slots, kv[0, layer], kv[1, layer])

@@ -77,6 +77,8 @@ class _Block(nn.Module):
         q, k, v = qkv.unbind(1)
         if cache.quantized:
             return self._forward_paged_quantized(x, q, k, v, layer, cache, batch)
+        if cache.narrow:  # half KV for a float32 model: attention in the half dtype
+            q, k, v = qkv.to(cache.k.dtype).unbind(1)
         k_cache, v_cache = cache.k[layer], cache.v[layer]
         k_cache.index_copy_(0, batch.slot_mapping, k)
         v_cache.index_copy_(0, batch.slot_mapping, v)
@@ -86,7 +88,7 @@ class _Block(nn.Module):
             out = self._attend_multi(q, k_cache, v_cache, batch)
         else:
             out = self._attend_decode(q, layer, cache, batch)
-        x = x + self.proj(out)
+        x = x + self.proj(out.to(x.dtype))
         return x + self._mlp(x)
 
     def _forward_resident(
@@ -99,12 +101,13 @@ class _Block(nn.Module):
         ln1, ln2, qkv_, proj, up, down = self.ln1, self.ln2, self.qkv, self.proj, self.up, self.down
         h = F.layer_norm(x, ln1.normalized_shape, ln1.weight, ln1.bias, ln1.eps)
         qkv = F.linear(h, qkv_.weight, qkv_.bias).view(n, 3, self.n_heads, self.head_dim)
+        qkv = qkv.to(cache.k.dtype)  # half KV for a float32 model: attention in it (else as is)
         cache.k[layer].index_copy_(0, slots, qkv[:, 1])
         cache.v[layer].index_copy_(0, slots, qkv[:, 2])
         step.write(layer, qkv[:, 1:])
         k, v = step.keys_values(layer)
         out = F.scaled_dot_product_attention(qkv[:, 0].unsqueeze(2), k, v, attn_mask=step.mask)
-        x = x + F.linear(out.reshape(n, -1), proj.weight, proj.bias)
+        x = x + F.linear(out.reshape(n, -1).to(x.dtype), proj.weight, proj.bias)
         h = F.layer_norm(x, ln2.normalized_shape, ln2.weight, ln2.bias, ln2.eps)
         return x + F.linear(F.gelu(F.linear(h, up.weight, up.bias)), down.weight, down.bias)
 
