@@ -82,13 +82,15 @@ class KVCache:
 
     def use_resident(self, rows: int = 1) -> None:
         """Keep the decode batch's contexts resident between steps (float storage only),
-        room for ``rows`` (the most a decode batch holds) made at once."""
+        room for ``rows`` (the most a decode batch holds) made at once; never more rows
+        x columns than this cache has slots (a step that needs more gathers)."""
         if self.quantized:
             raise ValueError("resident decode rows need a float KV cache")
         n_layers, _, heads, dim = self.k.shape
         self.resident = ResidentKV(
             n_layers=n_layers, n_heads=heads, head_dim=dim, block_size=self.block_size,
             dtype=self.k.dtype, device=self.k.device, rows=rows,
+            limit=self.num_blocks * self.block_size,
         )  # fmt: skip
 
     @property

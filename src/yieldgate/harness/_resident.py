@@ -73,12 +73,15 @@ class ResidentKV:
 
     def __init__(self, *, n_layers: int, n_heads: int, head_dim: int, block_size: int,
                  dtype: torch.dtype, device: torch.device, rows: int = 1,
-                 columns: int = 256) -> None:  # fmt: skip
+                 columns: int = 256, limit: int | None = None) -> None:  # fmt: skip
         self._shape = (n_layers, n_heads, head_dim)
         self.block_size = block_size
         # What the first step allocates at least: a batch of ``rows`` (the scheduler's
         # max_num_seqs) and contexts of ``columns``, so that growing is rare.
         self._least = (rows, -(-columns // block_size) * block_size)
+        # At most this many rows x columns (the paged cache's slots): never more
+        # memory than the cache itself. A step that would need more gathers.
+        self._limit = limit
         self._dtype, self._device = dtype, device
         self.store: Tensor | None = None
         self._strides: tuple[int, Tensor, Tensor] = (0, torch.empty(0), torch.empty(0))
@@ -86,6 +89,7 @@ class ResidentKV:
         self._pending: list[tuple[int, _Row]] = []
         self.rows_built = 0  # rows built from the cache, for tests and benchmarks
         self.rows_moved = 0
+        self.steps_gathered = 0  # steps whose rows would have passed the limit
 
     def drop_blocks(self, blocks: set[int]) -> None:
         """Forget the rows built from any of ``blocks``: something else wrote them."""
@@ -107,7 +111,7 @@ class ResidentKV:
         positions: list[int],
         padded: Tensor,
         mask: Tensor,
-    ) -> ResidentStep:
+    ) -> ResidentStep | None:
         """Ready the rows of one decode step and say how its model uses them.
 
         Row ``r`` is sequence ``ids[r]``, its new token at ``positions[r]``, its
@@ -116,12 +120,19 @@ class ResidentKV:
         columns)``) is true. Rows held elsewhere move; rows not held
         (or not as expected) are built from ``cache_blocks`` (each
         ``(n_layers, num_blocks, block_size, H, D)``). ``commit`` after the model
-        has run marks them held; until then none is.
+        has run marks them held; until then none is. ``None``: the rows would
+        take more memory than the limit; the step gathers instead, and no row
+        is held afterwards.
         """
         size = self.block_size
         rows, width = padded.shape
         columns = width * size
         store = self._fit(rows, columns)
+        if store is None:
+            self._held.clear()
+            self._pending = []
+            self.steps_gathered += 1
+            return None
         sources: list[int] = []
         for sid, table, at in zip(ids, tables, positions, strict=True):
             held = self._held.get(sid)
@@ -184,7 +195,7 @@ class ResidentKV:
                 store[:, index, i, :, :columns] = got
         self.rows_built += len(stale)
 
-    def _fit(self, rows: int, columns: int) -> Tensor:
+    def _fit(self, rows: int, columns: int) -> Tensor | None:
         store = self.store
         if store is not None and store.shape[1] >= rows and store.shape[4] >= columns:
             return store
@@ -193,13 +204,29 @@ class ResidentKV:
         new_columns = max(columns, 2 * old_columns, self._least[1])
         if columns <= old_columns:  # only the rows grow
             new_columns = old_columns
+        limit = self._limit
+        if limit is not None and new_rows * new_columns > limit:
+            # Within the limit: fewer spare columns, then no spare rows, else none.
+            size = self.block_size
+            new_columns = max(columns, limit // new_rows // size * size)
+            if new_rows * new_columns > limit:
+                new_rows = rows
+            if new_rows * new_columns > limit:
+                return None
         n_layers, heads, dim = self._shape
         grown = torch.zeros(
             (n_layers, new_rows, 2, heads, new_columns, dim), dtype=self._dtype,
             device=self._device,
         )  # fmt: skip
         if store is not None:
-            grown[:, :old_rows, :, :, :old_columns] = store
+            kept_rows, kept_columns = min(old_rows, new_rows), min(old_columns, new_columns)
+            grown[:, :kept_rows, :, :, :kept_columns] = store[:, :kept_rows, :, :, :kept_columns]
+            # Rows cut off, or held past the columns kept, are held no more.
+            self._held = {
+                sid: held
+                for sid, held in self._held.items()
+                if held.row < kept_rows and held.length <= kept_columns
+            }
         self.store = grown
         device = self._device
         self._strides = (
@@ -212,13 +239,13 @@ class ResidentKV:
 
 
 def resident_counters(resident: ResidentKV | None) -> dict[str, int]:
-    """``Engine.stats``' view of the resident rows: their memory and how often they
-    were built from the cache or moved (zeros when decode gathers instead)."""
-    if resident is None:
-        return {"kv_resident_bytes": 0, "kv_resident_rows_built": 0, "kv_resident_rows_moved": 0}
-    store = resident.store
+    """``Engine.stats``' view of the resident rows: their memory, how often they were
+    built from the cache or moved, and the steps that gathered because the rows would
+    have passed their limit (zeros when decode gathers instead)."""
+    store = None if resident is None else resident.store
     return {
         "kv_resident_bytes": 0 if store is None else store.numel() * store.element_size(),
-        "kv_resident_rows_built": resident.rows_built,
-        "kv_resident_rows_moved": resident.rows_moved,
+        "kv_resident_rows_built": 0 if resident is None else resident.rows_built,
+        "kv_resident_rows_moved": 0 if resident is None else resident.rows_moved,
+        "kv_resident_steps_gathered": 0 if resident is None else resident.steps_gathered,
     }
