@@ -284,3 +284,9 @@ def test_the_rows_never_take_more_memory_than_the_cache_and_gather_past_it() -> 
     assert stats["kv_resident_steps_gathered"] > 0
     cache_bytes = on.cache.k.numel() * on.cache.k.element_size() * 2
     assert 0 < stats["kv_resident_bytes"] <= cache_bytes
+
+
+@pytest.mark.parametrize("value", ["yes", 1, 0.0])
+def test_a_resident_kv_that_is_not_a_bool_is_refused(value: Any) -> None:
+    with pytest.raises(ValueError, match="resident_kv must be None, True or False"):
+        EngineConfig(resident_kv=value, kv_dtype="int8")

@@ -108,10 +108,10 @@ class EngineConfig:
             )
         if self.block_size < 1:
             raise ValueError("block_size must be >= 1")
+        if self.resident_kv is not None and not isinstance(self.resident_kv, bool):
+            raise ValueError(f"resident_kv must be None, True or False, got {self.resident_kv!r}")
         if self.resident_kv and self.kv_dtype == "int8":
             raise ValueError("resident_kv needs a float kv_dtype (int8 KV is converted as read)")
-        if self.resident_kv not in (None, True, False):
-            raise ValueError(f"resident_kv must be None, True or False, got {self.resident_kv!r}")
         if self.speculative is not None and self.kv_dtype == "int8":
             # A rejected draft's keys can raise a block's scale and requantise the
             # tokens already there: greedy output would no longer match plain decoding.
