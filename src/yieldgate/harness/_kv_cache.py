@@ -5,9 +5,9 @@ block belongs to which sequence is the block manager's. Stored as int8, each
 block keeps one scale per layer and head for keys and one for values
 (``_quantize_into``), and reads dequantise to the model's dtype (float32,
 bfloat16 or float16: ``compute_dtype``). A float32 model may store its keys
-and values in bfloat16 or float16 (``narrow``), half the bytes, and attend in
-that dtype. Apart from the model
-because it is storage and its quantisation: no layer, no attention.
+and values in bfloat16 or float16, half the bytes, and attend in that dtype.
+Apart from the model because it is storage and its quantisation: no layer,
+no attention.
 """
 
 from __future__ import annotations
@@ -53,8 +53,6 @@ class KVCache:
                 f"a {dtype} KV cache for a {compute_dtype} model: store int8, the model's "
                 "dtype, or half of a float32 model's"
             )
-        # Half storage for a float32 model: attention runs in the storage dtype.
-        self.narrow = half
         self.compute_dtype = compute_dtype
         self.num_blocks = num_blocks
         self.block_size = block_size

@@ -74,11 +74,11 @@ class _Block(nn.Module):
             return self._forward_resident(x, layer, cache, batch.resident, batch.slot_mapping)
         n = x.shape[0]
         qkv = self.qkv(self.ln1(x)).view(n, 3, self.n_heads, self.head_dim)
-        q, k, v = qkv.unbind(1)
         if cache.quantized:
+            q, k, v = qkv.unbind(1)
             return self._forward_paged_quantized(x, q, k, v, layer, cache, batch)
-        if cache.narrow:  # half KV for a float32 model: attention in the half dtype
-            q, k, v = qkv.to(cache.k.dtype).unbind(1)
+        # Half KV for a float32 model: attention in the half dtype (else as it is).
+        q, k, v = qkv.to(cache.k.dtype).unbind(1)
         k_cache, v_cache = cache.k[layer], cache.v[layer]
         k_cache.index_copy_(0, batch.slot_mapping, k)
         v_cache.index_copy_(0, batch.slot_mapping, v)
