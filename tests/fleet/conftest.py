@@ -216,12 +216,15 @@ async def wait_for(
 
 
 class DelayProxy:
-    """A TCP proxy on 127.0.0.1 that holds each reply back ``delay_s``; runs an asyncio
-    loop in a thread of its own, so sync clients can use it too."""
+    """A TCP proxy on 127.0.0.1 that holds each reply back ``delay_s`` (or the first
+    ``first`` replies only); runs an asyncio loop in a thread of its own, so sync
+    clients can use it too."""
 
-    def __init__(self, target_port: int, delay_s: float) -> None:
+    def __init__(self, target_port: int, delay_s: float, *, first: int | None = None) -> None:
         self.target_port = target_port
         self.delay_s = delay_s
+        # Hold back only the first ``first`` replies (each read from Redis), if set.
+        self.first = first
         self.port = 0
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
@@ -233,12 +236,15 @@ class DelayProxy:
         return f"redis://127.0.0.1:{self.port}/0"
 
     async def _pipe(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, delay: float
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, held: bool
     ) -> None:
         try:
             while data := await reader.read(65536):
-                if delay:
-                    await asyncio.sleep(delay)
+                # Read as each reply passes: a test may change it.
+                if held and self.delay_s and (self.first is None or self.first > 0):
+                    if self.first is not None:
+                        self.first -= 1
+                    await asyncio.sleep(self.delay_s)
                 writer.write(data)
                 await writer.drain()
         except (ConnectionError, OSError):
@@ -253,7 +259,7 @@ class DelayProxy:
         try:
             up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target_port)
             await asyncio.gather(
-                self._pipe(reader, up_writer, 0.0), self._pipe(up_reader, writer, self.delay_s)
+                self._pipe(reader, up_writer, False), self._pipe(up_reader, writer, True)
             )
         except (ConnectionError, OSError):
             writer.close()

@@ -252,9 +252,11 @@ async def users_shape(args: argparse.Namespace) -> dict[str, Any]:
 
     report = await fire([one(*job) for job in jobs(args.requests, args.seed)])
     stats = gate.statistics()
+    link = gate._core.shared
+    outages = None if link is None else link.fleet.statistics().outages
     await client.close()
     await gate.aclose()
-    return {**report, "attempts": stats.attempts, "refused_at": refusals.at}
+    return {**report, "attempts": stats.attempts, "refused_at": refusals.at, "outages": outages}
 
 
 async def write_status(path: str, links: Sequence[Any]) -> None:

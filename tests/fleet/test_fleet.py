@@ -153,9 +153,11 @@ async def test_scripts_flushed_from_redis_are_loaded_again(
 async def test_a_slow_redis_is_given_up_on_within_the_budget(
     redis_server: RedisServer, gate: str, mode: str, delay_s: float
 ) -> None:
-    with DelayProxy(redis_server.port, delay_s) as proxy:
+    with DelayProxy(redis_server.port, 0.0) as proxy:
         async with Fleet(proxy.url, gate=gate, budget_s=0.05) as fleet:
             either = Either(fleet, mode)
+            assert await either.take(UP, WANTS) is not None  # joined: Redis answered once
+            proxy.delay_s = delay_s
             start = time.monotonic()
             assert await either.take(UP, WANTS) is None
             elapsed = time.monotonic() - start
@@ -164,6 +166,34 @@ async def test_a_slow_redis_is_given_up_on_within_the_budget(
     if delay_s >= 1.0:
         # An answer would have taken a second: given up on long before.
         assert elapsed < 0.5
+
+
+async def test_a_member_joining_waits_for_a_slow_first_answer(
+    redis_server: RedisServer, gate: str, mode: str
+) -> None:
+    """Until Redis first answers a member, a round trip may take ``join_s``, not just
+    ``budget_s``: a member that never reached its fleet does not know how many share
+    the quota, and alone it would pace the whole of it as its own. Once joined, the
+    budget bounds every round trip (the sync client's socket time-outs too)."""
+    with DelayProxy(redis_server.port, 0.3) as proxy:
+        async with Fleet(proxy.url, gate=gate, budget_s=0.05, join_s=2.0) as fleet:
+            either = Either(fleet, mode)
+            first = await either.take(UP, WANTS)
+            assert first == Take(True, 1, 0.0)
+            assert fleet.statistics().outages == 0
+            assert await either.take(UP, WANTS) is None  # joined: the budget bounds it
+            assert fleet.statistics().outages == 1
+
+
+async def test_a_join_bound_no_longer_than_the_budget_is_the_budget(
+    redis_server: RedisServer, gate: str
+) -> None:
+    with DelayProxy(redis_server.port, 0.3) as proxy:
+        async with Fleet(proxy.url, gate=gate, budget_s=0.05, join_s=0.0) as fleet:
+            assert fleet.join_s == 0.05
+            assert await fleet.take(UP, WANTS) is None
+    with pytest.raises(ValueError, match="join_s must be"):
+        Fleet(redis_server.url, gate=gate, join_s=-1.0)
 
 
 async def test_a_slow_redis_within_a_larger_budget_answers(

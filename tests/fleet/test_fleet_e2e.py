@@ -112,7 +112,13 @@ def test_a_fleet_in_the_users_shape_paces_from_its_first_second(
     got 102-116 429s in 400, all in the first second of the burst: their event loops,
     busy building 100 requests each, made Redis look slower than the fleet's 50 ms
     budget, so they went on alone, blind; and a probe whose ask timed out kept every
-    member waiting out first_reading_s. The 429s' times are in the message."""
+    member waiting out first_reading_s. The 429s' times are in the message.
+
+    The makespan runs from the fleet's first answer to its last. Counted from the
+    first member's start, it held what 16 processes need to start on 2 cores: on
+    the idle dev VM the first answer came 2.3 s after that start and the last 32.5 s
+    after (30 s from the first: the pacing itself is tight); with two CPU hogs the
+    last came 34.9-36.1 s after, past the 15%."""
     server, _tpm, bound_s = quota_server(serve, USERS_WINDOW_S, members)
     procs = start(
         server.http_url, redis_server.url, members, "--users-shape",
@@ -125,9 +131,16 @@ def test_a_fleet_in_the_users_shape_paces_from_its_first_second(
     counters = http_stats(server)
     refused = counters["quota_refused_tokens_total"] + counters["quota_refused_requests_total"]
     assert counters["quota_requests_charged_total"] == members * REQUESTS
-    assert refused <= 0.02 * members * REQUESTS, (refused, "429s at (s)", refused_at)
-    makespan = max(run["ended_at"] for run in runs) - began
-    assert makespan <= 1.15 * bound_s, (makespan, bound_s, "429s at (s)", refused_at)
+    # Per member: its 429s, and its outages (a member that went on alone).
+    each = [(len(run["refused_at"]), run["outages"]) for run in runs]
+    assert refused <= 0.02 * members * REQUESTS, (refused, "429s at (s)", refused_at, each)
+    # From the fleet's first answer, about when its quota began to refill (the first
+    # reading's probe, sent alone): before it, processes still starting.
+    first_answer = min(run["started_at"] + run["done"][0] for run in runs)
+    makespan = max(run["ended_at"] for run in runs) - first_answer
+    assert makespan <= 1.15 * bound_s, (
+        makespan, bound_s, "first answer at (s)", first_answer - began, "429s at (s)", refused_at
+    )  # fmt: skip
 
 
 def test_a_fleet_wide_cap_keeps_a_governed_server_from_yielding(

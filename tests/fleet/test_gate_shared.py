@@ -71,7 +71,7 @@ def gates(redis_server: RedisServer) -> Iterator[Any]:
     name = f"shared-{time.monotonic_ns()}"
 
     def make(url: str | None = None, **fleet: Any) -> Gate:
-        policy = GatePolicy(fleet=FleetPolicy(budget_s=1.0, **fleet))
+        policy = GatePolicy(fleet=FleetPolicy(**{"budget_s": 1.0, **fleet}))
         gate = Gate(policy, name=name, shared=url or redis_server.url)
         made.append(gate)
         return gate
@@ -250,14 +250,43 @@ async def test_a_model_new_to_a_member_paces_by_what_the_fleet_learnt_of_it(
     assert "openai:tokens@b" in second._core.upstreams[0].quota.buckets
 
 
+async def test_a_member_whose_first_answer_is_slow_joins_instead_of_pacing_alone(
+    gates: Any, redis_server: RedisServer
+) -> None:
+    """Issue 39's fleet on a CI machine: one member's first round trip to a Redis
+    starved of CPU took longer than the 250 ms budget, so the member went on alone,
+    counting itself the only member, and sent 50 requests the quota had no room
+    for. Now a member that Redis never answered waits up to ``first_reading_s``
+    for its first answer (its calls wait for the fleet's first reading as long):
+    here it learns that the quota is spent and waits, as a member of the fleet."""
+    first = gates()
+
+    async def answer(remaining: int) -> httpx.Response:
+        return openai_reply(remaining, limit=1000, reset="10s")
+
+    await first.call(lambda: answer(900), cost=Cost(1, 100), classify=OPENAI)
+    await first.call(lambda: answer(0), cost=Cost(1, 100), classify=OPENAI)
+    # The new member's first reply from Redis takes 0.4 s, past its 0.1 s budget.
+    with DelayProxy(redis_server.port, 0.4, first=1) as proxy:
+        second = gates(proxy.url, budget_s=0.1, first_reading_s=3.0)
+        assert await waits_instead_of_sending(second, Cost(1, 500), for_s=1.5)
+        shared = second._core.shared
+        assert shared is not None
+        stats = shared.fleet.statistics()
+        assert (stats.outages, stats.fallbacks) == (0, 0), stats
+        assert proxy.first == 0  # the first reply was held back
+
+
 def test_calls_never_wait_on_a_slow_redis_past_the_budget(redis_server: RedisServer) -> None:
-    with DelayProxy(redis_server.port, 3.0) as proxy:
+    with DelayProxy(redis_server.port, 0.0) as proxy:
         gate = Gate(
             GatePolicy(fleet=FleetPolicy(budget_s=0.05, inflight_cap=4)),
             name=f"slow-{time.monotonic_ns()}",
             shared=proxy.url,
         )
         with gate:
+            assert gate.call_sync(lambda: "joined") == "joined"
+            proxy.delay_s = 3.0
             started = time.monotonic()
             results = [gate.call_sync(lambda: "ok") for _ in range(5)]
             elapsed = time.monotonic() - started

@@ -45,8 +45,10 @@ async def test_a_busy_event_loop_is_not_a_slow_redis(redis_server: RedisServer) 
 
 
 async def test_a_slow_redis_on_an_idle_loop_still_times_out(redis_server: RedisServer) -> None:
-    with DelayProxy(redis_server.port, 0.5) as proxy:
+    with DelayProxy(redis_server.port, 0.0) as proxy:
         async with Fleet(proxy.url, gate="idle-loop", budget_s=0.05) as fleet:
+            assert await fleet.heartbeat(UP) == 1  # joined: the budget bounds what follows
+            proxy.delay_s = 0.5
             start = time.monotonic()
             assert await fleet.members(UP) is None
             assert time.monotonic() - start < 0.4

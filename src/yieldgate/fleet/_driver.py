@@ -40,7 +40,7 @@ from redis.retry import Retry
 from yieldgate.fleet._health import Health, Pass
 from yieldgate.fleet._keys import Keys
 from yieldgate.fleet._scripts import SCRIPTS
-from yieldgate.fleet._timeout import RoundTripBound
+from yieldgate.fleet._timeout import RoundTripBound, longest_s
 
 __all__ = [
     "AsyncClient",
@@ -117,6 +117,7 @@ class Drivers:
     keys: Keys
     member: str
     budget_s: float
+    join_s: float
     lease_ttl_s: float
     _health: Health
 
@@ -130,6 +131,7 @@ class Drivers:
         self._async_clients = {}
         self._given_async: AsyncClient | None = None
         self._given_async_scripts: dict[str, AsyncScript] = {}
+        self._sync_join: redis.Redis | None = None
         if isinstance(shared, str):
             if not shared.lower().startswith(_SCHEMES):
                 raise ValueError(
@@ -139,8 +141,13 @@ class Drivers:
             shared = f"{scheme.lower()}://{rest}"  # schemes are case-insensitive
             try:
                 self._sync: SyncClient | None = redis.Redis.from_url(
-                    shared, retry=Retry(NoBackoff(), 0), **self._client_options()
+                    shared, retry=Retry(NoBackoff(), 0), **self._client_options(self.budget_s)
                 )
+                if self.join_s > self.budget_s:
+                    # Until Redis first answers: the same, with the join's time-outs.
+                    self._sync_join = redis.Redis.from_url(
+                        shared, retry=Retry(NoBackoff(), 0), **self._client_options(self.join_s)
+                    )
             except ValueError as exc:  # its message may quote the URL: never a password
                 message = str(exc).replace(shared, redacted(shared))
                 raise ValueError(
@@ -157,11 +164,11 @@ class Drivers:
         if self._sync is not None:
             self._sync_scripts = {n: self._sync.register_script(s) for n, s in SCRIPTS.items()}
 
-    def _client_options(self, *, asynchronous: bool = False) -> dict[str, Any]:
+    @staticmethod
+    def _client_options(timeout: float | None) -> dict[str, Any]:
         # An asyncio client's round trips are bounded by ``RoundTripBound`` (fair
         # to a busy event loop), not by socket time-outs that fire while a reply
-        # that came in time waits for the loop to read it.
-        timeout = None if asynchronous else self.budget_s
+        # that came in time waits for the loop to read it: ``None`` for those.
         return {
             "socket_timeout": timeout,
             "socket_connect_timeout": timeout,
@@ -179,11 +186,13 @@ class Drivers:
         ticket = self._health.admit()
         if ticket is Pass.SKIP:
             return None
+        if self._sync_join is not None and not self._health.answered:
+            client = self._sync_join  # joining: ``join_s``'s time-outs
         try:
             if op.command:
                 raw = getattr(client, op.name)(*op.keys, *op.args)
             else:
-                raw = self._sync_scripts[op.name](keys=op.keys, args=op.args)
+                raw = self._sync_scripts[op.name](keys=op.keys, args=op.args, client=client)
             result = op.decode(raw)
         except Exception as exc:
             self._health.failed(ticket, exc)
@@ -210,7 +219,7 @@ class Drivers:
             client = redis.asyncio.Redis.from_url(
                 self._url,
                 retry=AsyncRetry(NoBackoff(), 0),
-                **self._client_options(asynchronous=True),
+                **self._client_options(None),
             )
             entry = client, self._register_async(client)
             self._async_clients[loop] = entry
@@ -246,7 +255,7 @@ class Drivers:
         if ticket is Pass.SKIP:
             return None
         try:
-            async with RoundTripBound(self.budget_s):
+            async with self._bound():
                 if op.command:
                     raw = await getattr(client, op.name)(*op.keys, *op.args)
                 else:
@@ -260,6 +269,15 @@ class Drivers:
             raise
         self._health.succeeded(ticket)
         return result
+
+    def _bound(self) -> RoundTripBound:
+        """An asyncio round trip's bound: ``budget_s``, or, until Redis first answered
+        this member, ``join_s`` (busy loop included, no longer than the budget's own
+        most). The sync client made from a URL has a twin with ``join_s``'s socket
+        time-outs for that time (``_sync_join``)."""
+        if self._health.answered or self.join_s <= self.budget_s:
+            return RoundTripBound(self.budget_s)
+        return RoundTripBound(self.join_s, most_s=longest_s(self.budget_s))
 
     def _undo(self, op: Op[T], trip: asyncio.Task[T | None]) -> None:
         """Give back what ``trip``'s reply granted (nobody took it)."""

@@ -58,7 +58,12 @@ class Fleet(AuditOps, BreakerOps, BudgetOps, MemberOps, LeaseOps, HoldOps, Bucke
     ``member`` this process (default: host, pid and a random tag).
     ``budget_s`` bounds every operation (an asyncio one in Redis's time: what
     the event loop spent on other work meanwhile is left out, up to
-    ``max(20 x budget_s, 1 s)`` in all); ``lease_ttl_s`` is how long a lease
+    ``max(20 x budget_s, 1 s)`` in all). Until Redis first answers this
+    member, an operation may take ``join_s`` instead (the sync client made from
+    a URL has a twin with those time-outs; a pair passed in keeps its own): a member that has
+    never reached the fleet knows nothing of it (not even how many share the
+    quota), and going on alone for a slow first answer would spend the whole
+    quota as if it were the only member. ``lease_ttl_s`` is how long a lease
     or a membership lasts without renewal. After a failure Redis is skipped
     for ``backoff_s``, doubling to ``max_backoff_s`` while it stays away.
 
@@ -77,6 +82,7 @@ class Fleet(AuditOps, BreakerOps, BudgetOps, MemberOps, LeaseOps, HoldOps, Bucke
         gate: str,
         prefix: str = "yieldgate",
         budget_s: float = 0.25,
+        join_s: float = 5.0,
         member: str | None = None,
         lease_ttl_s: float = 10.0,
         backoff_s: float = 1.0,
@@ -89,6 +95,9 @@ class Fleet(AuditOps, BreakerOps, BudgetOps, MemberOps, LeaseOps, HoldOps, Bucke
         """The name of the Gate whose state this is, shared by every member."""
         self.budget_s = check_number("budget_s", budget_s, positive=True)
         """The longest one operation may take, in seconds, before it answers ``None``."""
+        self.join_s = max(check_number("join_s", join_s), self.budget_s)
+        """The longest an operation may take before Redis first answered this member
+        (at least ``budget_s``)."""
         self.lease_ttl_s = check_number("lease_ttl_s", lease_ttl_s, positive=True)
         """Seconds a lease or a membership lasts without renewal."""
         check_number("backoff_s", backoff_s, positive=True)
@@ -132,6 +141,8 @@ class Fleet(AuditOps, BreakerOps, BudgetOps, MemberOps, LeaseOps, HoldOps, Bucke
         self._closed = True
         if self._url is not None and self._sync is not None:
             self._sync.close()
+        if self._sync_join is not None:
+            self._sync_join.close()
 
     async def aclose(self) -> None:
         """``close``, and close this event loop's client made from the URL."""

@@ -80,6 +80,9 @@ class Health:
         self.outages = 0
         self.rejoins = 0
         self.config_error: str | None = None
+        # Whether Redis ever answered this member: until then it is joining, and a
+        # round trip may take longer before the member goes on alone (``Fleet.join_s``).
+        self.answered = False
 
     @property
     def available(self) -> bool:
@@ -101,6 +104,7 @@ class Health:
     def succeeded(self, ticket: Pass) -> None:
         """Redis answered."""
         with self._lock:
+            self.answered = True
             if ticket is Pass.TRIAL:
                 self._trial_out = False
             if self._down_since is None:

@@ -26,13 +26,18 @@ import asyncio
 import weakref
 from types import TracebackType
 
-__all__ = ["LoopLag", "RoundTripBound"]
+__all__ = ["LoopLag", "RoundTripBound", "longest_s"]
 
 # A round trip bound longer than the budget, because the loop was busy, still ends.
 _MOST_BUDGETS = 20
 _MOST_S = 1.0
 # How often the ticker looks: a busy stretch shorter than this is not seen.
 _TICK_S = 0.005
+
+
+def longest_s(delay: float) -> float:
+    """The longest a round trip bound to ``delay`` of Redis's time takes on a busy loop."""
+    return max(_MOST_BUDGETS * delay, _MOST_S)
 
 
 class LoopLag:
@@ -85,7 +90,8 @@ _LAGS = weakref.WeakKeyDictionary()
 
 class RoundTripBound:
     """``async with RoundTripBound(delay):`` raises ``TimeoutError`` when Redis has had
-    ``delay`` seconds (the loop's busy time left out) and the block has not ended."""
+    ``delay`` seconds (the loop's busy time left out) and the block has not ended;
+    in all, busy loop included, at most ``most_s`` (default ``max(20 x delay, 1 s)``)."""
 
     __slots__ = (
         "_began",
@@ -96,11 +102,13 @@ class RoundTripBound:
         "_handle",
         "_lag",
         "_last",
+        "_most",
         "_task",
     )
 
-    def __init__(self, delay: float) -> None:
+    def __init__(self, delay: float, most_s: float | None = None) -> None:
         self._delay = delay
+        self._most = longest_s(delay) if most_s is None else max(most_s, delay)
         self._task: asyncio.Task[object] | None = None
         self._lag: LoopLag | None = None
         self._handle: asyncio.Handle | None = None
@@ -117,7 +125,7 @@ class RoundTripBound:
         self._lag = lag = LoopLag.of(loop)
         lag.join()
         self._began, self._busy = loop.time(), lag.busy
-        self._last = self._began + max(_MOST_BUDGETS * self._delay, _MOST_S)
+        self._last = self._began + self._most
         self._handle = loop.call_later(self._delay, self._look)
         return self
 

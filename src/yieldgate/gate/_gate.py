@@ -211,6 +211,7 @@ class Gate(AsyncCalls, SyncCalls):
             gate=self.name,
             prefix=fleet.prefix,
             budget_s=fleet.budget_s,
+            join_s=fleet.first_reading_s,
             lease_ttl_s=fleet.lease_ttl_s,
         )
 

@@ -344,7 +344,10 @@ class FleetPolicy:
     fleet for the quota; when nobody knows it yet, one member's first request
     probes it and every other call of the fleet waits for its reading, at
     most ``first_reading_s`` (0: no wait; each member sends its first
-    requests blind, as alone).
+    requests blind, as alone). Until Redis first answers a member, its
+    operations may take up to ``first_reading_s`` too, not just ``budget_s``: a
+    member that never reached the fleet does not know how many share the quota,
+    and a slow first answer would leave it pacing the whole quota as its own.
 
     A Redis that refuses the fleet's credentials or commands (a wrong
     password, an ACL user without ``EVALSHA``) is a configuration error, not an
