@@ -657,3 +657,32 @@ def test_failing_open_a_misconfigured_fleet_goes_on_alone_and_says_why(
     warned = [r.getMessage() for r in caplog.records if "check the fleet's URL" in r.getMessage()]
     assert warned
     assert all("s3cret-y" not in message for message in warned)
+
+
+async def test_a_call_waits_for_a_joining_members_redis_half_its_time_at_most(
+    gates: Any, redis_server: RedisServer
+) -> None:
+    """Joining, a member's round trips may take ``first_reading_s``; a call with less
+    time than that waits for them half of what remains of its own, as it waits for the
+    first reading, then goes on alone: Redis slow at the start fails no call that
+    would have succeeded without it."""
+    with DelayProxy(redis_server.port, 3.0) as proxy:
+        gate = gates(proxy.url, budget_s=0.1, first_reading_s=5.0)
+        started = time.monotonic()
+        assert await gate.call(_ok, timeout=1.0) == "ok"
+        assert time.monotonic() - started < 1.0
+
+
+def test_a_sync_call_with_little_time_does_not_wait_out_the_join(
+    gates: Any, redis_server: RedisServer
+) -> None:
+    """The sync client's twin waits ``first_reading_s`` for Redis's first answer; a
+    call with less than twice that left uses the budget's socket time-outs instead."""
+    with DelayProxy(redis_server.port, 3.0) as proxy:
+        gate = gates(proxy.url, budget_s=0.1, first_reading_s=5.0)
+        started = time.monotonic()
+        assert gate.call_sync(lambda: "ok", timeout=2.0) == "ok"
+        assert time.monotonic() - started < 2.0
+        shared = gate._core.shared
+        assert shared is not None
+        assert shared.fleet.joining  # Redis has not answered it yet

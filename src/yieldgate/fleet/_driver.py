@@ -21,9 +21,11 @@ all of them.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import math
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Generic, TypeAlias, TypeVar
 
@@ -132,6 +134,8 @@ class Drivers:
         self._given_async: AsyncClient | None = None
         self._given_async_scripts: dict[str, AsyncScript] = {}
         self._sync_join: redis.Redis | None = None
+        # Set in a thread whose operations may not wait out ``join_s`` (``_hurry``).
+        self._hurried = threading.local()
         if isinstance(shared, str):
             if not shared.lower().startswith(_SCHEMES):
                 raise ValueError(
@@ -186,7 +190,11 @@ class Drivers:
         ticket = self._health.admit()
         if ticket is Pass.SKIP:
             return None
-        if self._sync_join is not None and not self._health.answered:
+        if (
+            self._sync_join is not None
+            and not self._health.answered
+            and not getattr(self._hurried, "on", False)
+        ):
             client = self._sync_join  # joining: ``join_s``'s time-outs
         try:
             if op.command:
@@ -270,12 +278,36 @@ class Drivers:
         self._health.succeeded(ticket)
         return result
 
+    @property
+    def joining(self) -> bool:
+        """Whether Redis has yet to answer this member (its operations may take
+        ``join_s``, not just ``budget_s``)."""
+        return not self._health.answered and self.join_s > self.budget_s
+
+    @property
+    def longest_op_s(self) -> float:
+        """The longest an asyncio operation may take now, busy event loop included."""
+        most = longest_s(self.budget_s)
+        return max(self.join_s, most) if self.joining else most
+
+    @contextlib.contextmanager
+    def _hurry(self) -> Iterator[None]:
+        """Sync operations in this block, in this thread, wait no longer than
+        ``budget_s``, joining or not (a call whose deadline is near)."""
+        local = self._hurried
+        was = getattr(local, "on", False)
+        local.on = True
+        try:
+            yield
+        finally:
+            local.on = was
+
     def _bound(self) -> RoundTripBound:
         """An asyncio round trip's bound: ``budget_s``, or, until Redis first answered
         this member, ``join_s`` (busy loop included, no longer than the budget's own
         most). The sync client made from a URL has a twin with ``join_s``'s socket
         time-outs for that time (``_sync_join``)."""
-        if self._health.answered or self.join_s <= self.budget_s:
+        if not self.joining:
             return RoundTripBound(self.budget_s)
         return RoundTripBound(self.join_s, most_s=longest_s(self.budget_s))
 

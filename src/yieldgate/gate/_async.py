@@ -111,6 +111,18 @@ async def run_fleet_op(core: GateCore, op: FleetOp) -> Any:
     return await method(*op.args, **op.kwargs)
 
 
+def patience(core: GateCore, deadline: float | None) -> contextlib.AbstractContextManager[Any]:
+    """A scope that cuts a call's fleet operation at half of what remains of its time,
+    as the first reading waits, where the fleet's own bound may be longer (a busy
+    event loop's; while joining, ``join_s``). Cut, the operation answers nothing."""
+    shared = core.shared
+    if deadline is not None and shared is not None:
+        allowed = (deadline - core.clock()) / 2
+        if allowed < shared.fleet.longest_op_s:
+            return anyio.move_on_after(max(allowed, 0.0))
+    return contextlib.nullcontext()
+
+
 async def flush(core: GateCore) -> None:
     """Run what attempts left for the fleet, shielded: each op is bounded by the
     fleet's budget, and one lost to a cancellation would leave a lease or a take
@@ -155,10 +167,13 @@ async def drive(call: CallState, steps: Generator[admission.Wait, Any, Any]) -> 
                 assert isinstance(signal, AsyncSignal)
                 await signal.wait(until, core.clock)
             elif wait.op.name in GRANTS:
-                # The call's from the step it comes in (until admission enters it).
-                call.granted = (wait.op, got := await run_fleet_op(core, wait.op))
+                # The call's from the step it comes in (until admission enters it), on
+                # the line the answer comes (the scope ends after it).
+                with patience(core, call.deadline):
+                    call.granted = (wait.op, got := await run_fleet_op(core, wait.op))
             else:
-                got = await run_fleet_op(core, wait.op)  # bounded by the fleet's budget
+                with patience(core, call.deadline):  # and by the fleet's budget
+                    got = await run_fleet_op(core, wait.op)
         except BaseException as exc:  # thrown in: the core looks at it first
             thrown = exc
 

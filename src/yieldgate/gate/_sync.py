@@ -22,6 +22,7 @@ at once with ``Stopped`` instead of waiting on.
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import threading
 import time
@@ -133,9 +134,11 @@ def drive(
                 elif wait.op.name in GRANTS:
                     # The call's from the step it comes in (until admission enters it).
                     # One line: an interrupt between the answer and its entry loses it.
-                    call.granted = (wait.op, got := _granting(core, wait.op))
+                    with hurried(core, call.deadline):
+                        call.granted = (wait.op, got := _granting(core, wait.op))
                 else:
-                    got = run_fleet_op(core, wait.op)  # bounded by the fleet's budget
+                    with hurried(core, call.deadline):  # and by the fleet's budget
+                        got = run_fleet_op(core, wait.op)
             except BaseException as exc:  # thrown in: the core looks at it first
                 thrown = exc
             if thrown is None and batch is not None and batch.stopped:
@@ -386,6 +389,19 @@ def run_fleet_op(core: GateCore, op: FleetOp) -> Any:
     assert shared is not None
     method: Callable[..., Any] = getattr(shared.fleet, op.name + "_sync")
     return method(*op.args, **op.kwargs)
+
+
+def hurried(core: GateCore, deadline: float | None) -> contextlib.AbstractContextManager[Any]:
+    """While the fleet is joining, a call with less than twice ``join_s`` left has its
+    operations wait no longer than the budget (a socket read cannot be cut at half
+    of the call's time, as an asyncio round trip is)."""
+    shared = core.shared
+    if deadline is not None and shared is not None:
+        fleet = shared.fleet
+        if fleet.joining and (deadline - core.clock()) / 2 < fleet.join_s:
+            hurry: contextlib.AbstractContextManager[Any] = fleet._hurry()
+            return hurry
+    return contextlib.nullcontext()
 
 
 def flush(core: GateCore) -> None:
