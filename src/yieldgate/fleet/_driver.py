@@ -190,11 +190,7 @@ class Drivers:
         ticket = self._health.admit()
         if ticket is Pass.SKIP:
             return None
-        if (
-            self._sync_join is not None
-            and not self._health.answered
-            and not getattr(self._hurried, "on", False)
-        ):
+        if self._sync_join is not None and self.joining and not getattr(self._hurried, "on", False):
             client = self._sync_join  # joining: ``join_s``'s time-outs
         try:
             if op.command:
@@ -304,9 +300,9 @@ class Drivers:
 
     def _bound(self) -> RoundTripBound:
         """An asyncio round trip's bound: ``budget_s``, or, until Redis first answered
-        this member, ``join_s`` (busy loop included, no longer than the budget's own
-        most). The sync client made from a URL has a twin with ``join_s``'s socket
-        time-outs for that time (``_sync_join``)."""
+        this member, ``join_s`` (in all, busy loop included, the longer of ``join_s``
+        and the budget's own most). The sync client made from a URL has a twin with
+        ``join_s``'s socket time-outs for that time (``_sync_join``)."""
         if not self.joining:
             return RoundTripBound(self.budget_s)
         return RoundTripBound(self.join_s, most_s=longest_s(self.budget_s))
