@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from yieldgate.harness import Engine, EngineConfig, SamplingParams
-from yieldgate.harness._resident import ResidentKV
+from yieldgate.harness._resident import ResidentKV, _move_rows
 from yieldgate.harness.model import KVCache, ModelConfig
 from yieldgate.harness.sequence import Sequence
 
@@ -290,3 +290,22 @@ def test_the_rows_never_take_more_memory_than_the_cache_and_gather_past_it() -> 
 def test_a_resident_kv_that_is_not_a_bool_is_refused(value: Any) -> None:
     with pytest.raises(ValueError, match="resident_kv must be None, True or False"):
         EngineConfig(resident_kv=value, kv_dtype="int8")
+
+
+@pytest.mark.parametrize(
+    "moved",
+    [
+        [(0, 1), (1, 2), (2, 4)],  # a finished sequence's rows closing up
+        [(0, 2), (2, 0)],  # a swap
+        [(1, 0), (2, 1), (3, 2)],  # a newcomer ahead of them pushes them down
+        [(0, 3), (3, 1), (1, 0)],  # a cycle
+    ],
+)
+def test_rows_move_exactly_within_the_columns_read(moved: list[tuple[int, int]]) -> None:
+    store = torch.arange(2 * 5 * 2 * 3 * 8 * 4, dtype=torch.float32).view(2, 5, 2, 3, 8, 4)
+    before = store.clone()
+    _move_rows(store, moved, 6)
+    expected = before.clone()
+    for r, s in moved:
+        expected[:, r, :, :, :6] = before[:, s, :, :, :6]
+    assert torch.equal(store, expected)  # the spare columns untouched too
