@@ -4,7 +4,7 @@ from typing import Any
 
 import pytest
 
-from yieldgate.harness.qos import QosPolicy, SloConfig, TtftEstimator
+from yieldgate.harness.qos import MIN_PREFILL_TOKENS, QosPolicy, SloConfig, TtftEstimator
 from yieldgate.protocol import Priority, YieldReason
 from yieldgate.server.governor import Rejection
 
@@ -61,15 +61,55 @@ def test_estimate_adds_the_queue_ahead_and_one_decode_step() -> None:
     ) == (220.0)
 
 
+def test_a_chunked_prefill_waits_a_decode_step_between_pieces() -> None:
+    estimator = TtftEstimator(prefill_ms_per_token=0.5, decode_step_ms=20.0, prefill_chunk=64)
+    # 400 tokens in 7 pieces: the step boundary, then a decode step between each two.
+    assert estimator.estimate_ms(
+        prompt_tokens=100, queued_prefill_tokens=300, decode_running=3
+    ) == (200.0 + 7 * 20.0)
+    # Nothing decoding: the pieces run back to back.
+    assert estimator.estimate_ms(
+        prompt_tokens=100, queued_prefill_tokens=300, decode_running=0
+    ) == (200.0)
+    # One piece: only the step boundary, as unchunked.
+    assert estimator.estimate_ms(prompt_tokens=64, queued_prefill_tokens=0, decode_running=3) == (
+        32.0 + 20.0
+    )
+    # Prefilled at a prefill worker, which computes a prompt in one step: no pieces.
+    assert estimator.estimate_ms(
+        prompt_tokens=100, queued_prefill_tokens=300, decode_running=3, on_engine=False
+    ) == (220.0)
+    for bad in (-1, 1.5):
+        with pytest.raises(ValueError, match="prefill_chunk"):
+            TtftEstimator(prefill_chunk=bad)  # type: ignore[arg-type]
+
+
 def test_estimator_averages_with_alpha() -> None:
     estimator = TtftEstimator(alpha=0.5)
-    estimator.observe_prefill(10, 10.0)  # 1.0 ms/token, the first sets it
-    estimator.observe_prefill(10, 30.0)  # 3.0 ms/token -> 2.0
+    estimator.observe_prefill(40, 40.0)  # 1.0 ms/token, the first sets it
+    estimator.observe_prefill(40, 120.0)  # 3.0 ms/token -> 2.0
     estimator.observe_prefill(0, 999.0)  # nothing computed: ignored
     assert estimator.prefill_ms_per_token == 2.0
     estimator.observe_decode_step(8.0)
     estimator.observe_decode_step(4.0)
     assert estimator.decode_step_ms == 6.0
+
+
+def test_a_short_prefill_step_does_not_move_the_per_token_average() -> None:
+    """A one-token step (the last token of a prompt whose KV came from a prefill worker)
+    costs the step's own time: per token, it would make every prompt look slow."""
+    estimator = TtftEstimator()
+    estimator.observe_prefill(1, 6.0)  # the first reading sets it, whatever its size
+    assert estimator.prefill_ms_per_token == 6.0
+    estimator.observe_prefill(768, 192.0)
+    assert estimator.prefill_ms_per_token == pytest.approx(6.0 + 0.2 * (0.25 - 6.0))
+    settled = TtftEstimator(prefill_ms_per_token=0.25)
+    for _ in range(50):
+        settled.observe_prefill(1, 6.0)
+        settled.observe_prefill(MIN_PREFILL_TOKENS - 1, 8.0)
+    assert settled.prefill_ms_per_token == 0.25
+    settled.observe_prefill(MIN_PREFILL_TOKENS, MIN_PREFILL_TOKENS * 0.5)
+    assert settled.prefill_ms_per_token == pytest.approx(0.25 + 0.2 * 0.25)
 
 
 def test_estimator_validates() -> None:

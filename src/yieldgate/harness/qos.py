@@ -43,6 +43,8 @@ from yieldgate.server.governor import Rejection
 __all__ = ["EngineLoad", "QosPolicy", "SloConfig", "TtftEstimator"]
 
 _DEFAULT_ALPHA: Final = 0.2
+# Prefill steps of fewer tokens do not move the per-token average (``observe_prefill``).
+MIN_PREFILL_TOKENS: Final = 32
 
 
 def _check_objective(name: str, value: object, *, optional: bool = True) -> None:
@@ -115,6 +117,8 @@ class TtftEstimator:
 
     ``alpha`` is the newest measurement's weight. The averages may be seeded
     (from a benchmark, say); otherwise the first measurement sets them.
+    ``prefill_chunk`` is the engine's (``SchedulerConfig.prefill_chunk``): while
+    sequences decode, a decode step runs between two pieces of a prefill.
     """
 
     def __init__(
@@ -123,6 +127,7 @@ class TtftEstimator:
         alpha: float = _DEFAULT_ALPHA,
         prefill_ms_per_token: float | None = None,
         decode_step_ms: float | None = None,
+        prefill_chunk: int = 0,
     ) -> None:
         if not (0 < alpha <= 1):
             raise ValueError(f"alpha must be in (0, 1], got {alpha!r}")
@@ -132,16 +137,27 @@ class TtftEstimator:
         ):
             if value is not None and not (math.isfinite(value) and value >= 0):
                 raise ValueError(f"{name} must be a finite number >= 0 or None, got {value!r}")
+        if type(prefill_chunk) is not int or prefill_chunk < 0:
+            raise ValueError(f"prefill_chunk must be an integer >= 0, got {prefill_chunk!r}")
         self.alpha = alpha
+        self.prefill_chunk = prefill_chunk
         self.prefill_ms_per_token = prefill_ms_per_token
         self.decode_step_ms = decode_step_ms
 
     def observe_prefill(self, tokens: int, ms: float) -> None:
-        """A prefill computed ``tokens`` uncached tokens in ``ms``; zero tokens says nothing."""
+        """A prefill computed ``tokens`` uncached tokens in ``ms``; zero tokens says nothing.
+
+        Once the average is set, a step of fewer than ``MIN_PREFILL_TOKENS``
+        says nothing either: its time is the step's own cost, not its tokens'.
+        With prefill workers, most of the decode worker's prefill steps compute
+        one token (the last of a prompt whose KV arrived), and counted per
+        token they took the average from 0.25 to 4.5 ms a token in a minute
+        (``bench/harness_degrade.py``), so every long prompt looked 18x slower.
+        """
         if tokens < 0:
             raise ValueError(f"tokens must be >= 0, got {tokens}")
         _check_ms(ms)
-        if tokens == 0:
+        if tokens == 0 or (tokens < MIN_PREFILL_TOKENS and self.prefill_ms_per_token is not None):
             return
         self.prefill_ms_per_token = self._ewma(self.prefill_ms_per_token, ms / tokens)
 
@@ -160,25 +176,33 @@ class TtftEstimator:
         queued_prefill_tokens: int,
         decode_running: int,
         decode_steps_ahead: int = 0,
+        on_engine: bool = True,
     ) -> float | None:
         """Expected TTFT of a new prompt of ``prompt_tokens`` uncached tokens.
 
         ``decode_steps_ahead``: decode steps that must run before it can be
         admitted at all (``Scheduler.decode_steps_to_admit``); it waits for
         the larger of those and the one step boundary of a running decode.
+        With ``prefill_chunk`` and a running decode, the queued tokens and its
+        own are computed in pieces, a decode step between two of them, when
+        they are prefilled ``on_engine`` (not at a prefill worker, which
+        computes a prompt in one step).
         ``None`` while a measurement it needs is missing: prefill time always,
         the decode step when any decode step is waited for.
         """
         per_token = self.prefill_ms_per_token
         if per_token is None:
             return None
+        tokens = queued_prefill_tokens + prompt_tokens
         steps = max(decode_steps_ahead, 1 if decode_running > 0 else 0)
+        if on_engine and self.prefill_chunk and decode_running > 0 and tokens:
+            steps += math.ceil(tokens / self.prefill_chunk) - 1
         step = 0.0
         if steps:
             if self.decode_step_ms is None:
                 return None
             step = steps * self.decode_step_ms
-        return (queued_prefill_tokens + prompt_tokens) * per_token + step
+        return tokens * per_token + step
 
 
 def _check_ms(ms: float) -> None:
@@ -203,8 +227,13 @@ class QosPolicy:
         queued_prefill_tokens: int,
         decode_running: int,
         decode_steps_ahead: int = 0,
+        alone_ms: float | None = None,
+        on_engine: bool = True,
     ) -> Rejection | None:
-        """``None`` to admit, else a ``Rejection`` with a hint of when a retry may pass."""
+        """``None`` to admit, else a ``Rejection`` with a hint of when a retry may pass.
+
+        ``alone_ms``: see ``excess_ms``; ``on_engine``: ``TtftEstimator.estimate_ms``'s.
+        """
         if min(prompt_tokens, queued_prefill_tokens, decode_running, decode_steps_ahead) < 0:
             raise ValueError(
                 "prompt_tokens, queued_prefill_tokens, decode_running and decode_steps_ahead"
@@ -220,6 +249,8 @@ class QosPolicy:
             queued_prefill_tokens=queued_prefill_tokens,
             decode_running=decode_running,
             decode_steps_ahead=decode_steps_ahead,
+            alone_ms=alone_ms,
+            on_engine=on_engine,
         )
         if excess is None or excess[0] <= excess[1]:
             return None
@@ -234,24 +265,34 @@ class QosPolicy:
         queued_prefill_tokens: int,
         decode_running: int,
         decode_steps_ahead: int = 0,
+        alone_ms: float | None = None,
+        on_engine: bool = True,
     ) -> tuple[float, float] | None:
         """``(estimate, bound)``: the TTFT estimate and what it is held to, ``None`` unmeasured.
 
         The bound is the larger of ``objective`` and the request's own TTFT
         with nothing queued ahead (no decode steps ahead either: swapped-out
-        sequences are work ahead); ``estimate / bound`` is the pressure that
-        graceful degradation (``yieldgate.harness.degrade``) watches.
+        sequences are work ahead), or ``alone_ms`` instead of that TTFT where
+        given (a route taken by choice is held to what its usual route would
+        take alone); ``estimate / bound`` is the pressure that graceful
+        degradation (``yieldgate.harness.degrade``) watches.
         """
         estimate = self.estimator.estimate_ms(
             prompt_tokens=prompt_tokens,
             queued_prefill_tokens=queued_prefill_tokens,
             decode_running=decode_running,
             decode_steps_ahead=decode_steps_ahead,
+            on_engine=on_engine,
         )
         if estimate is None:
             return None
+        if alone_ms is not None:
+            return estimate, max(objective, alone_ms)
         idle = self.estimator.estimate_ms(
-            prompt_tokens=prompt_tokens, queued_prefill_tokens=0, decode_running=decode_running
+            prompt_tokens=prompt_tokens,
+            queued_prefill_tokens=0,
+            decode_running=decode_running,
+            on_engine=on_engine,
         )
         assert idle is not None  # the same measurements as ``estimate``
         return estimate, max(objective, idle)
