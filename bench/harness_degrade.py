@@ -2,7 +2,7 @@
 
 What it measures. The same seeded arrival schedule is replayed against
 harness backends (one prefill worker process each) in one run, in the arms
-``--modes`` names (default ``qos,degrade,degrade+qos``) of these five:
+``--modes`` names (default ``qos,degrade,degrade+qos``) of these seven:
 
 - ``plain``: no admission control at all: the flood's long prompts queue at
   the prefill worker with the high-priority ones, and its long outputs fill
@@ -26,7 +26,11 @@ harness backends (one prefill worker process each) in one run, in the arms
   high TTFT p99 no worse than ``qos``'s and a better goodput over both
   priorities, at both loads;
 - ``qos+cut``: ``degrade+qos`` without the local prefill: early rejection's
-  admissions exactly, and the outputs cut under sustained overload.
+  admissions exactly, and the outputs cut under sustained overload;
+- ``degrade+qos-whole``: ``degrade+qos`` with each local prompt prefilled in one
+  step. The arms with a local prefill compute it ``--prefill-chunk`` tokens a
+  step (``SchedulerConfig.prefill_chunk``, default 64), a decode step between
+  two pieces; this one does not, to show what the chunks are worth.
 
 High-priority requests (``--high-tokens`` bytes in, ``--high-max-tokens``
 out) arrive as a Poisson process at ``--high-rate`` per second; the flood
@@ -81,7 +85,7 @@ from yieldgate.protocol import Priority
 from yieldgate.server.backends import Work
 from yieldgate.server.governor import Governor, GovernorConfig, PriorityPolicy, Slot
 
-MODES = ("plain", "qos", "degrade", "no-local", "degrade+qos", "qos+cut")
+MODES = ("plain", "qos", "degrade", "no-local", "degrade+qos", "qos+cut", "degrade+qos-whole")
 DEFAULT_MODES = ("qos", "degrade", "degrade+qos")
 COLUMNS = (
     "high_p50",
@@ -170,7 +174,7 @@ async def run_mode(
     mode: str, arrivals: list[tuple[float, Priority]], args: argparse.Namespace
 ) -> Outcome:
     degrade = None
-    if mode in ("degrade", "no-local", "degrade+qos", "qos+cut"):
+    if mode in ("degrade", "no-local", "degrade+qos", "qos+cut", "degrade+qos-whole"):
         degrade = DegradeConfig(
             local_prefill=mode not in ("no-local", "qos+cut"),
             high_busy_jobs=args.high_busy_jobs,
@@ -185,7 +189,15 @@ async def run_mode(
             engine=EngineConfig(
                 device=args.device,
                 num_blocks=4096,
-                scheduler=SchedulerConfig(max_num_seqs=64, max_num_batched_tokens=4096),
+                scheduler=SchedulerConfig(
+                    max_num_seqs=64,
+                    max_num_batched_tokens=4096,
+                    prefill_chunk=(
+                        args.prefill_chunk
+                        if degrade and degrade.local_prefill and not mode.endswith("-whole")
+                        else 0
+                    ),
+                ),
             ),
             prefill_workers=1,
             router=RouterConfig(
@@ -194,7 +206,7 @@ async def run_mode(
                 max_prefill_queue=64,
             ),
             slo=SloConfig(ttft_ms_low=args.low_ttft_ms),
-            qos=mode in ("qos", "degrade+qos", "qos+cut"),
+            qos=mode in ("qos", "degrade+qos", "qos+cut", "degrade+qos-whole"),
             degrade=degrade,
         )
     )
@@ -265,15 +277,18 @@ def _cell(column: str, value: float) -> str:
 def print_table(title: str, rows: list[tuple[str, dict[str, str]]]) -> None:
     print(title)
     widths = {c: max(len(c), *(len(cells[c]) for _, cells in rows)) for c in COLUMNS}
-    print(f"{'mode':<11} " + " ".join(f"{c:>{widths[c]}}" for c in COLUMNS))
+    first = max(len("mode"), *(len(mode) for mode, _ in rows))
+    print(f"{'mode':<{first}} " + " ".join(f"{c:>{widths[c]}}" for c in COLUMNS))
     for mode, cells in rows:
-        print(f"{mode:<11} " + " ".join(f"{cells[c]:>{widths[c]}}" for c in COLUMNS))
+        print(f"{mode:<{first}} " + " ".join(f"{cells[c]:>{widths[c]}}" for c in COLUMNS))
 
 
 RATIOS = (
     ("degrade+qos", "qos"),
     ("degrade+qos", "degrade"),
     ("qos+cut", "qos"),
+    ("degrade+qos-whole", "qos"),
+    ("degrade+qos", "degrade+qos-whole"),
     ("degrade", "qos"),
     ("no-local", "qos"),
     ("qos", "plain"),
@@ -388,6 +403,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--high-ttft-ms", type=float, default=1000.0, help="for the high goodput only"
     )
     parser.add_argument("--offload-threshold", type=int, default=256)
+    parser.add_argument(
+        "--prefill-chunk",
+        type=int,
+        default=64,
+        help="the decode engine's prefill_chunk in the arms that prefill low prompts there,"
+        " but degrade+qos-whole (default 64; 0: each prompt in one step)",
+    )
     parser.add_argument("--device", default="auto")
     parser.add_argument(
         "--rounds",

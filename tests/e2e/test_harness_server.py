@@ -545,3 +545,37 @@ async def test_degradation_and_the_planner_from_the_command_line() -> None:
     assert (planner["max_prefill_workers"], planner["max_decode_seqs"]) == (2, 4)
     assert planner["long_prompt_tokens"] == 128  # the router's threshold
     assert backend["prefill_workers_active"] == 0  # the planner starts colocated
+
+
+async def test_a_chunked_prefill_server_answers_as_the_unchunked_one(
+    server: ServerProcess,
+) -> None:
+    """``--prefill-chunk``: a prompt computed 8 tokens a step, beside a running stream,
+    gives the tokens the unchunked server gives."""
+    prompt = "A prompt of some length, so that it takes several pieces: " * 3
+    params = {"max_tokens": 16}
+    plain = await wait_warm(server)
+    try:
+        expected = await plain.submit(prompt, params=params)
+    finally:
+        await plain.aclose()
+    proc = spawn("--backend", "harness", "--max-inflight", "4", "--prefill-chunk", "8")
+    try:
+        client = await wait_warm(proc)
+        try:
+            before = (await client.stats())["backend"]
+            assert before["prefill_chunk"] == 8
+            # A long request decoding while the prompt's pieces run.
+            beside = client.next_id()
+            await client.send(submit_frame(beside, "decoding beside it", params={"max_tokens": 64}))
+            got = await client.submit(prompt, params=params)
+            assert (await client.recv_for(beside, timeout=60))["status"] == "ok"
+            after = (await client.stats())["backend"]
+        finally:
+            await client.aclose()
+    finally:
+        proc.stop()
+    assert got["status"] == expected["status"] == "ok"
+    assert got["result"]["text"] == expected["result"]["text"]
+    pieces = -(-len(prompt.encode()) // 8)
+    assert after["prefill_steps"] - before["prefill_steps"] >= pieces

@@ -29,12 +29,14 @@ SLO = SloConfig(ttft_ms_high=None, ttft_ms_normal=200.0, ttft_ms_low=500.0)
 LEVELS = (DegradeLevel(pressure=1.0, max_tokens=8), DegradeLevel(pressure=3.0, reject=True))
 
 
-def harness(*, qos: bool, load: EngineLoad) -> HarnessBackend:
-    """An unstarted backend with 1 ms a prompt token and 1 ms a decode step, and ``load``
-    published as the engine thread would publish it."""
+def harness(
+    *, qos: bool, load: EngineLoad, engine: EngineConfig = ENGINE, step_ms: float = 1.0
+) -> HarnessBackend:
+    """An unstarted backend with 1 ms a prompt token and ``step_ms`` a decode step, and
+    ``load`` published as the engine thread would publish it."""
     backend = HarnessBackend(
         HarnessConfig(
-            engine=ENGINE,
+            engine=engine,
             slo=SLO,
             qos=qos,
             degrade=DegradeConfig(sustain_s=0.5, levels=LEVELS),
@@ -42,7 +44,7 @@ def harness(*, qos: bool, load: EngineLoad) -> HarnessBackend:
     )
     assert backend.qos is not None
     backend.qos.estimator.prefill_ms_per_token = 1.0
-    backend.qos.estimator.decode_step_ms = 1.0
+    backend.qos.estimator.decode_step_ms = step_ms
     backend._load_now = load
     return backend
 
@@ -95,6 +97,38 @@ def test_a_low_request_kept_local_is_judged_on_the_decode_workers_queue() -> Non
     no_local.qos.estimator.prefill_ms_per_token = 1.0
     no_local._load_now = EngineLoad(QUEUED, 0, 0, LOCAL, 1)
     assert getattr(check(no_local, LOW), "retry_hint_ms", None) == 901 - 500
+
+
+def chunked(load: EngineLoad) -> HarnessBackend:
+    """As ``harness(qos=True)``, on an engine that prefills 64 tokens a step, 20 ms a
+    decode step."""
+    engine = EngineConfig(model=SMALL, device="cpu", scheduler=SchedulerConfig(prefill_chunk=64))
+    return harness(qos=True, load=load, engine=engine, step_ms=20.0)
+
+
+def low(backend: HarnessBackend, prompt_tokens: int) -> Rejection | None:
+    return backend._check_slo(
+        AdmissionRequest(priority=LOW, body="x" * prompt_tokens, params={}, inflight=0, capacity=4)
+    )
+
+
+def test_a_low_prompt_kept_local_must_fit_its_objective_in_pieces() -> None:
+    """Kept local, a prompt of 400 tokens is computed in 7 pieces of 64, a decode step
+    between two (3 sequences decoding): 400 + 7 x 20 = 540 ms against 500. Held to its
+    own TTFT there (540) it would pass; it is held to its objective, or to what its
+    prefill takes alone (400 ms) where that is longer, and rejected."""
+    kept = chunked(EngineLoad(QUEUED, 3, 0, (0, 0, 0), 1))
+    rejection = low(kept, 400)
+    assert rejection is not None
+    assert rejection.retry_hint_ms == 540 - 500
+    # Sent to the prefill worker instead (no high one there), the queue empty: one
+    # prefill step, no pieces, 400 + 20 ms. Admitted.
+    assert low(chunked(EngineLoad((0, 0, 0), 3, 0, (0, 0, 0), 0)), 400) is None
+    # Nothing decoding: no decode step between the pieces, 400 ms. Admitted.
+    assert low(chunked(EngineLoad(QUEUED, 0, 0, (0, 0, 0), 1)), 400) is None
+    # A prompt longer than the objective alone is held to its own prefill time: 700 ms.
+    assert low(chunked(EngineLoad(QUEUED, 0, 0, (0, 0, 0), 1)), 700) is None
+    assert low(chunked(EngineLoad(QUEUED, 0, 0, (0, 0, 1), 1)), 700) is not None
 
 
 def test_a_rejecting_level_in_force_rejects_even_what_would_meet_its_objective() -> None:

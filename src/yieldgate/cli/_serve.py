@@ -153,6 +153,7 @@ def _harness_backend(args: argparse.Namespace) -> Any:
             max_num_batched_tokens=args.max_num_batched_tokens,
             priority=args.engine_priority,
             priority_age_bound=args.priority_age_bound,
+            prefill_chunk=args.prefill_chunk,
         ),
         speculative=(
             SpeculativeConfig(k=args.speculative_k, draft_layers=args.draft_layers)

@@ -64,6 +64,7 @@ FLAGS = {
     "max_num_seqs": "--max-inflight",
     "max_num_batched_tokens": "--max-num-batched-tokens",
     "priority_age_bound": "--priority-age-bound",
+    "prefill_chunk": "--prefill-chunk",
     "default_max_tokens": "--default-max-tokens",
     "torch_threads": "--torch-threads",
     "prefill_workers": "--prefill-workers",
@@ -352,6 +353,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         type=int,
         default=2048,
         help="prompt tokens one prefill step may compute; longer prompts are refused",
+    )
+    har.add_argument(
+        "--prefill-chunk",
+        type=int,
+        default=0,
+        metavar="TOKENS",
+        help=(
+            "compute a prompt on the engine at most TOKENS a step, a decode step between two "
+            "pieces, so a long prompt holds the decoding requests up one piece at a time "
+            "(default 0: each prompt in one step)"
+        ),
     )
     har.add_argument(
         "--no-engine-priority",

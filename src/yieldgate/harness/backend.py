@@ -120,7 +120,8 @@ class HarnessBackend(EngineThread):
         self.metrics = ServingMetrics(cfg.slo)
         self._metrics_lock = threading.Lock()  # recorded from both threads
         # Degradation reads the same estimate as early rejection.
-        self.qos = QosPolicy(cfg.slo, TtftEstimator()) if cfg.qos or cfg.degrade else None
+        estimator = TtftEstimator(prefill_chunk=cfg.engine.scheduler.prefill_chunk)
+        self.qos = QosPolicy(cfg.slo, estimator) if cfg.qos or cfg.degrade else None
         self.degrader = Degrader(cfg.degrade) if cfg.degrade is not None else None
         self._degrade_objective = (
             degrade_objective(cfg.degrade, cfg.slo) if cfg.degrade is not None else None
@@ -221,6 +222,9 @@ class HarnessBackend(EngineThread):
         prompt_tokens = len(request.body.encode("utf-8"))
         rank = rank_of(request.priority)
         queued_tokens = queued[rank] + self._inbox_tokens_ahead(rank)
+        alone_ms = None
+        # Prefilled on the decode worker (in pieces, with a chunk), not at a prefill worker.
+        on_engine = load.local_ahead is None
         degrader = self.degrader
         if degrader is not None:
             assert self._degrade_objective is not None
@@ -234,6 +238,7 @@ class HarnessBackend(EngineThread):
                 + self._inbox_tokens_ahead(pressure_rank),
                 decode_running=running,
                 decode_steps_ahead=steps_ahead,
+                on_engine=on_engine,
             )
             now = time.monotonic()
             if excess is not None:
@@ -251,6 +256,13 @@ class HarnessBackend(EngineThread):
                 ):
                     # Prefilled on the decode worker: the workers' queue is not ahead.
                     queued_tokens = load.local_ahead[rank] + self._inbox_tokens_ahead(rank)
+                    on_engine = True
+                    # And only where it fits: a prefill kept local between decode steps
+                    # is slower than at a worker, so it is held to the objective, or to
+                    # the prompt's prefill time alone where that is longer.
+                    alone_ms = self.qos.estimator.estimate_ms(
+                        prompt_tokens=prompt_tokens, queued_prefill_tokens=0, decode_running=0
+                    )
             elif not self.config.qos:
                 return None
         return self.qos.check(
@@ -259,6 +271,8 @@ class HarnessBackend(EngineThread):
             queued_prefill_tokens=queued_tokens,
             decode_running=running,
             decode_steps_ahead=steps_ahead,
+            alone_ms=alone_ms,
+            on_engine=on_engine,
         )
 
     def _planner_driver(self, config: PlannerConfig, governor: Governor) -> PlannerDriver:

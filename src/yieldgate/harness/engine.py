@@ -131,7 +131,8 @@ class EngineConfig:
 
 @dataclass(frozen=True, slots=True)
 class StepResult:
-    """One step: which sequences got a token, which of them finished, how long it took.
+    """One step: which sequences got a token (a piece of a chunked prefill gets none),
+    which of them finished, how long it took.
 
     ``logprobs`` has one entry per token: its log-probability where its
     sequence asked for them (also appended to ``Sequence.logprobs``), else ``None``.
@@ -341,7 +342,8 @@ class Engine:
         tokens = self.runner.run(batch)
         duration_ms = (time.perf_counter() - started) * 1000.0
         logprobs = self.runner.logprobs or [None] * len(tokens)
-        for seq, logprob in zip(batch.seqs, logprobs, strict=True):
+        sampled = batch.sampled  # without the pieces of chunked prefills
+        for seq, logprob in zip(sampled, logprobs, strict=True):
             if logprob is not None:
                 seq.logprobs.append(logprob)
         finished = self.scheduler.finish_step(batch, tokens)
@@ -350,7 +352,7 @@ class Engine:
         self._account(batch, new_tokens, cached, duration_ms)
         return StepResult(
             is_prefill=batch.is_prefill,
-            seqs=batch.seqs,
+            seqs=sampled,
             tokens=tokens,
             finished=finished,
             duration_ms=duration_ms,
@@ -396,7 +398,7 @@ class Engine:
 
     def _account(self, batch: Batch, new_tokens: int, cached: int, duration_ms: float) -> None:
         self.num_steps += 1
-        self.tokens_generated += len(batch.seqs)
+        self.tokens_generated += len(batch.sampled)
         if batch.is_prefill:
             self.num_prefill_steps += 1
             self.prompt_tokens_computed += new_tokens
@@ -444,6 +446,7 @@ class Engine:
             "waiting": len(self.scheduler.waiting),
             "steps": self.num_steps,
             "prefill_steps": self.num_prefill_steps,
+            "prefill_chunk": self.scheduler.config.prefill_chunk,
             "decode_steps": self.num_decode_steps,
             "prompt_tokens_computed": self.prompt_tokens_computed,
             "prefix_hit_tokens": self.prefix_hit_tokens,

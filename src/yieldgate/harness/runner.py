@@ -46,17 +46,21 @@ class ModelRunner:
         """
         self.logprobs = []
         if batch.is_prefill:
-            tokens, positions, attention, last = self._prepare_prefill(batch.seqs)
+            prepared = self._prepare_prefill(batch.seqs, batch.prefill_ends())
         else:
-            tokens, positions, attention, last = self._prepare_decode(batch.seqs)
+            prepared = self._prepare_decode(batch.seqs)
+        tokens, positions, attention, last = prepared
         logits = self.model.forward_paged(tokens, positions, self.cache, attention, last)
         if attention.resident is not None:
             assert self.cache.resident is not None
             self.cache.resident.commit()
-        chosen = self.sample(batch.seqs, logits)
-        rows, tensors = self.logprob_tensors(batch.seqs, logits, chosen)
+        seqs = batch.sampled  # ``last`` holds their rows only
+        if not seqs:  # pieces of chunked prefills alone: the KV is written, no token
+            return []
+        chosen = self.sample(seqs, logits)
+        rows, tensors = self.logprob_tensors(seqs, logits, chosen)
         chosen_ids, *read = to_host(chosen, *tensors)
-        self.logprobs = logprob_entries(batch.seqs, rows, chosen_ids, read)
+        self.logprobs = logprob_entries(seqs, rows, chosen_ids, read)
         return list(chosen_ids)
 
     def forget(self, seq: Sequence) -> None:
@@ -69,7 +73,7 @@ class ModelRunner:
         return (table.unsqueeze(1) * self.block_size + self._offsets).reshape(-1)[:num_tokens]
 
     def _prepare_prefill(
-        self, seqs: list[Sequence]
+        self, seqs: list[Sequence], ends: list[int]
     ) -> tuple[Tensor, Tensor, AttentionBatch, Tensor]:
         tokens: list[int] = []
         positions: list[int] = []
@@ -78,8 +82,9 @@ class ModelRunner:
         contexts: list[Tensor] = []
         cached: list[int] = []
         stepwise: list[int] = []
-        for seq in seqs:
-            start, end = seq.num_computed, len(seq.tokens)
+        last: list[int] = []  # the rows of the sequences that get a token
+        for seq, end in zip(seqs, ends, strict=True):
+            start = seq.num_computed
             tokens.extend(seq.tokens[start:end])
             positions.extend(range(start, end))
             starts.append(starts[-1] + end - start)
@@ -87,7 +92,9 @@ class ModelRunner:
             slot_mapping.append(slots[start:])
             contexts.append(slots)
             cached.append(start)
-            stepwise.append(end - max(start, seq.num_prompt))
+            stepwise.append(max(0, end - max(start, seq.num_prompt)))
+            if end == len(seq.tokens):
+                last.append(starts[-1] - 1)
         device = self.device
         attention = AttentionBatch(
             is_prefill=True,
@@ -97,12 +104,11 @@ class ModelRunner:
             num_cached=cached,
             num_stepwise=stepwise,
         )
-        last = torch.tensor([end - 1 for end in starts[1:]], device=device)
         return (
             torch.tensor(tokens, device=device),
             torch.tensor(positions, device=device),
             attention,
-            last,
+            torch.tensor(last, dtype=torch.long, device=device),
         )
 
     def _prepare_decode(

@@ -36,6 +36,13 @@ would not. A preempted sequence keeps its arrival, so it ages like any other:
 once past the bound it is served as high and is never preempted for a waiting
 one again, which bounds how often it can be pushed back.
 
+Chunked prefill (``SchedulerConfig.prefill_chunk``). A prompt is computed at
+most that many tokens a step; a sequence whose piece falls short of its prompt
+gets no token, keeps its blocks and goes to the ``ready`` queue for its next
+piece, and while sequences decode, a decode step runs between two pieces. A
+long prompt then holds up the decoding sequences, and a high one whose KV has
+just arrived, for one piece at a time instead of its whole prefill.
+
 Slots. Everything that holds or is about to take a place in the decode batch
 counts against ``max_num_seqs`` (``num_holding_slots``): the running sequences,
 the ``ready`` ones, and those the tiers are paging in (``slot_holders``).
@@ -83,12 +90,19 @@ class SchedulerConfig:
     priority_age_bound: int = 1000
     # With priority on: preempt running sequences for a waiting high one that does not fit.
     preempt_for_high: bool = True
+    # Compute a prompt in pieces of at most this many tokens, a decode step between
+    # two pieces while sequences decode (0: each prompt in one step).
+    prefill_chunk: int = 0
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1:
             raise ValueError("max_num_seqs must be >= 1")
         if self.max_num_batched_tokens < 1:
             raise ValueError("max_num_batched_tokens must be >= 1")
+        if type(self.prefill_chunk) is not int or self.prefill_chunk < 0:
+            raise ValueError(
+                f"prefill_chunk must be an integer >= 0 (0: no chunks), got {self.prefill_chunk!r}"
+            )
         if not 0.0 <= self.watermark < 1.0:
             raise ValueError("watermark must be in [0, 1)")
         if type(self.priority_age_bound) is not int or self.priority_age_bound < 1:
@@ -99,16 +113,35 @@ class SchedulerConfig:
 
 @dataclass(frozen=True, slots=True)
 class Batch:
-    """One step's work: ``seqs`` to prefill (``is_prefill``) or to decode by one token."""
+    """One step's work: ``seqs`` to prefill (``is_prefill``) or to decode by one token.
+
+    ``ends`` is where each sequence's prefill stops (its KV computed up to there),
+    empty when each is computed to its last token. A sequence stopped short (a
+    piece of a chunked prefill) gets no token from the step.
+    """
 
     is_prefill: bool
     seqs: list[Sequence]
+    ends: tuple[int, ...] = ()
+
+    def prefill_ends(self) -> list[int]:
+        """Where each sequence's prefill stops."""
+        return list(self.ends) if self.ends else [len(seq.tokens) for seq in self.seqs]
+
+    @property
+    def sampled(self) -> list[Sequence]:
+        """The sequences that get a token from this step, in ``seqs``'s order."""
+        if not self.ends:
+            return self.seqs
+        pairs = zip(self.seqs, self.ends, strict=True)
+        return [seq for seq, end in pairs if end == len(seq.tokens)]
 
     @property
     def num_new_tokens(self) -> int:
         if not self.is_prefill:
             return len(self.seqs)
-        return sum(len(seq.tokens) - seq.num_computed for seq in self.seqs)
+        ends = self.prefill_ends()
+        return sum(end - seq.num_computed for seq, end in zip(self.seqs, ends, strict=True))
 
 
 class Scheduler:
@@ -131,6 +164,8 @@ class Scheduler:
         self._watermark_blocks = int(config.watermark * blocks.num_blocks)
         self.on_admit: AdmitHook | None = None
         self.slot_holders: SlotHolders | None = None
+        # A piece of a chunked prefill ran last: the next step decodes, if anything does.
+        self._decode_due = False
 
     @property
     def num_holding_slots(self) -> int:
@@ -302,9 +337,11 @@ class Scheduler:
 
     def schedule(self) -> Batch | None:
         """The next step's batch, or ``None`` when nothing can run."""
-        batch = self._schedule_prefill()
-        if batch is None:
-            batch = self._schedule_decode()
+        if self._decode_due and self.running:
+            batch = self._schedule_decode() or self._schedule_prefill()
+        else:
+            batch = self._schedule_prefill() or self._schedule_decode()
+        self._decode_due = False
         if batch is not None:
             self.clock += 1
         return batch
@@ -312,13 +349,14 @@ class Scheduler:
     def _schedule_prefill(self) -> Batch | None:
         cfg = self.config
         seqs: list[Sequence] = []
+        ends: list[int] = []
         budget = cfg.max_num_batched_tokens
         # Sequences that already hold their blocks (KV from a prefill worker, or paged
         # back by the prefix tier) first: usually one token each, the last of the prompt.
         # They hold their blocks already, so only the token budget limits them, and the
         # front blocks the rest as in the waiting queue.
         for seq in self.ready_order() if self.ready else ():
-            new_tokens = len(seq.tokens) - seq.num_computed
+            new_tokens = self._piece(seq)
             if seqs and new_tokens > budget:
                 break
             budget -= new_tokens
@@ -326,6 +364,7 @@ class Scheduler:
             seq.status = SequenceStatus.RUNNING
             seq.prefill_tokens += new_tokens
             seqs.append(seq)
+            ends.append(seq.num_computed + new_tokens)
         for seq in self.waiting_order() if self.waiting else ():
             if not self._fits(seq, len(seqs)) and not self._preempt_for(seq, len(seqs)):
                 break
@@ -335,7 +374,7 @@ class Scheduler:
             if verdict == "wait" or not self._room_for(seq, keep_watermark=bool(self.running)):
                 break
             self.blocks.allocate(seq)
-            new_tokens = len(seq.tokens) - seq.num_computed
+            new_tokens = self._piece(seq)
             if seqs and new_tokens > budget:
                 self.blocks.free(seq)  # does not fit this step: first in the next one
                 break
@@ -345,10 +384,18 @@ class Scheduler:
             seq.prefix_hit_tokens += seq.num_cached
             seq.prefill_tokens += new_tokens
             seqs.append(seq)
+            ends.append(seq.num_computed + new_tokens)
         if not seqs:
             return None
         self.running.extend(seqs)
-        return Batch(True, seqs)
+        whole = all(end == len(seq.tokens) for seq, end in zip(seqs, ends, strict=True))
+        return Batch(True, seqs, () if whole else tuple(ends))
+
+    def _piece(self, seq: Sequence) -> int:
+        """The tokens of ``seq`` to compute in its next prefill step."""
+        left = len(seq.tokens) - seq.num_computed
+        chunk = self.config.prefill_chunk
+        return min(left, chunk) if chunk else left
 
     def _fits(self, seq: Sequence, batched: int, victims: list[Sequence] | None = None) -> bool:
         """Whether waiting ``seq`` has a slot and its blocks beside ``batched`` new ones,
@@ -411,9 +458,22 @@ class Scheduler:
         self.waiting.appendleft(seq)
 
     def finish_step(self, batch: Batch, tokens: list[int]) -> list[Sequence]:
-        """Append each sequence's new token; free and return the sequences that are done."""
+        """Append each sequence's new token; free and return the sequences that are done.
+
+        ``tokens`` are ``batch.sampled``'s. A sequence stopped short of its last token
+        (a piece of a chunked prefill) goes back to ``ready``, its blocks kept.
+        """
         done: list[Sequence] = []
-        for seq, token in zip(batch.seqs, tokens, strict=True):
+        if batch.ends:
+            for seq, end in zip(batch.seqs, batch.ends, strict=True):
+                if end < len(seq.tokens):
+                    seq.num_computed = end
+                    self.blocks.commit(seq)
+                    self.running.remove(seq)
+                    seq.status = SequenceStatus.READY
+                    self.ready.append(seq)
+                    self._decode_due = True
+        for seq, token in zip(batch.sampled, tokens, strict=True):
             seq.num_computed = len(seq.tokens)
             seq.tokens.append(token)
             self.blocks.commit(seq)
