@@ -48,31 +48,42 @@ def test_the_default_gate_paces_a_burst_by_the_quota_it_learns(serve: Any) -> No
     )  # fmt: skip
     bound_s = (cost - tpm) / (tpm / WINDOW_S)
 
+    answered: list[float] = []  # when each call returned
+
     async def burst() -> tuple[list[Any], float]:
         gate = Gate(name="provider")
         client = yieldgate.openai_client(gate, base_url=f"{server.http_url}/v1", api_key="unused")
 
         async def one(text: str, max_tokens: int) -> Any:
-            return await client.chat.completions.create(
-                model="gpt-4o",
-                messages=[{"role": "user", "content": text}],
-                max_tokens=max_tokens,
-            )
+            try:
+                return await client.chat.completions.create(
+                    model="gpt-4o",
+                    messages=[{"role": "user", "content": text}],
+                    max_tokens=max_tokens,
+                )
+            finally:
+                answered.append(time.monotonic())
 
         start = time.monotonic()
         results = await asyncio.gather(*(one(*job) for job in jobs), return_exceptions=True)
-        elapsed = time.monotonic() - start
         await client.close()
-        return results, elapsed
+        return results, start
 
-    results, makespan = asyncio.run(burst())
+    results, start = asyncio.run(burst())
     failures = [r for r in results if isinstance(r, BaseException)]
     assert failures == []
     counters = http_stats(server)
     refused = counters["quota_refused_tokens_total"] + counters["quota_refused_requests_total"]
     assert counters["quota_requests_charged_total"] == REQUESTS
     assert refused <= 0.02 * REQUESTS, counters
-    assert makespan <= 1.15 * bound_s, (makespan, bound_s)
+    # From the first answer, about when the quota began to refill (the Gate's first
+    # request probes it alone). The first answer came 0.43-0.45 s after the go on
+    # idle cores and 0.79-1.08 s with two CPU hogs beside the test, where the
+    # makespan from the go was 6.8-7.1 s against a 6.9 s limit (failed CI once);
+    # from the first answer it was 6.01-6.03 s against the 6.0 s refill, either way.
+    first = min(answered)
+    makespan = max(answered) - first
+    assert makespan <= 1.15 * bound_s, (makespan, bound_s, "first answer at (s)", first - start)
 
 
 def test_own_budgets_are_settled_by_a_streams_usage_chunk(serve: Any) -> None:
