@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -174,6 +175,24 @@ async def test_estimates_count_the_decode_steps_swapped_sequences_hold_a_request
     assert base is not None
     monkeypatch.setattr(backend, "_load_now", EngineLoad(steps_ahead=50))
     assert backend.estimate_ms(work("x", max_tokens=2)) == pytest.approx(base + 50 * step_ms)
+
+
+async def test_estimates_count_the_decode_steps_between_a_local_prompts_pieces(
+    backend: HarnessBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    engine = backend.engine
+    assert engine is not None
+    chunked = dataclasses.replace(engine.scheduler.config, prefill_chunk=16)
+    monkeypatch.setattr(engine.scheduler, "config", chunked)
+    monkeypatch.setattr(engine, "prefill_ms_per_token", 0.5)
+    monkeypatch.setattr(engine, "decode_step_ms", 3.0)
+    prompt = work("x" * 64, max_tokens=1)
+    assert backend.estimate_ms(prompt) == 64 * 0.5  # nothing decodes: one piece after another
+    monkeypatch.setattr(backend, "_load_now", EngineLoad(running=2))
+    assert backend.estimate_ms(prompt) == 64 * 0.5 + 3 * 3.0
+    # With prefill workers (the engine's own queue published apart), no pieces counted.
+    monkeypatch.setattr(backend, "_load_now", EngineLoad(running=2, local_ahead=(0, 0, 0)))
+    assert backend.estimate_ms(prompt) == 64 * 0.5
 
 
 async def test_execute_after_close_is_a_retryable_error() -> None:

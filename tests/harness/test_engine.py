@@ -185,6 +185,40 @@ def test_stats_count_the_work() -> None:
     assert engine.estimate_ms(100, 10) is not None
 
 
+def test_a_few_token_prefill_does_not_move_the_per_token_average() -> None:
+    # A prefix hit computes the prompt's last token only, as a prompt whose KV came
+    # from a prefill worker does: per token, that step's fixed cost would price
+    # every prompt as many times slower (the Governor's hints, from estimate_ms).
+    engine = make_engine()
+    prompt = list(b"three blocks of sixteen tokens, and one token more"[:49])
+    engine.generate([prompt], SamplingParams(max_tokens=1))
+    average = engine.prefill_ms_per_token
+    assert average is not None
+    engine.generate([prompt], SamplingParams(max_tokens=1))
+    assert engine.stats()["prefix_hit_tokens"] == 48  # whole blocks: the last token is computed
+    assert engine.prefill_ms_per_token == average
+    engine.generate([prompt[::-1]], SamplingParams(max_tokens=1))  # uncached: it counts
+    assert engine.prefill_ms_per_token != average
+
+
+def test_estimates_count_a_decode_step_between_chunk_pieces() -> None:
+    engine = make_engine(scheduler=SchedulerConfig(prefill_chunk=16))
+    engine.prefill_ms_per_token, engine.decode_step_ms = 0.5, 3.0
+    alone = engine.estimate_ms(64, 1, steps_ahead=0, decoding=False)
+    assert alone == 64 * 0.5
+    # Four pieces while others decode: three decode steps between them.
+    assert engine.estimate_ms(64, 1, steps_ahead=0, decoding=True) == 64 * 0.5 + 3 * 3.0
+    assert engine.estimate_ms(65, 1, steps_ahead=0, decoding=True) == 65 * 0.5 + 4 * 3.0
+    # Prefilled at a worker, in one step.
+    assert engine.estimate_ms(64, 1, steps_ahead=0, decoding=True, on_engine=False) == alone
+    assert engine.estimate_ms(64, 1, steps_ahead=0) == alone  # nothing runs
+    seq = engine.add(list(b"x" * 20), SamplingParams(max_tokens=8))
+    while not seq.output:  # two pieces, then it decodes
+        engine.step()
+    engine.prefill_ms_per_token, engine.decode_step_ms = 0.5, 3.0  # the steps moved them
+    assert engine.estimate_ms(64, 1, steps_ahead=0) == 64 * 0.5 + 3 * 3.0
+
+
 def reference_logprobs(engine: Engine, seq: Sequence, temperature: float) -> torch.Tensor:
     """``log_softmax(logits / T)`` at every output position, by one full forward pass."""
     logits = engine.model.forward_full(torch.tensor(seq.tokens[:-1]))

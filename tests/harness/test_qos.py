@@ -4,7 +4,13 @@ from typing import Any
 
 import pytest
 
-from yieldgate.harness.qos import MIN_PREFILL_TOKENS, QosPolicy, SloConfig, TtftEstimator
+from yieldgate.harness.qos import (
+    MIN_PREFILL_TOKENS,
+    QosPolicy,
+    SloConfig,
+    TtftEstimator,
+    prefill_step_counts,
+)
 from yieldgate.protocol import Priority, YieldReason
 from yieldgate.server.governor import Rejection
 
@@ -110,6 +116,21 @@ def test_a_short_prefill_step_does_not_move_the_per_token_average() -> None:
     assert settled.prefill_ms_per_token == 0.25
     settled.observe_prefill(MIN_PREFILL_TOKENS, MIN_PREFILL_TOKENS * 0.5)
     assert settled.prefill_ms_per_token == pytest.approx(0.25 + 0.2 * 0.25)
+
+
+def test_a_chunk_smaller_than_the_floor_still_moves_the_average() -> None:
+    # Chunks of 16 computed every long prompt in 16-token steps: under the floor
+    # of 32 alone, the first reading would have been the last.
+    chunked = TtftEstimator(prefill_chunk=16, prefill_ms_per_token=0.25)
+    chunked.observe_prefill(16, 16 * 0.5)
+    assert chunked.prefill_ms_per_token == pytest.approx(0.25 + 0.2 * 0.25)
+    chunked.observe_prefill(15, 15 * 9.0)
+    assert chunked.prefill_ms_per_token == pytest.approx(0.25 + 0.2 * 0.25)
+    assert prefill_step_counts(1, chunk=0, averaged=False)
+    assert not prefill_step_counts(0, chunk=0, averaged=False)
+    assert not prefill_step_counts(MIN_PREFILL_TOKENS - 1, chunk=0, averaged=True)
+    assert not prefill_step_counts(MIN_PREFILL_TOKENS - 1, chunk=64, averaged=True)
+    assert prefill_step_counts(7, chunk=7, averaged=True)
 
 
 def test_estimator_validates() -> None:

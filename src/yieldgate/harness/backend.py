@@ -353,9 +353,15 @@ class HarnessBackend(EngineThread):
         engine = self.engine
         if engine is None:
             return None
-        # The steps ahead as the engine thread last published them (this is the loop's thread).
-        steps_ahead = self._load_now.steps_ahead
-        return engine.estimate_ms(len(prompt), sampling.max_tokens, steps_ahead=steps_ahead)
+        # The load as the engine thread last published it (this is the loop's thread).
+        load = self._load_now
+        return engine.estimate_ms(
+            len(prompt),
+            sampling.max_tokens,
+            steps_ahead=load.steps_ahead,
+            decoding=load.running > 0,
+            on_engine=load.local_ahead is None,  # no prefill workers
+        )
 
     async def execute(self, work: Work, emit: Emit | None) -> Any:
         if self.engine is None or self._thread is None or self._stopped:

@@ -8,6 +8,7 @@ directly.
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,6 +21,7 @@ from yieldgate.harness.block_manager import BlockManager
 from yieldgate.harness.kv_tiers import HostKVTier, TieredScheduler, tier_counters
 from yieldgate.harness.model import KVCache, ModelConfig, TinyTransformer, load_checkpoint
 from yieldgate.harness.prefix_tier import HostPrefixTier, PrefixPager, prefix_counters
+from yieldgate.harness.qos import prefill_step_counts
 from yieldgate.harness.runner import ModelRunner
 from yieldgate.harness.scheduler import Batch, Scheduler, SchedulerConfig
 from yieldgate.harness.sequence import SamplingParams, Sequence, TokenLogprob
@@ -403,27 +405,46 @@ class Engine:
             self.num_prefill_steps += 1
             self.prompt_tokens_computed += new_tokens
             self.prefix_hit_tokens += cached
-            self.prefill_ms_per_token = _ewma(self.prefill_ms_per_token, duration_ms / new_tokens)
+            # A few tokens (a prompt's last, its KV from a worker) are mostly a step's
+            # fixed cost: once the average is set they do not move it (``qos``'s rule).
+            average = self.prefill_ms_per_token
+            chunk = self.scheduler.config.prefill_chunk
+            if prefill_step_counts(new_tokens, chunk=chunk, averaged=average is not None):
+                self.prefill_ms_per_token = _ewma(average, duration_ms / new_tokens)
         else:
             self.num_decode_steps += 1
             self.decode_step_ms = _ewma(self.decode_step_ms, duration_ms)
 
     def estimate_ms(
-        self, num_prompt: int, max_tokens: int, *, steps_ahead: int | None = None
+        self,
+        num_prompt: int,
+        max_tokens: int,
+        *,
+        steps_ahead: int | None = None,
+        decoding: bool | None = None,
+        on_engine: bool = True,
     ) -> float | None:
         """Expected time to serve a request of this shape at the current load.
 
         Its prefill, its decode steps, and the decode steps it waits before it
         can be admitted at all (``steps_ahead``, by default
         ``Scheduler.decode_steps_to_admit``: sequences swapped out to the host
-        tier come back first). Another thread passes the figure the engine's
-        thread published instead of reading the scheduler under it.
+        tier come back first). With ``prefill_chunk``, a prompt prefilled here
+        (``on_engine``; not at a prefill worker) while others decode
+        (``decoding``, by default whether any sequence runs) waits a decode
+        step between two of its pieces. Another thread passes the figures the
+        engine's thread published instead of reading the scheduler under it.
         """
         if self.prefill_ms_per_token is None or self.decode_step_ms is None:
             return None
         if steps_ahead is None:
             steps_ahead = self.scheduler.decode_steps_to_admit()
+        if decoding is None:
+            decoding = bool(self.scheduler.running)
         steps = max_tokens - 1 + steps_ahead
+        chunk = self.scheduler.config.prefill_chunk
+        if on_engine and decoding and chunk:
+            steps += max(0, math.ceil(num_prompt / chunk) - 1)
         return num_prompt * self.prefill_ms_per_token + steps * self.decode_step_ms
 
     def run_until_done(self, seqs: list[Sequence]) -> None:

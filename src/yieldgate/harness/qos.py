@@ -40,7 +40,7 @@ from typing import Any, Final, NamedTuple
 from yieldgate.protocol import Priority
 from yieldgate.server.governor import Rejection
 
-__all__ = ["EngineLoad", "QosPolicy", "SloConfig", "TtftEstimator"]
+__all__ = ["EngineLoad", "QosPolicy", "SloConfig", "TtftEstimator", "prefill_step_counts"]
 
 _DEFAULT_ALPHA: Final = 0.2
 # Prefill steps of fewer tokens do not move the per-token average (``observe_prefill``).
@@ -148,7 +148,8 @@ class TtftEstimator:
         """A prefill computed ``tokens`` uncached tokens in ``ms``; zero tokens says nothing.
 
         Once the average is set, a step of fewer than ``MIN_PREFILL_TOKENS``
-        says nothing either: its time is the step's own cost, not its tokens'.
+        (or than ``prefill_chunk``, when smaller) says nothing either: its time
+        is the step's own cost, not its tokens'.
         With prefill workers, most of the decode worker's prefill steps compute
         one token (the last of a prompt whose KV arrived), and counted per
         token they took the average from 0.25 to 4.5 ms a token in a minute
@@ -157,7 +158,9 @@ class TtftEstimator:
         if tokens < 0:
             raise ValueError(f"tokens must be >= 0, got {tokens}")
         _check_ms(ms)
-        if tokens == 0 or (tokens < MIN_PREFILL_TOKENS and self.prefill_ms_per_token is not None):
+        if not prefill_step_counts(
+            tokens, chunk=self.prefill_chunk, averaged=self.prefill_ms_per_token is not None
+        ):
             return
         self.prefill_ms_per_token = self._ewma(self.prefill_ms_per_token, ms / tokens)
 
@@ -203,6 +206,17 @@ class TtftEstimator:
                 return None
             step = steps * self.decode_step_ms
         return tokens * per_token + step
+
+
+def prefill_step_counts(tokens: int, *, chunk: int, averaged: bool) -> bool:
+    """Whether a prefill step of ``tokens`` uncached tokens moves a per-token average.
+
+    Not with none; once ``averaged``, not under ``MIN_PREFILL_TOKENS``, or under
+    the ``chunk`` where the engine computes prompts in smaller pieces than that
+    (else its average would never move again).
+    """
+    least = min(MIN_PREFILL_TOKENS, chunk) if chunk else MIN_PREFILL_TOKENS
+    return tokens > 0 and (tokens >= least or not averaged)
 
 
 def _check_ms(ms: float) -> None:
