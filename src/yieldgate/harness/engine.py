@@ -8,7 +8,6 @@ directly.
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,7 +20,7 @@ from yieldgate.harness.block_manager import BlockManager
 from yieldgate.harness.kv_tiers import HostKVTier, TieredScheduler, tier_counters
 from yieldgate.harness.model import KVCache, ModelConfig, TinyTransformer, load_checkpoint
 from yieldgate.harness.prefix_tier import HostPrefixTier, PrefixPager, prefix_counters
-from yieldgate.harness.qos import prefill_step_counts
+from yieldgate.harness.qos import decode_steps_between_pieces, prefill_step_counts
 from yieldgate.harness.runner import ModelRunner
 from yieldgate.harness.scheduler import Batch, Scheduler, SchedulerConfig
 from yieldgate.harness.sequence import SamplingParams, Sequence, TokenLogprob
@@ -442,9 +441,8 @@ class Engine:
         if decoding is None:
             decoding = bool(self.scheduler.running)
         steps = max_tokens - 1 + steps_ahead
-        chunk = self.scheduler.config.prefill_chunk
-        if on_engine and decoding and chunk:
-            steps += max(0, math.ceil(num_prompt / chunk) - 1)
+        if on_engine and decoding:
+            steps += decode_steps_between_pieces(num_prompt, self.scheduler.config.prefill_chunk)
         return num_prompt * self.prefill_ms_per_token + steps * self.decode_step_ms
 
     def run_until_done(self, seqs: list[Sequence]) -> None:

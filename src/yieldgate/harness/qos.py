@@ -40,7 +40,14 @@ from typing import Any, Final, NamedTuple
 from yieldgate.protocol import Priority
 from yieldgate.server.governor import Rejection
 
-__all__ = ["EngineLoad", "QosPolicy", "SloConfig", "TtftEstimator", "prefill_step_counts"]
+__all__ = [
+    "EngineLoad",
+    "QosPolicy",
+    "SloConfig",
+    "TtftEstimator",
+    "decode_steps_between_pieces",
+    "prefill_step_counts",
+]
 
 _DEFAULT_ALPHA: Final = 0.2
 # Prefill steps of fewer tokens do not move the per-token average (``observe_prefill``).
@@ -198,8 +205,8 @@ class TtftEstimator:
             return None
         tokens = queued_prefill_tokens + prompt_tokens
         steps = max(decode_steps_ahead, 1 if decode_running > 0 else 0)
-        if on_engine and self.prefill_chunk and decode_running > 0 and tokens:
-            steps += math.ceil(tokens / self.prefill_chunk) - 1
+        if on_engine and decode_running > 0:
+            steps += decode_steps_between_pieces(tokens, self.prefill_chunk)
         step = 0.0
         if steps:
             if self.decode_step_ms is None:
@@ -217,6 +224,11 @@ def prefill_step_counts(tokens: int, *, chunk: int, averaged: bool) -> bool:
     """
     least = min(MIN_PREFILL_TOKENS, chunk) if chunk else MIN_PREFILL_TOKENS
     return tokens > 0 and (tokens >= least or not averaged)
+
+
+def decode_steps_between_pieces(tokens: int, chunk: int) -> int:
+    """Decode steps between the pieces of ``tokens`` prefilled ``chunk`` a step (0: whole)."""
+    return max(0, math.ceil(tokens / chunk) - 1) if chunk else 0
 
 
 def _check_ms(ms: float) -> None:
